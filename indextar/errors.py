@@ -1,0 +1,93 @@
+"""The exceptions indextar raises.
+
+Every error derives from :class:`IndextarError`, so ``except indextar.IndextarError``
+catches all of them. Each subclass also derives from the builtin that fits it
+(``ValueError`` for malformed input, ``FileNotFoundError`` for a missing file, ...),
+so code written against the builtins keeps working.
+
+Messages say what, where, what was expected and what was found: the shard, the key
+and the byte offset wherever they are known.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "IndextarError",
+    "ShardFormatError",
+    "TruncatedShardError",
+    "CompressedShardError",
+    "UnsupportedMemberError",
+    "SampleFormatError",
+    "IndexFormatError",
+    "StaleIndexError",
+    "MissingIndexError",
+    "ShardNotFoundError",
+    "IndexWriteError",
+    "SamplerStateError",
+]
+
+
+class IndextarError(Exception):
+    """Base class of every error indextar raises."""
+
+
+class ShardFormatError(IndextarError, ValueError):
+    """A shard is not a well-formed uncompressed tar.
+
+    Attributes
+    ----------
+    shard
+        The shard's path or URL, or ``None`` when scanning anonymous bytes.
+    offset
+        Byte offset in the shard where the problem was found, when known.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None, offset: int | None = None):
+        self.shard = shard
+        self.offset = offset
+        where = []
+        if shard is not None:
+            where.append(repr(shard))
+        if offset is not None:
+            where.append(f"at byte offset {offset}")
+        super().__init__(f"{' '.join(where)}: {message}" if where else message)
+
+
+class TruncatedShardError(ShardFormatError):
+    """A shard ends in the middle of a header or of a member's data."""
+
+
+class CompressedShardError(ShardFormatError):
+    """A shard is gzip/bz2/xz/zstd-compressed; random access needs a plain tar."""
+
+
+class UnsupportedMemberError(ShardFormatError):
+    """A member uses a tar feature indextar cannot index (sparse or multi-volume)."""
+
+
+class SampleFormatError(ShardFormatError):
+    """Members do not form valid samples (for example a repeated extension in one sample)."""
+
+
+class IndexFormatError(IndextarError, ValueError):
+    """An index file is corrupt, foreign, or from an incompatible format version."""
+
+
+class StaleIndexError(IndextarError):
+    """An index no longer matches its shard (size, mtime or content changed)."""
+
+
+class MissingIndexError(IndextarError, FileNotFoundError):
+    """A shard has no index and building one was not allowed."""
+
+
+class ShardNotFoundError(IndextarError, FileNotFoundError):
+    """A shard path or pattern matched no file."""
+
+
+class IndexWriteError(IndextarError, OSError):
+    """An index could not be written where it was meant to go."""
+
+
+class SamplerStateError(IndextarError, ValueError):
+    """A sampler state dict does not fit the sampler it is loaded into."""
