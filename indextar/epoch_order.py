@@ -1,0 +1,148 @@
+"""The order of one epoch: a map from global positions ``[0, N)`` to dataset indices.
+
+:class:`~indextar.sampler.ResumableSampler` hands out positions and asks an
+:class:`EpochOrder` which index sits at each, a numpy chunk at a time. Nothing here
+knows about ranks, workers or resume; see :mod:`indextar.sampler` for those.
+
+Three orders:
+
+- :class:`SequentialOrder`: position ``p`` is index ``p`` (``shuffle=False``).
+- :class:`GlobalOrder`: a keyed pseudorandom permutation of all ``N`` indices
+  (:class:`~indextar.permutation.KeyedPermutation`), O(1) memory.
+- :class:`BlockOrder`: blocks (shards, or runs of ``block_size`` indices) in a shuffled
+  order, and indices shuffled within each window of ``window_blocks`` consecutive
+  blocks of that order, so that reading stays local to a few shards at a time. Memory
+  is O(number of blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .permutation import KeyedPermutation
+
+__all__ = ["EpochOrder", "SequentialOrder", "GlobalOrder", "BlockOrder", "uniform_blocks"]
+
+# Purpose tags mixed into the round keys, so that the global permutation, the block
+# permutation and the window permutations of one (seed, epoch) are independent.
+_TAG_GLOBAL = 1
+_TAG_BLOCKS = 2
+_TAG_WINDOW = 3
+
+Positions = npt.NDArray[np.int64]
+
+
+class EpochOrder(Protocol):
+    """Maps positions of one epoch's order to dataset indices."""
+
+    def indices(self, positions: Positions) -> Positions:
+        """Return the dataset index at each position (all in ``[0, N)``)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialOrder:
+    """Position ``p`` is index ``p``."""
+
+    def indices(self, positions: Positions) -> Positions:
+        """Return ``positions`` unchanged, as int64."""
+        return np.asarray(positions, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalOrder:
+    """A pseudorandom permutation of all ``size`` indices for ``(seed, epoch)``."""
+
+    size: int
+    seed: int
+    epoch: int
+    _permutation: KeyedPermutation = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        permutation = KeyedPermutation.from_seed(self.size, self.seed, _TAG_GLOBAL, self.epoch)
+        object.__setattr__(self, "_permutation", permutation)
+
+    def indices(self, positions: Positions) -> Positions:
+        """Return the permuted index at each position."""
+        return self._permutation.permute(positions)
+
+
+def uniform_blocks(size: int, block_size: int) -> npt.NDArray[np.int64]:
+    """Return the sizes of consecutive blocks of ``block_size`` covering ``range(size)``.
+
+    The last block holds the remainder.
+    """
+    full, rest = divmod(size, block_size)
+    sizes = np.full(full + (rest > 0), block_size, dtype=np.int64)
+    if rest:
+        sizes[-1] = rest
+    return sizes
+
+
+@dataclass(frozen=True, slots=True)
+class BlockOrder:
+    """Shuffled blocks, with indices shuffled within windows of consecutive blocks.
+
+    Parameters
+    ----------
+    block_sizes
+        Number of indices in each block, in index order; blocks are contiguous, the
+        first starting at index 0. Empty blocks are allowed and skipped.
+    seed, epoch
+        Select the block order and the in-window orders.
+    window_blocks
+        How many consecutive blocks of the shuffled block order are mixed together.
+    """
+
+    block_sizes: npt.NDArray[np.int64]
+    seed: int
+    epoch: int
+    window_blocks: int
+    # Stream layout, all in the shuffled block order (empty blocks removed):
+    _first_index: npt.NDArray[np.int64] = field(init=False, repr=False)
+    _stream_start: npt.NDArray[np.int64] = field(init=False, repr=False)
+    _window_start: npt.NDArray[np.int64] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes = np.asarray(self.block_sizes, dtype=np.int64)
+        if sizes.ndim != 1 or (sizes.size and int(sizes.min()) < 0):
+            raise ValueError("block_sizes must be a 1-d array of non-negative counts")
+        if self.window_blocks < 1:
+            raise ValueError(f"window_blocks must be >= 1; got {self.window_blocks}")
+        first_index = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        nonempty = np.flatnonzero(sizes)
+        sizes, first_index = sizes[nonempty], first_index[nonempty]
+        if sizes.size:
+            shuffle = KeyedPermutation.from_seed(sizes.size, self.seed, _TAG_BLOCKS, self.epoch)
+            order = shuffle.permute(np.arange(sizes.size, dtype=np.int64))
+            sizes, first_index = sizes[order], first_index[order]
+        stream_start = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        window_start = stream_start[:: self.window_blocks]
+        if window_start[-1] != stream_start[-1]:
+            window_start = np.append(window_start, stream_start[-1])
+        object.__setattr__(self, "_first_index", first_index)
+        object.__setattr__(self, "_stream_start", stream_start)
+        object.__setattr__(self, "_window_start", window_start)
+
+    def indices(self, positions: Positions) -> Positions:
+        """Return the index at each position of the shuffled block stream."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            return positions.copy()
+        window = np.searchsorted(self._window_start, positions, side="right") - 1
+        shuffled = np.empty_like(positions)
+        # Positions handed out together are close and mostly increasing, so a chunk is
+        # a few runs of one window each; permute run by run.
+        run_starts = np.concatenate(([0], np.flatnonzero(np.diff(window)) + 1, [window.size]))
+        for begin, end in zip(run_starts[:-1].tolist(), run_starts[1:].tolist()):
+            w = int(window[begin])
+            start = int(self._window_start[w])
+            size = int(self._window_start[w + 1]) - start
+            in_window = KeyedPermutation.from_seed(size, self.seed, _TAG_WINDOW, self.epoch, w)
+            shuffled[begin:end] = start + in_window.permute(positions[begin:end] - start)
+        slot = np.searchsorted(self._stream_start, shuffled, side="right") - 1
+        return self._first_index[slot] + (shuffled - self._stream_start[slot])
