@@ -33,7 +33,7 @@ import numpy.typing as npt
 from .epoch_order import BlockOrder, EpochOrder, GlobalOrder, SequentialOrder, uniform_blocks
 from .errors import SamplerStateError
 
-__all__ = ["ResumableSampler", "STATE_VERSION", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["ResumableSampler", "sampler_state_from_loader", "STATE_VERSION", "DEFAULT_BLOCK_SIZE"]
 
 logger = logging.getLogger(__name__)
 
@@ -394,6 +394,36 @@ class ResumableSampler:
             f"seed={self.seed}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"order={self.order!r}, epoch={self._epoch}, consumed={self.consumed})"
         )
+
+
+def sampler_state_from_loader(loader_state: Mapping[str, Any]) -> dict[str, Any]:
+    """Find the :class:`ResumableSampler` state inside a ``StatefulDataLoader`` state.
+
+    torchdata's ``StatefulDataLoader.load_state_dict`` refuses a state saved with
+    another ``num_workers``. The sampler's part does not depend on workers: load it
+    into the sampler of a fresh loader, with any ``num_workers``, instead.
+
+    Raises
+    ------
+    SamplerStateError
+        If ``loader_state`` holds no sampler state, or was saved between snapshots
+        (use ``snapshot_every_n_steps=1``, the default).
+    """
+    steps_since = loader_state.get("_steps_since_snapshot", 0)
+    if steps_since:
+        raise SamplerStateError(
+            f"loader state is {steps_since} steps past its last snapshot; save it with "
+            f"StatefulDataLoader(snapshot_every_n_steps=1)"
+        )
+    pending: list[Any] = [loader_state]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Mapping):
+            found = item.get("sampler_state")
+            if isinstance(found, Mapping) and "consumed" in found and "epoch" in found:
+                return dict(found)
+            pending.extend(item.values())
+    raise SamplerStateError("loader state holds no ResumableSampler state ('sampler_state')")
 
 
 def _as_int(name: str, value: Any) -> int:

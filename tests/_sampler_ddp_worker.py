@@ -1,0 +1,93 @@
+"""One rank of a real torch.distributed (gloo) job, driven by tests/test_sampler_ddp.py.
+
+It trains on nothing: a DataLoader over a dataset that returns its index, with a
+ResumableSampler whose world size and rank come from torch.distributed. Every batch
+is appended to ``<log_dir>/<phase>-rank<r>.jsonl`` as ``{"step", "indices"}``.
+
+With ``--checkpoint-at K`` the job stops at a simulated crash: rank 0 saves
+``{"epoch", "consumed"}`` after K steps, every rank runs ``--extra`` more steps
+(lost work, redone after resume), writes ``<phase>-rank<r>.ready`` and sleeps until
+the test kills it with SIGKILL. With ``--resume`` the ranks load that checkpoint and
+finish the epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+from indextar.sampler import ResumableSampler
+
+
+class IndexDataset(Dataset[int]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("rank", "world", "port", "workers", "batch", "size", "epoch"):
+        parser.add_argument(f"--{name}", type=int, required=True)
+    parser.add_argument("--phase", required=True)
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--checkpoint-at", type=int, default=None)
+    parser.add_argument("--extra", type=int, default=2)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        rank=args.rank,
+        world_size=args.world,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    sampler = ResumableSampler(args.size, seed=1234)  # world and rank from torch.distributed
+    assert (sampler.num_replicas, sampler.rank) == (args.world, args.rank)
+    checkpoint = args.log_dir / "checkpoint.json"
+    if args.resume:
+        sampler.load_state_dict(json.loads(checkpoint.read_text()))
+    sampler.set_epoch(args.epoch)  # the usual top-of-epoch call; keeps a resumed position
+    loader = DataLoader(
+        IndexDataset(args.size), batch_size=args.batch, sampler=sampler, num_workers=args.workers
+    )
+    global_batch = args.batch * args.world
+    start = sampler.consumed  # where this pass starts: 0, or the checkpoint's position
+    log = (args.log_dir / f"{args.phase}-rank{args.rank}.jsonl").open("a", buffering=1)
+    steps = 0
+    for steps, batch in enumerate(loader, start=1):
+        log.write(json.dumps({"step": steps, "indices": batch.tolist()}) + "\n")
+        if steps == args.checkpoint_at and args.rank == 0:
+            state = sampler.state_dict(consumed=start + steps * global_batch)
+            temporary = checkpoint.with_suffix(".tmp")
+            temporary.write_text(json.dumps(state))
+            os.replace(temporary, checkpoint)
+        if args.checkpoint_at is not None and steps == args.checkpoint_at + args.extra:
+            break
+    log.close()
+    counts = torch.tensor([steps])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # every rank must reach here: no hang
+    (args.log_dir / f"{args.phase}-rank{args.rank}.ready").write_text(str(steps))
+    if args.checkpoint_at is not None:
+        while True:  # the simulated crash: wait for SIGKILL
+            time.sleep(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
