@@ -6,6 +6,8 @@ import collections
 import itertools
 import json
 import logging
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -285,3 +287,13 @@ def test_torchdata_stateful_dataloader_resumes_exactly(workers_before: int, work
         second.sampler.load_state_dict(sampler_state_from_loader(state))
     trained += [i for batch in second for i in batch.tolist()]
     assert trained == list(ResumableSampler(50, seed=1))
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
+
+
+@pytest.mark.parametrize(
+    "block", re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S) if DOCS.exists() else []
+)
+def test_docs_examples_run(block: str) -> None:
+    exec(compile(block, str(DOCS), "exec"), {})
