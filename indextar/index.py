@@ -1,0 +1,463 @@
+"""Build, open and validate one shard's SQLite index.
+
+An index lives next to its shard as ``<shard>.idx.sqlite``, or in ``index_dir``
+when given (read-only or remote shards). It is written to a temporary file and
+renamed into place, so readers see either no index or a complete one, and two
+processes indexing the same shard both end with a valid file.
+
+An index records the shard's size, mtime and a content fingerprint; opening it
+against a shard that changed raises :class:`~indextar.errors.StaleIndexError`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import mmap
+import os
+import sqlite3
+import tempfile
+import urllib.parse
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ._version import __version__
+from .errors import (
+    IndexFormatError,
+    IndexWriteError,
+    IndextarError,
+    MissingIndexError,
+    ShardNotFoundError,
+    StaleIndexError,
+)
+from .naming import Grouping, group_members
+from .tarscan import BLOCK, TarScan, scan_tar
+
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_SUFFIX",
+    "IndexMeta",
+    "ShardIndex",
+    "SampleTable",
+    "build_index",
+    "open_index",
+    "index_path",
+    "fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+FORMAT_VERSION = 1
+INDEX_SUFFIX = ".idx.sqlite"
+NAMING = "webdataset-1"
+_FINGERPRINT_SPAN = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMeta:
+    """What an index records about its shard and its own build."""
+
+    format_version: int
+    indextar_version: str
+    shard_name: str
+    shard_size: int
+    shard_mtime_ns: int
+    fingerprint: str
+    end_offset: int
+    num_members: int
+    num_samples: int
+    num_skipped: int
+    naming: str
+    created: str
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, str], path: Path) -> IndexMeta:
+        try:
+            return cls(
+                format_version=int(rows["format_version"]),
+                indextar_version=rows["indextar_version"],
+                shard_name=rows["shard_name"],
+                shard_size=int(rows["shard_size"]),
+                shard_mtime_ns=int(rows["shard_mtime_ns"]),
+                fingerprint=rows["fingerprint"],
+                end_offset=int(rows["end_offset"]),
+                num_members=int(rows["num_members"]),
+                num_samples=int(rows["num_samples"]),
+                num_skipped=int(rows["num_skipped"]),
+                naming=rows["naming"],
+                created=rows["created"],
+            )
+        except (KeyError, ValueError) as e:
+            raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e
+
+
+@dataclass(frozen=True, slots=True)
+class SampleTable:
+    """Per-sample arrays of one shard, loaded from its index.
+
+    ``member_*`` arrays are indexed by member; a sample's members are the rows
+    ``first_member[i] : first_member[i] + member_count[i]``.
+    """
+
+    first_member: npt.NDArray[np.int64]
+    member_count: npt.NDArray[np.int64]
+    start_offset: npt.NDArray[np.int64]
+    end_offset: npt.NDArray[np.int64]
+    member_data_offset: npt.NDArray[np.int64]
+    member_size: npt.NDArray[np.int64]
+    member_ext_code: npt.NDArray[np.int32]
+    ext_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.first_member)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardIndex:
+    """An opened, validated index of one shard.
+
+    Holds no open connection: each query opens the file read-only, so a
+    ``ShardIndex`` can be pickled and sent to DataLoader workers.
+    """
+
+    shard: str
+    path: Path
+    meta: IndexMeta
+
+    def __len__(self) -> int:
+        return self.meta.num_samples
+
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        with _connect_ro(self.path) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def load_samples(self) -> SampleTable:
+        """Load the per-sample and per-member arrays that random access needs."""
+        with _connect_ro(self.path) as conn:
+            samples = _int_columns(
+                conn, "SELECT first_member, member_count, start_offset, end_offset FROM samples "
+                "ORDER BY sample_id", 4, self.meta.num_samples
+            )
+            ext_names = tuple(r[0] for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext"))
+            codes = {ext: i for i, ext in enumerate(ext_names)}
+            members = conn.execute("SELECT data_offset, size, ext FROM members ORDER BY member_id").fetchall()
+        data_offset = np.fromiter((m[0] for m in members), np.int64, len(members))
+        size = np.fromiter((m[1] for m in members), np.int64, len(members))
+        ext_code = np.fromiter((codes[m[2]] for m in members), np.int32, len(members))
+        return SampleTable(
+            first_member=samples[0],
+            member_count=samples[1],
+            start_offset=samples[2],
+            end_offset=samples[3],
+            member_data_offset=data_offset,
+            member_size=size,
+            member_ext_code=ext_code,
+            ext_names=ext_names,
+        )
+
+    def keys(self) -> list[str]:
+        """Every sample's key, in shard order."""
+        return [str(r[0]) for r in self._query("SELECT key FROM samples ORDER BY sample_id")]
+
+    def find_key(self, key: str) -> list[int]:
+        """Sample numbers whose key is ``key`` (normally zero or one)."""
+        rows = self._query("SELECT sample_id FROM samples WHERE key = ? ORDER BY sample_id", (key,))
+        return [int(r[0]) for r in rows]  # type: ignore[call-overload]
+
+    def extension_counts(self) -> dict[str, int]:
+        """How many members have each extension."""
+        rows = self._query("SELECT ext, COUNT(*) FROM members GROUP BY ext ORDER BY ext")
+        return {str(ext): int(n) for ext, n in rows}  # type: ignore[call-overload]
+
+    def skipped_counts(self) -> dict[str, int]:
+        """How many entries were skipped, by reason."""
+        rows = self._query("SELECT kind, COUNT(*) FROM skipped GROUP BY kind ORDER BY kind")
+        return {str(kind): int(n) for kind, n in rows}  # type: ignore[call-overload]
+
+    def data_bytes(self) -> int:
+        """Total size of the indexed members' data."""
+        rows = self._query("SELECT COALESCE(SUM(size), 0) FROM members")
+        return int(rows[0][0])  # type: ignore[call-overload]
+
+    def scattered_keys(self) -> list[str]:
+        """Keys that occur in more than one sample (members not adjacent in the tar)."""
+        rows = self._query("SELECT key FROM samples GROUP BY key HAVING COUNT(*) > 1 ORDER BY key")
+        return [str(r[0]) for r in rows]
+
+
+# -- locating and validating ------------------------------------------------------
+
+
+def index_path(shard: PathLike, *, index_dir: PathLike | None = None) -> Path:
+    """Where the index of ``shard`` lives.
+
+    Next to the shard by default. In ``index_dir`` the file name also carries a
+    hash of the shard's absolute path, so that equally named shards from
+    different folders do not collide.
+    """
+    shard_path = Path(shard)
+    if index_dir is None:
+        return shard_path.with_name(shard_path.name + INDEX_SUFFIX)
+    digest = hashlib.blake2b(str(shard_path.resolve()).encode(), digest_size=6).hexdigest()
+    return Path(index_dir) / f"{shard_path.name}.{digest}{INDEX_SUFFIX}"
+
+
+def fingerprint(buf: "mmap.mmap | bytes", size: int) -> str:
+    """A cheap content fingerprint: blake2b-128 of the size, first and last 64 KiB."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    h.update(buf[:_FINGERPRINT_SPAN])
+    h.update(buf[max(0, size - _FINGERPRINT_SPAN) : size])
+    return h.hexdigest()
+
+
+def _file_fingerprint(path: Path, size: int) -> str:
+    with open(path, "rb") as f:
+        head = f.read(_FINGERPRINT_SPAN)
+        f.seek(max(0, size - _FINGERPRINT_SPAN))
+        tail = f.read(_FINGERPRINT_SPAN)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    h.update(head)
+    h.update(tail)
+    return h.hexdigest()
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    # immutable=1: index files are replaced, never modified in place, so SQLite
+    # may skip locking; this also works on read-only filesystems.
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
+    return sqlite3.connect(uri, uri=True)
+
+
+def _int_columns(
+    conn: sqlite3.Connection, sql: str, ncols: int, nrows: int
+) -> list[npt.NDArray[np.int64]]:
+    flat = np.fromiter((v for row in conn.execute(sql) for v in row), np.int64, nrows * ncols)
+    table = flat.reshape(nrows, ncols)
+    return [np.ascontiguousarray(table[:, c]) for c in range(ncols)]
+
+
+def _stat_shard(shard: Path) -> os.stat_result:
+    try:
+        return shard.stat()
+    except FileNotFoundError:
+        raise ShardNotFoundError(f"shard {str(shard)!r} does not exist") from None
+
+
+def _read_meta(path: Path) -> IndexMeta:
+    try:
+        with _connect_ro(path) as conn:
+            rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            for table in ("members", "samples", "skipped"):
+                conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise IndexFormatError(
+            f"{str(path)!r} is not an indextar index ({e}); delete it or rebuild it "
+            "with build_index(..., force=True)"
+        ) from e
+    if "format_version" not in rows:
+        raise IndexFormatError(f"{str(path)!r} is not an indextar index (no format_version)")
+    version = int(rows["format_version"])
+    if version != FORMAT_VERSION:
+        newer = "a newer" if version > FORMAT_VERSION else "an older"
+        raise IndexFormatError(
+            f"index {str(path)!r} has format version {version}, written by {newer} indextar; "
+            f"indextar {__version__} reads format {FORMAT_VERSION} (rebuild with force=True)"
+        )
+    meta = IndexMeta.from_rows(rows, path)
+    if meta.naming != NAMING:
+        raise IndexFormatError(f"index {str(path)!r} uses naming rules {meta.naming!r}, not {NAMING!r}")
+    return meta
+
+
+def _check_fresh(shard: Path, meta: IndexMeta, path: Path) -> None:
+    st = _stat_shard(shard)
+    problems = []
+    if st.st_size != meta.shard_size:
+        problems.append(f"its size changed from {meta.shard_size} to {st.st_size} bytes")
+    if st.st_mtime_ns != meta.shard_mtime_ns:
+        problems.append(f"its mtime changed from {meta.shard_mtime_ns} to {st.st_mtime_ns} ns")
+    if not problems and _file_fingerprint(shard, st.st_size) != meta.fingerprint:
+        problems.append("its content fingerprint (first and last 64 KiB) changed")
+    if problems:
+        raise StaleIndexError(
+            f"index {str(path)!r} does not match shard {str(shard)!r}: {'; '.join(problems)} "
+            "since it was indexed; rebuild it with build_index(shard, force=True)"
+        )
+
+
+def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIndex:
+    """Open and validate the index of a local ``shard``.
+
+    Raises
+    ------
+    MissingIndexError
+        If the shard has no index.
+    IndexFormatError
+        If the index file is corrupt, foreign or of another format version.
+    StaleIndexError
+        If the shard changed since it was indexed.
+    """
+    shard_path = Path(shard)
+    path = index_path(shard_path, index_dir=index_dir)
+    if not path.exists():
+        _stat_shard(shard_path)
+        raise MissingIndexError(
+            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r}); "
+            "build it with build_index()"
+        )
+    meta = _read_meta(path)
+    _check_fresh(shard_path, meta, path)
+    return ShardIndex(shard=str(shard_path), path=path, meta=meta)
+
+
+# -- building --------------------------------------------------------------------
+
+
+def build_index(
+    shard: PathLike, *, index_dir: PathLike | None = None, force: bool = False
+) -> ShardIndex:
+    """Index ``shard`` unless it already has a valid index; return the opened index.
+
+    Parameters
+    ----------
+    shard
+        Path to an uncompressed tar shard.
+    index_dir
+        Folder for the index instead of next to the shard.
+    force
+        Rebuild even if a valid index exists, and replace a stale or corrupt one.
+
+    Raises
+    ------
+    ShardFormatError
+        If the shard is not a well-formed uncompressed tar; no index is written.
+    StaleIndexError
+        If an index exists but the shard changed since (and ``force`` is false).
+    """
+    shard_path = Path(shard)
+    path = index_path(shard_path, index_dir=index_dir)
+    if not force and path.exists():
+        try:
+            return open_index(shard_path, index_dir=index_dir)
+        except IndexFormatError as e:
+            log.warning("replacing unusable index: %s", e)
+    st = _stat_shard(shard_path)
+    if not shard_path.is_file():
+        raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
+    with open(shard_path, "rb") as f:
+        if st.st_size == 0:
+            scan_tar(b"", shard=str(shard_path))  # raises the empty-file error
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            scan = scan_tar(mm, shard=str(shard_path))
+            content_fingerprint = fingerprint(mm, st.st_size)
+    grouping = group_members(scan, shard=str(shard_path))
+    after = _stat_shard(shard_path)
+    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+        raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
+    meta = IndexMeta(
+        format_version=FORMAT_VERSION,
+        indextar_version=__version__,
+        shard_name=shard_path.name,
+        shard_size=st.st_size,
+        shard_mtime_ns=st.st_mtime_ns,
+        fingerprint=content_fingerprint,
+        end_offset=scan.end_offset,
+        num_members=len(grouping.entries),
+        num_samples=len(grouping.keys),
+        num_skipped=len(grouping.skipped),
+        naming=NAMING,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    write_index(path, meta, scan, grouping)
+    return ShardIndex(shard=str(shard_path), path=path, meta=meta)
+
+
+def write_index(path: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
+    """Write an index file atomically: to a temporary file, then renamed into place."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise IndexWriteError(
+            f"cannot write the index {str(path)!r} ({e.strerror}); choose a writable "
+            "folder with index_dir="
+        ) from e
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _write_tables(tmp, meta, scan, grouping)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (OSError, sqlite3.Error)) and not isinstance(e, IndextarError):
+            raise IndexWriteError(f"cannot write the index {str(path)!r}: {e}") from e
+        raise
+
+
+def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
+    tables, indexes = resources.files("indextar").joinpath("schema.sql").read_text().split("-- @indexes")
+    entries = grouping.entries
+    header_offsets = scan.header_offsets[entries]
+    data_offsets = scan.data_offsets[entries]
+    sizes = scan.sizes[entries]
+    names = scan.names
+    first = grouping.first_member
+    last = first + grouping.member_count - 1
+    start = header_offsets[first] if len(first) else np.zeros(0, np.int64)
+    end = (data_offsets[last] + (sizes[last] + BLOCK - 1) // BLOCK * BLOCK) if len(first) else start
+    conn = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = OFF")
+        conn.execute("PRAGMA synchronous = OFF")
+        conn.executescript(tables)
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)",
+            zip(
+                range(len(entries)),
+                grouping.sample_of_member.tolist(),
+                [names[i] for i in entries.tolist()],
+                grouping.exts,
+                header_offsets.tolist(),
+                data_offsets.tolist(),
+                sizes.tolist(),
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+            zip(
+                range(len(first)),
+                grouping.keys,
+                first.tolist(),
+                grouping.member_count.tolist(),
+                start.tolist(),
+                end.tolist(),
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO skipped VALUES (?, ?, ?, ?)",
+            (
+                (int(scan.header_offsets[row]), names[row], kind, int(scan.sizes[row]))
+                for row, kind in grouping.skipped
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO meta VALUES (?, ?)",
+            ((field, str(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
+        )
+        conn.executescript(indexes)  # commits
+    finally:
+        conn.close()

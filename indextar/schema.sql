@@ -1,0 +1,62 @@
+-- indextar shard index, format version 1.
+--
+-- One SQLite file per shard, named <shard>.idx.sqlite. It is written to a temporary
+-- file and renamed into place, so it is either absent or complete, and it is never
+-- modified afterwards: a rebuild replaces the whole file. Safe to run twice.
+--
+-- Offsets are byte offsets into the uncompressed tar. A member's header_offset is its
+-- first header block, GNU long-name or PAX extension headers included, so that the
+-- bytes [samples.start_offset, samples.end_offset) are themselves a valid tar stream
+-- of that sample's members.
+
+-- Key/value facts about the shard and how the index was built (all values are TEXT):
+--   format_version      this schema's version, "1"
+--   indextar_version    version of indextar that wrote the file
+--   shard_name          the shard's file name (base name)
+--   shard_size          shard size in bytes when indexed
+--   shard_mtime_ns      shard modification time (ns) when indexed
+--   fingerprint         blake2b-128 of the size and the first and last 64 KiB
+--   end_offset          offset of the end-of-archive marker
+--   num_members         rows in members
+--   num_samples         rows in samples
+--   num_skipped         rows in skipped
+--   naming              naming rules used ("webdataset-1": see docs/format.md)
+--   created             UTC time of the build, ISO 8601
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- Every regular file that belongs to a sample, in archive order.
+CREATE TABLE IF NOT EXISTS members (
+    member_id     INTEGER PRIMARY KEY,  -- 0-based, archive order
+    sample_id     INTEGER NOT NULL,     -- samples.sample_id
+    name          TEXT NOT NULL,        -- full member path, UTF-8
+    ext           TEXT NOT NULL,        -- extension, lowercased ("jpg", "seg.png")
+    header_offset INTEGER NOT NULL,     -- first header block of the member
+    data_offset   INTEGER NOT NULL,     -- first byte of the member's data
+    size          INTEGER NOT NULL      -- data size in bytes
+);
+
+-- Consecutive members sharing a key, in archive order.
+CREATE TABLE IF NOT EXISTS samples (
+    sample_id    INTEGER PRIMARY KEY,   -- 0-based, archive order
+    key          TEXT NOT NULL,         -- the members' common key ("__key__")
+    first_member INTEGER NOT NULL,      -- members.member_id of its first member
+    member_count INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL,      -- header_offset of its first member
+    end_offset   INTEGER NOT NULL       -- end of its last member's data, block-aligned
+);
+
+-- Entries that belong to no sample, with the reason: directory, symlink, hardlink,
+-- chardev, blockdev, fifo, meta, hidden, no-extension, ...
+CREATE TABLE IF NOT EXISTS skipped (
+    header_offset INTEGER PRIMARY KEY,
+    name          TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    size          INTEGER NOT NULL
+);
+
+-- Indexes: created after the bulk insert (indextar splits this file at the next line).
+-- @indexes
+CREATE INDEX IF NOT EXISTS samples_by_key ON samples (key);
