@@ -1,0 +1,61 @@
+"""Shared fixtures: tests build their own tar shards at run time."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+
+Members = Mapping[str, "bytes | str | None"]
+
+
+def tar_bytes(members: Members, fmt: str = "ustar", *, mtime: int = 1_700_000_000) -> bytes:
+    """A tar made with Python's tarfile from ``{name: data}``.
+
+    ``data`` is bytes for a regular file, ``None`` for a directory and a ``str``
+    starting with ``"->"`` for a symlink to the rest of the string.
+    """
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=FORMATS[fmt]) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = mtime
+            info.uname = info.gname = "indextar"
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tf.addfile(info)
+            elif isinstance(data, str):
+                info.type = tarfile.SYMTYPE
+                info.linkname = data.removeprefix("->")
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def make_tar(tmp_path: Path) -> Callable[..., Path]:
+    """Write a tar shard from ``{name: bytes}``: ``make_tar(members, name=..., fmt=...)``."""
+
+    def make(members: Members, name: str = "shard.tar", fmt: str = "ustar") -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(tar_bytes(members, fmt))
+        return path
+
+    return make
+
+
+def sample_members(n: int, exts: tuple[str, ...] = ("jpg", "cls"), prefix: str = "s") -> dict[str, bytes]:
+    """``n`` samples with the given extensions and distinct, checkable contents."""
+    return {
+        f"{prefix}{i:06d}.{ext}": f"{prefix}{i}-{ext}".encode() * (1 + i % 3)
+        for i in range(n)
+        for ext in exts
+    }
