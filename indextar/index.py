@@ -30,8 +30,8 @@ import numpy.typing as npt
 from ._version import __version__
 from .errors import (
     IndexFormatError,
-    IndexWriteError,
     IndextarError,
+    IndexWriteError,
     MissingIndexError,
     ShardNotFoundError,
     StaleIndexError,
@@ -143,12 +143,19 @@ class ShardIndex:
         """Load the per-sample and per-member arrays that random access needs."""
         with _connect_ro(self.path) as conn:
             samples = _int_columns(
-                conn, "SELECT first_member, member_count, start_offset, end_offset FROM samples "
-                "ORDER BY sample_id", 4, self.meta.num_samples
+                conn,
+                "SELECT first_member, member_count, start_offset, end_offset FROM samples "
+                "ORDER BY sample_id",
+                4,
+                self.meta.num_samples,
             )
-            ext_names = tuple(r[0] for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext"))
+            ext_names = tuple(
+                r[0] for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext")
+            )
             codes = {ext: i for i, ext in enumerate(ext_names)}
-            members = conn.execute("SELECT data_offset, size, ext FROM members ORDER BY member_id").fetchall()
+            members = conn.execute(
+                "SELECT data_offset, size, ext FROM members ORDER BY member_id"
+            ).fetchall()
         data_offset = np.fromiter((m[0] for m in members), np.int64, len(members))
         size = np.fromiter((m[1] for m in members), np.int64, len(members))
         ext_code = np.fromiter((codes[m[2]] for m in members), np.int32, len(members))
@@ -210,7 +217,7 @@ def index_path(shard: PathLike, *, index_dir: PathLike | None = None) -> Path:
     return Path(index_dir) / f"{shard_path.name}.{digest}{INDEX_SUFFIX}"
 
 
-def fingerprint(buf: "mmap.mmap | bytes", size: int) -> str:
+def fingerprint(buf: mmap.mmap | bytes, size: int) -> str:
     """A cheap content fingerprint: blake2b-128 of the size, first and last 64 KiB."""
     h = hashlib.blake2b(digest_size=16)
     h.update(size.to_bytes(8, "little"))
@@ -275,7 +282,9 @@ def _read_meta(path: Path) -> IndexMeta:
         )
     meta = IndexMeta.from_rows(rows, path)
     if meta.naming != NAMING:
-        raise IndexFormatError(f"index {str(path)!r} uses naming rules {meta.naming!r}, not {NAMING!r}")
+        raise IndexFormatError(
+            f"index {str(path)!r} uses naming rules {meta.naming!r}, not {NAMING!r}"
+        )
     return meta
 
 
@@ -323,6 +332,24 @@ def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIn
 # -- building --------------------------------------------------------------------
 
 
+def scan_shard_file(shard: Path) -> tuple[TarScan, str]:
+    """Scan a local shard through a read-only mmap; also return its fingerprint."""
+    with open(shard, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            scan_tar(b"", shard=str(shard))  # raises the empty-file error
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return scan_tar(mm, shard=str(shard)), fingerprint(mm, size)
+        finally:
+            try:
+                mm.close()
+            except BufferError:
+                # A scan error's traceback still holds views of the map; it is
+                # unmapped when that exception is collected.
+                pass
+
+
 def build_index(
     shard: PathLike, *, index_dir: PathLike | None = None, force: bool = False
 ) -> ShardIndex:
@@ -354,12 +381,7 @@ def build_index(
     st = _stat_shard(shard_path)
     if not shard_path.is_file():
         raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
-    with open(shard_path, "rb") as f:
-        if st.st_size == 0:
-            scan_tar(b"", shard=str(shard_path))  # raises the empty-file error
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            scan = scan_tar(mm, shard=str(shard_path))
-            content_fingerprint = fingerprint(mm, st.st_size)
+    scan, content_fingerprint = scan_shard_file(shard_path)
     grouping = group_members(scan, shard=str(shard_path))
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
@@ -408,7 +430,9 @@ def write_index(path: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) 
 
 
 def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
-    tables, indexes = resources.files("indextar").joinpath("schema.sql").read_text().split("-- @indexes")
+    tables, indexes = (
+        resources.files("indextar").joinpath("schema.sql").read_text().split("-- @indexes")
+    )
     entries = grouping.entries
     header_offsets = scan.header_offsets[entries]
     data_offsets = scan.data_offsets[entries]

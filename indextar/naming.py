@@ -134,7 +134,9 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     lowered = {ext: ext.lower() for ext in set(raw_exts)}
     exts = [lowered[ext] for ext in raw_exts]
 
-    starts = [i for i, (key, before) in enumerate(zip(member_keys, [None, *member_keys])) if key != before]
+    starts = [
+        i for i, (key, before) in enumerate(zip(member_keys, [None, *member_keys])) if key != before
+    ]
     first = np.asarray(starts, dtype=np.int64)
     count = np.diff(np.append(first, len(rows))).astype(np.int64)
     grouping = Grouping(

@@ -190,7 +190,9 @@ class _Scanner:
         self.size = int(data.size)
         self.shard = shard
 
-    def error(self, cls: type[ShardFormatError], message: str, offset: int | None) -> ShardFormatError:
+    def error(
+        self, cls: type[ShardFormatError], message: str, offset: int | None
+    ) -> ShardFormatError:
         return cls(message, shard=self.shard, offset=offset)
 
     # -- entry point --------------------------------------------------------
@@ -401,7 +403,9 @@ class _Scanner:
         unsupported = np.isin(types, np.array([_GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
         if unsupported.any():
             i = int(np.flatnonzero(unsupported)[0])
-            what = "a GNU sparse member" if types[i] == _GNU_SPARSE else "a multi-volume continuation"
+            what = (
+                "a GNU sparse member" if types[i] == _GNU_SPARSE else "a multi-volume continuation"
+            )
             raise self.error(
                 UnsupportedMemberError,
                 f"member {names[i]!r} is {what}; indextar cannot give random access to it "
@@ -488,7 +492,9 @@ class _Scanner:
             where,
         )
 
-    def check_chain(self, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[Any], end: int) -> None:
+    def check_chain(
+        self, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[Any], end: int
+    ) -> None:
         successor = offsets + BLOCK + (sizes + BLOCK - 1) // BLOCK * BLOCK
         expected = np.append(offsets[1:], end)
         if not np.array_equal(successor, expected):
@@ -657,9 +663,9 @@ def _decode_names(rows: npt.NDArray[np.uint8], types: npt.NDArray[np.uint8]) -> 
     nonzero = np.count_nonzero(name_field, axis=1)
     for i in np.flatnonzero(nonzero != lengths):
         names[i] = names[i].split(b"\0", 1)[0]
-    posix = (rows[:, _MAGIC_OFFSET : _MAGIC_OFFSET + 8] == np.frombuffer(_POSIX_MAGIC, np.uint8)).all(
-        axis=1
-    )
+    posix = (
+        rows[:, _MAGIC_OFFSET : _MAGIC_OFFSET + 8] == np.frombuffer(_POSIX_MAGIC, np.uint8)
+    ).all(axis=1)
     for i in np.flatnonzero(posix & (rows[:, 345] != 0)):
         prefix = rows[i, 345:500].tobytes().split(b"\0", 1)[0]
         names[i] = prefix + b"/" + names[i]
@@ -681,7 +687,9 @@ def _decode_name(raw: bytes, where: int, scanner: _Scanner) -> str:
         ) from None
 
 
-def _decode_all(raw_names: list[bytes], offsets: npt.NDArray[np.int64], scanner: _Scanner) -> list[str]:
+def _decode_all(
+    raw_names: list[bytes], offsets: npt.NDArray[np.int64], scanner: _Scanner
+) -> list[str]:
     try:
         return [raw.decode("utf-8") for raw in raw_names]
     except UnicodeDecodeError:
@@ -704,7 +712,7 @@ def _parse_pax(payload: bytes, scanner: _Scanner, where: int) -> dict[str, str]:
         if space < 0 or length <= space - pos or not record.endswith(b"\n") or b"=" not in record:
             raise scanner.error(
                 ShardFormatError,
-                f"malformed PAX record {payload[pos:pos + 40]!r} in extended header",
+                f"malformed PAX record {payload[pos : pos + 40]!r} in extended header",
                 where,
             )
         key, _, value = record[space - pos + 1 : -1].partition(b"=")

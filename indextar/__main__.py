@@ -1,0 +1,7 @@
+"""``python -m indextar``: the same CLI as the ``indextar`` console script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,117 @@
+"""Check an index against a fresh scan of its shard."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .index import PathLike, _connect_ro, open_index, scan_shard_file
+from .naming import group_members
+
+__all__ = ["VerifyReport", "verify_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The outcome of :func:`verify_index`.
+
+    ``problems`` lists where the index disagrees with the shard (an index with
+    problems must not be used); ``warnings`` lists things that are legal but
+    probably unintended, such as a key whose members are not adjacent.
+    """
+
+    shard: str
+    index: str
+    samples: int
+    members: int
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> VerifyReport:
+    """Re-scan ``shard`` and compare every row of its index with the scan.
+
+    Raises the same errors as :func:`~indextar.open_index` (missing, stale or
+    corrupt index) and as the scanner (malformed shard).
+    """
+    ix = open_index(shard, index_dir=index_dir)
+    shard_path = Path(shard)
+    scan, _ = scan_shard_file(shard_path)
+    grouping = group_members(scan, shard=str(shard_path))
+    rows = grouping.entries
+    expected_members = list(
+        zip(
+            range(len(rows)),
+            grouping.sample_of_member.tolist(),
+            [scan.names[i] for i in rows.tolist()],
+            grouping.exts,
+            scan.header_offsets[rows].tolist(),
+            scan.data_offsets[rows].tolist(),
+            scan.sizes[rows].tolist(),
+        )
+    )
+    expected_samples = list(
+        zip(
+            range(len(grouping.keys)),
+            grouping.keys,
+            grouping.first_member.tolist(),
+            grouping.member_count.tolist(),
+        )
+    )
+    expected_skipped = sorted(
+        (int(scan.header_offsets[row]), scan.names[row], kind) for row, kind in grouping.skipped
+    )
+    problems: list[str] = []
+    try:
+        with _connect_ro(ix.path) as conn:
+            members = conn.execute(
+                "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size "
+                "FROM members ORDER BY member_id"
+            ).fetchall()
+            samples = conn.execute(
+                "SELECT sample_id, key, first_member, member_count FROM samples ORDER BY sample_id"
+            ).fetchall()
+            skipped = conn.execute(
+                "SELECT header_offset, name, kind FROM skipped ORDER BY header_offset"
+            ).fetchall()
+    except sqlite3.DatabaseError as e:
+        problems.append(f"index cannot be read: {e}")
+        members, samples, skipped = [], [], []
+    problems += _compare("member", members, expected_members)
+    problems += _compare("sample", samples, expected_samples)
+    problems += _compare("skipped entry", skipped, expected_skipped)
+    if ix.meta.end_offset != scan.end_offset:
+        problems.append(f"end offset: index says {ix.meta.end_offset}, shard has {scan.end_offset}")
+    table = ix.load_samples() if not problems else None
+    if table is not None and len(table) and not np.all(table.end_offset <= scan.end_offset):
+        problems.append("a sample's byte span runs past the end of the archive")
+    warnings = [
+        f"key {key!r} occurs in several samples: its members are not adjacent in the tar"
+        for key in grouping.scattered_keys
+    ]
+    return VerifyReport(
+        shard=str(shard_path),
+        index=str(ix.path),
+        samples=len(grouping.keys),
+        members=len(rows),
+        problems=problems,
+        warnings=warnings,
+    )
+
+
+def _compare(
+    what: str, got: list[tuple[object, ...]], expected: list[tuple[object, ...]]
+) -> list[str]:
+    if got == expected:
+        return []
+    if len(got) != len(expected):
+        return [f"{what} count: index has {len(got)}, shard has {len(expected)}"]
+    first = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
+    return [f"{what} {first}: index has {got[first]!r}, shard has {expected[first]!r}"]
