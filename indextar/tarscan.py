@@ -288,38 +288,44 @@ class _Scanner:
         found: list[int] = []
         pending_size: int | None = None
         global_size: int | None = None
-        while pos < limit:
-            if max_headers is not None and len(found) >= max_headers:
-                break
-            if pos + BLOCK > size:
-                raise self.error(
-                    TruncatedShardError,
-                    f"shard ends inside a header: {size - pos} of 512 header bytes present",
-                    pos,
-                )
-            header = data[pos : pos + BLOCK]
-            if not header.any():
-                break
-            typeflag = int(header[156])
-            member_size = self.parse_size(header[124:136].tobytes(), pos)
-            if typeflag not in _EXTENSION_TYPES:
-                override = pending_size if pending_size is not None else global_size
-                if override is not None:
-                    member_size = override
-                pending_size = None
-            if typeflag in (_PAX_LOCAL, _PAX_GLOBAL):
-                records = self.read_data(pos, member_size)
-                value = _parse_pax(records, self, pos).get("size")
-                if value is not None:
-                    parsed = self.pax_size(value, pos)
-                    if typeflag == _PAX_LOCAL:
-                        pending_size = parsed
-                    else:
-                        global_size = parsed
-            found.append(pos)
-            if typeflag in _NO_DATA_TYPES:
-                member_size = 0
-            pos += BLOCK + -(-member_size // BLOCK) * BLOCK
+        try:
+            while pos < limit:
+                if max_headers is not None and len(found) >= max_headers:
+                    break
+                if pos + BLOCK > size:
+                    raise self.error(
+                        TruncatedShardError,
+                        f"shard ends inside a header: {size - pos} of 512 header bytes present",
+                        pos,
+                    )
+                header = data[pos : pos + BLOCK]
+                if not header.any():
+                    break
+                typeflag = int(header[156])
+                member_size = self.parse_size(header[124:136].tobytes(), pos)
+                if typeflag not in _EXTENSION_TYPES:
+                    override = pending_size if pending_size is not None else global_size
+                    if override is not None:
+                        member_size = override
+                    pending_size = None
+                if typeflag in (_PAX_LOCAL, _PAX_GLOBAL):
+                    records = self.read_data(pos, member_size)
+                    value = _parse_pax(records, self, pos).get("size")
+                    if value is not None:
+                        parsed = self.pax_size(value, pos)
+                        if typeflag == _PAX_LOCAL:
+                            pending_size = parsed
+                        else:
+                            global_size = parsed
+                found.append(pos)
+                if typeflag in _NO_DATA_TYPES:
+                    member_size = 0
+                pos += BLOCK + -(-member_size // BLOCK) * BLOCK
+        except ShardFormatError:
+            # A corrupt size field sends the walk into member data, where it fails
+            # far from the cause: the header with the bad checksum is the better report.
+            self.check_checksums_at([*found, pos] if pos + BLOCK <= size else found)
+            raise
         return np.asarray(found, dtype=np.int64), pos
 
     def walk_window(self, start: int) -> tuple[npt.NDArray[np.int64] | None, int]:
@@ -383,8 +389,8 @@ class _Scanner:
     # -- steps 2 and 3: decode and resolve -----------------------------------
 
     def resolve(self, offsets: npt.NDArray[np.int64], end: int) -> TarScan:
-        self.check_end(end)
         if len(offsets) == 0:
+            self.check_end(end)
             empty = np.zeros(0, np.int64)
             return TarScan([], np.zeros(0, np.uint8), empty, empty, empty, end, self.size)
         blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
@@ -399,6 +405,9 @@ class _Scanner:
             names.extend(raw_names)
         types = np.concatenate(types_parts)
         sizes = np.concatenate(sizes_parts)
+        # Only now that every checksum is known good: a corrupt size field makes the
+        # walk overrun, and the bad header is the better report than a truncation.
+        self.check_end(end)
 
         unsupported = np.isin(types, np.array([_GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
         if unsupported.any():
@@ -430,15 +439,7 @@ class _Scanner:
         self, rows: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], list[bytes]]:
         """Check and decode a batch of header blocks: types, data sizes, raw names."""
-        good = _checksums_ok(rows)
-        if not good.all():
-            i = int(np.flatnonzero(~good)[0])
-            raise self.error(
-                ShardFormatError,
-                f"corrupt tar header: the checksum field {rows[i, 148:156].tobytes()!r} does not "
-                "match the header's contents",
-                int(offsets[i]),
-            )
+        self.check_checksums(rows, offsets)
         sizes = np.zeros(0, np.int64)
         for name, (start, width) in _FIELDS.items():
             values, ok = _parse_numeric(rows[:, start : start + width], values=name == "size")
@@ -452,6 +453,24 @@ class _Scanner:
         types = rows[:, 156].copy()
         sizes = np.where(np.isin(types, np.frombuffer(_NO_DATA_TYPES, np.uint8)), 0, sizes)
         return types, sizes, _decode_names(rows, types)
+
+    def check_checksums(self, rows: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> None:
+        """Raise for the first header row (at ``offsets``) whose checksum is wrong."""
+        good = _checksums_ok(rows)
+        if not good.all():
+            i = int(np.flatnonzero(~good)[0])
+            raise self.error(
+                ShardFormatError,
+                f"corrupt tar header: the checksum field {rows[i, 148:156].tobytes()!r} does not "
+                "match the header's contents",
+                int(offsets[i]),
+            )
+
+    def check_checksums_at(self, offsets: list[int]) -> None:
+        """Raise for the first of the headers at ``offsets`` whose checksum is wrong."""
+        if offsets:
+            rows = self.data[np.add.outer(np.asarray(offsets, np.int64), np.arange(BLOCK))]
+            self.check_checksums(rows, np.asarray(offsets, np.int64))
 
     def check_end(self, end: int) -> None:
         if end > self.size:
