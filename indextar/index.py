@@ -47,6 +47,7 @@ __all__ = [
     "SampleTable",
     "build_index",
     "open_index",
+    "open_index_at",
     "index_path",
     "fingerprint",
 ]
@@ -324,6 +325,21 @@ def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIn
             f"shard {str(shard_path)!r} has no index (looked for {str(path)!r}); "
             "build it with build_index()"
         )
+    meta = _read_meta(path)
+    _check_fresh(shard_path, meta, path)
+    return ShardIndex(shard=str(shard_path), path=path, meta=meta)
+
+
+def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
+    """Open and validate the index file ``path`` of a local ``shard``.
+
+    For callers that recorded where the index is (dataset manifests), rather than
+    deriving it from ``index_dir``. Raises as :func:`open_index` does.
+    """
+    shard_path, path = Path(shard), Path(path)
+    if not path.exists():
+        _stat_shard(shard_path)
+        raise MissingIndexError(f"shard {str(shard_path)!r} has no index at {str(path)!r}")
     meta = _read_meta(path)
     _check_fresh(shard_path, meta, path)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)
