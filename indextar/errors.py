@@ -24,6 +24,12 @@ __all__ = [
     "ShardNotFoundError",
     "IndexWriteError",
     "SamplerStateError",
+    "DecodeError",
+    "UnsafeMemberError",
+    "DecodeSpecError",
+    "SampleKeyError",
+    "SampleIndexError",
+    "ManifestError",
 ]
 
 
@@ -91,3 +97,51 @@ class IndexWriteError(IndextarError, OSError):
 
 class SamplerStateError(IndextarError, ValueError):
     """A sampler state dict does not fit the sampler it is loaded into."""
+
+
+class DecodeError(IndextarError, ValueError):
+    """A sample's member could not be decoded.
+
+    Attributes
+    ----------
+    shard, key, ext
+        The shard, the sample's ``__key__`` and the member's extension, when known.
+    """
+
+    def __init__(
+        self, message: str, *, shard: str | None = None, key: str | None = None, ext: str | None = None
+    ):
+        self.shard = shard
+        self.key = key
+        self.ext = ext
+        where = []
+        if shard is not None:
+            where.append(f"shard {shard!r}")
+        if key is not None:
+            where.append(f"sample {key!r}")
+        if ext is not None:
+            where.append(f"member {ext!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class UnsafeMemberError(DecodeError):
+    """A pickle or torch member would run code to decode; refused without ``allow_unsafe=True``."""
+
+
+class DecodeSpecError(IndextarError, ValueError):
+    """A ``decode=`` argument is not a known spec string or a callable handler."""
+
+
+class SampleKeyError(IndextarError, KeyError):
+    """A sample lacks a requested member, or no sample has the requested ``__key__``."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SampleIndexError(IndextarError, IndexError):
+    """A dataset index is out of range."""
+
+
+class ManifestError(IndextarError, ValueError):
+    """A dataset manifest is malformed or does not match its shards."""
