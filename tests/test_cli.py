@@ -1,0 +1,160 @@
+"""The indextar command line: index, info, verify; exit codes and error lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import sample_members, tar_bytes
+from indextar.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    for i in range(4):
+        members: dict[str, bytes | str | None] = {"meta/": None}
+        members.update(sample_members(50, exts=("jpg", "cls", "json"), prefix=f"x{i}-"))
+        (tmp_path / f"x-{i:06d}.tar").write_bytes(tar_bytes(members, "gnu"))
+    return tmp_path
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "indextar", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+def test_index_info_verify_on_a_brace_pattern(shards: Path) -> None:
+    result = run("index", "x-{000000..000003}.tar", cwd=shards)
+    assert result.returncode == 0, result.stderr
+    assert "indexed 4 shards (4 built, 0 up to date): 200 samples, 600 members" in result.stdout
+    assert "members/s" in result.stdout
+    assert sorted(p.name for p in shards.glob("*.idx.sqlite")) == [
+        f"x-{i:06d}.tar.idx.sqlite" for i in range(4)
+    ]
+
+    again = run("index", "x-{000000..000003}.tar", "-j", "1", cwd=shards)
+    assert "(0 built, 4 up to date)" in again.stdout
+
+    info = run("info", "x-*.tar", "--json", cwd=shards)
+    assert info.returncode == 0, info.stderr
+    rows = json.loads(info.stdout)
+    assert [r["shard"] for r in rows] == [f"x-{i:06d}.tar" for i in range(4)]
+    assert rows[0]["samples"] == 50
+    assert rows[0]["extensions"] == {"cls": 50, "jpg": 50, "json": 50}
+    assert rows[0]["skipped"] == {"directory": 1}
+    assert rows[0]["overhead_per_sample"] > 3 * 512  # three header blocks per sample at least
+
+    text = run("info", "x-000001.tar", cwd=shards)
+    assert "50 samples, 150 members" in text.stdout and "skipped: directory 1" in text.stdout
+
+    verify = run("verify", "x-{000000..000003}.tar", cwd=shards)
+    assert verify.returncode == 0, verify.stderr
+    assert "verified 4 of 4 shards: all OK" in verify.stdout
+
+
+def test_failures_give_one_line_per_shard_and_a_nonzero_exit(shards: Path) -> None:
+    (shards / "bad.tar").write_bytes(b"this is not a tar file" * 100)
+    (shards / "empty.tar").write_bytes(b"")
+    result = run("index", "x-000000.tar", "bad.tar", "empty.tar", "missing.tar", cwd=shards)
+    assert result.returncode == 1
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 3, result.stderr
+    assert all(line.startswith("indextar: error: ") for line in errors)
+    assert "'bad.tar' at byte offset 0: not a tar archive" in result.stderr
+    assert "'empty.tar' at byte offset 0: file is empty" in result.stderr
+    assert "'missing.tar' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "1 built" in result.stdout and "3 failed" in result.stdout
+    assert not (shards / "bad.tar.idx.sqlite").exists()
+    assert (shards / "x-000000.tar.idx.sqlite").exists()
+
+    debug = run("index", "bad.tar", "--debug", cwd=shards)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_stale_index_is_refused_until_forced(shards: Path) -> None:
+    assert run("index", "x-000000.tar", cwd=shards).returncode == 0
+    shard = shards / "x-000000.tar"
+    os.utime(shard, ns=(0, 0))
+    result = run("index", "x-000000.tar", cwd=shards)
+    assert result.returncode == 1
+    assert "mtime changed" in result.stderr and "--force" in result.stderr
+    assert run("info", "x-000000.tar", cwd=shards).returncode == 1
+    forced = run("index", "x-000000.tar", "--force", cwd=shards)
+    assert forced.returncode == 0 and "1 built" in forced.stdout
+
+
+def test_verify_detects_an_index_that_disagrees_with_its_shard(shards: Path) -> None:
+    import sqlite3
+
+    assert run("index", "x-000000.tar", cwd=shards).returncode == 0
+    index = shards / "x-000000.tar.idx.sqlite"
+    with sqlite3.connect(index) as conn:
+        conn.execute("UPDATE members SET data_offset = data_offset + 512 WHERE member_id = 7")
+    result = run("verify", "x-000000.tar", cwd=shards)
+    assert result.returncode == 1
+    assert "member 7: index has" in result.stderr
+
+
+def test_verify_warns_about_keys_that_come_back(tmp_path: Path) -> None:
+    members = {"a.jpg": b"1", "b.jpg": b"2", "a.cls": b"3"}
+    (tmp_path / "s.tar").write_bytes(tar_bytes(members))
+    assert run("index", "s.tar", cwd=tmp_path).returncode == 0
+    result = run("verify", "s.tar", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "warning" in result.stderr and "'a'" in result.stderr
+
+
+def test_index_dir_and_in_process_main(
+    shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index_dir = tmp_path / "indexes"
+    pattern = str(shards / "x-00000[01].tar")
+    assert main(["index", pattern, "--index-dir", str(index_dir), "-q"]) == 0
+    assert len(list(index_dir.glob("x-00000?.tar.*.idx.sqlite"))) == 2
+    assert not list(shards.glob("*.idx.sqlite"))
+    assert main(["verify", pattern, "--index-dir", str(index_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["ok"] for r in out] == [True, True]
+
+
+def test_a_glob_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
+    result = run("index", "nothing-*.tar", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "indextar: error: pattern 'nothing-*.tar' matches no file"
+
+
+def test_console_script_and_module_are_the_same_cli(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("indextar")
+    assert script.exists(), "the package's console script is not installed"
+    a = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    b = run("--help", cwd=tmp_path)
+    assert a.returncode == b.returncode == 0
+    assert a.stdout.replace("indextar", "X") == b.stdout.replace("indextar", "X")
+    for command in ("index", "info", "verify"):
+        assert command in a.stdout
+
+
+def test_import_and_cli_work_without_torch(shards: Path) -> None:
+    """Blocking torch's import: indexing tools must never need it."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import indextar, indextar.cli\n"
+        "assert indextar.build_index('x-000002.tar').meta.num_samples == 50\n"
+        "sys.exit(indextar.cli.main(['info', 'x-000002.tar', '-q']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=shards, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "50 samples" in result.stdout
