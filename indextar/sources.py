@@ -1,0 +1,245 @@
+"""Byte sources: read byte ranges of a shard, locally or (later) remotely.
+
+A :class:`ByteSource` has two primitives, :attr:`~ByteSource.size` and
+:meth:`~ByteSource.read`; :meth:`~ByteSource.read_many` is built on them and a backend
+may override it to batch requests. Backends register by URL scheme with
+:func:`register_source`; a lazy entry names the module that implements it and the
+package to install, so that ``import indextar`` imports no backend.
+
+Sources open what they need lazily and never carry an open file across a fork or a
+pickle: they remember the process that opened the file and reopen in any other.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from .errors import ShardNotFoundError, TruncatedShardError
+from .patterns import is_url
+
+__all__ = [
+    "ByteSource",
+    "LocalFileSource",
+    "LRUCache",
+    "SourceFactory",
+    "open_source",
+    "register_source",
+]
+
+SourceFactory = Callable[[str], "ByteSource"]
+
+
+class ByteSource(abc.ABC):
+    """Random access to the bytes of one shard.
+
+    Subclasses implement :attr:`size` and :meth:`read`. A source must be picklable and
+    must hold no open resource across ``fork`` or pickle.
+    """
+
+    url: str
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Size of the shard in bytes."""
+
+    @abc.abstractmethod
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``offset``.
+
+        Raises
+        ------
+        TruncatedShardError
+            If the shard ends before ``offset + length``.
+        """
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Several ranges at once; backends with request overhead batch them."""
+        read = self.read
+        return [read(offset, length) for offset, length in zip(offsets, lengths)]
+
+    def close(self) -> None:
+        """Release open resources; the source reopens on the next read."""
+
+    def __enter__(self) -> ByteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalFileSource(ByteSource):
+    """A local file read with ``os.pread``: one system call per range, no shared offset."""
+
+    __slots__ = ("url", "_fd", "_pid", "_size")
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.url = os.fspath(path)
+        self._fd = -1
+        self._pid = -1
+        self._size = -1
+
+    def _fileno(self) -> int:
+        if self._pid != os.getpid():
+            # Never share a descriptor inherited through fork; closing the child's
+            # copy leaves the parent's open.
+            if self._fd >= 0:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+            self._fd = -1
+            try:
+                self._fd = os.open(self.url, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
+            self._pid = os.getpid()
+            self._size = os.fstat(self._fd).st_size
+        return self._fd
+
+    @property
+    def size(self) -> int:
+        self._fileno()
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        fd = self._fd if self._pid == os.getpid() else self._fileno()
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise TruncatedShardError(
+                f"wanted {length} bytes but the shard ends after {len(data)} "
+                f"(it is {os.fstat(fd).st_size} bytes now; was it changed after indexing?)",
+                shard=self.url,
+                offset=offset,
+            )
+        return data
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = -1
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"])  # type: ignore[misc]
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"LocalFileSource({self.url!r})"
+
+
+# -- registry --------------------------------------------------------------------
+
+_FACTORIES: dict[str, SourceFactory] = {"file": LocalFileSource}
+# scheme -> ("module:attribute", install hint); imported on first use.
+_LAZY: dict[str, tuple[str, str]] = {}
+
+
+def register_source(scheme: str, factory: SourceFactory | str, *, install_hint: str = "") -> None:
+    """Register the byte source for URLs ``scheme://...``.
+
+    ``factory`` is a callable ``factory(url) -> ByteSource``, or a ``"module:attribute"``
+    string imported on first use; ``install_hint`` then goes into the ImportError.
+    """
+    if isinstance(factory, str):
+        _LAZY[scheme] = (factory, install_hint)
+        _FACTORIES.pop(scheme, None)
+    else:
+        _FACTORIES[scheme] = factory
+        _LAZY.pop(scheme, None)
+
+
+def _factory(scheme: str, url: str) -> SourceFactory:
+    if scheme in _FACTORIES:
+        return _FACTORIES[scheme]
+    if scheme not in _LAZY:
+        known = ", ".join(sorted({*_FACTORIES, *_LAZY}))
+        raise ShardNotFoundError(
+            f"cannot read {url!r}: no byte source is registered for {scheme!r} URLs "
+            f"(registered: {known}); see indextar.sources.register_source"
+        )
+    target, hint = _LAZY[scheme]
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(f"reading {scheme}:// shards needs {module_name}: {hint or e}") from e
+    factory: SourceFactory = getattr(module, attribute)
+    _FACTORIES[scheme] = factory
+    return factory
+
+
+def open_source(url: str | os.PathLike[str]) -> ByteSource:
+    """A byte source for a local path or a URL of a registered scheme (opened lazily)."""
+    url = os.fspath(url)
+    if not is_url(url):
+        return LocalFileSource(url.removeprefix("file://"))
+    return _factory(url.partition("://")[0], url)(url)
+
+
+# -- bounded cache ---------------------------------------------------------------
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LRUCache(Generic[K, V]):
+    """A least-recently-used map of at most ``capacity`` entries.
+
+    ``on_evict(value)`` runs for every entry pushed out or cleared: the dataset closes
+    evicted shards there, so the number of open files stays bounded.
+    """
+
+    __slots__ = ("capacity", "_entries", "_on_evict")
+
+    def __init__(self, capacity: int, on_evict: Callable[[V], None] | None = None):
+        if capacity < 1:
+            raise ValueError(f"an LRU cache needs a capacity of at least 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._on_evict = on_evict
+
+    def get(self, key: K) -> V | None:
+        """The entry for ``key``, marked most recently used; ``None`` if absent."""
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        """Add or replace an entry, evicting the least recently used one if full."""
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            _, evicted = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+
+    def clear(self) -> None:
+        """Evict every entry."""
+        while self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._entries)
