@@ -5,21 +5,30 @@ a map-style dataset then reads any sample with one seek.
 """
 
 from ._version import __version__
+from .build import build_indexes
+from .dataset import IndexedTarDataset
 from .errors import (
     CompressedShardError,
+    DecodeError,
+    DecodeSpecError,
     IndexFormatError,
     IndextarError,
     IndexWriteError,
+    ManifestError,
     MissingIndexError,
     SampleFormatError,
+    SampleIndexError,
+    SampleKeyError,
     SamplerStateError,
     ShardFormatError,
     ShardNotFoundError,
     StaleIndexError,
     TruncatedShardError,
+    UnsafeMemberError,
     UnsupportedMemberError,
 )
 from .index import IndexMeta, SampleTable, ShardIndex, build_index, index_path, open_index
+from .manifest import read_manifest, write_manifest
 from .naming import split_name
 from .patterns import expand_shards
 from .sampler import ResumableSampler
@@ -38,6 +47,11 @@ __all__ = [
     "TarScan",
     "split_name",
     "expand_shards",
+    "build_indexes",
+    # reading
+    "IndexedTarDataset",
+    "write_manifest",
+    "read_manifest",
     # sampling
     "ResumableSampler",
     # errors
@@ -53,4 +67,10 @@ __all__ = [
     "ShardNotFoundError",
     "IndexWriteError",
     "SamplerStateError",
+    "DecodeError",
+    "UnsafeMemberError",
+    "DecodeSpecError",
+    "SampleKeyError",
+    "SampleIndexError",
+    "ManifestError",
 ]
