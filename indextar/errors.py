@@ -30,6 +30,9 @@ __all__ = [
     "SampleKeyError",
     "SampleIndexError",
     "ManifestError",
+    "RemoteReadError",
+    "PipeRefusedError",
+    "CacheFullError",
 ]
 
 
@@ -145,3 +148,44 @@ class SampleIndexError(IndextarError, IndexError):
 
 class ManifestError(IndextarError, ValueError):
     """A dataset manifest is malformed or does not match its shards."""
+
+
+class RemoteReadError(IndextarError, OSError):
+    """A remote read failed, after retries where the failure looked transient.
+
+    Attributes
+    ----------
+    url
+        The object's URL.
+    offset, length
+        The byte range asked for; ``None`` for a whole-object request.
+    attempts
+        How many times it was tried.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        offset: int | None = None,
+        length: int | None = None,
+        attempts: int = 1,
+    ):
+        self.url = url
+        self.offset = offset
+        self.length = length
+        self.attempts = attempts
+        where = repr(url)
+        if offset is not None and length is not None:
+            where += f" bytes {offset}-{offset + length - 1} ({length} bytes)"
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        super().__init__(f"reading {where} failed{tries}: {message}")
+
+
+class PipeRefusedError(IndextarError, PermissionError):
+    """A ``pipe:`` shard would run a shell command and was not allowed."""
+
+
+class CacheFullError(IndextarError, OSError):
+    """A shard does not fit into the shard cache, even after evicting unused shards."""
