@@ -407,7 +407,7 @@ class _Scanner:
         sizes = np.concatenate(sizes_parts)
         # Only now that every checksum is known good: a corrupt size field makes the
         # walk overrun, and the bad header is the better report than a truncation.
-        self.check_end(end)
+        self.check_end(end, int(offsets[-1]))
 
         unsupported = np.isin(types, np.array([_GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
         if unsupported.any():
@@ -472,13 +472,15 @@ class _Scanner:
             rows = self.data[np.add.outer(np.asarray(offsets, np.int64), np.arange(BLOCK))]
             self.check_checksums(rows, np.asarray(offsets, np.int64))
 
-    def check_end(self, end: int) -> None:
+    def check_end(self, end: int, last_header: int = 0) -> None:
+        """Check the end of the archive at ``end``; ``last_header`` is the last header's offset."""
         if end > self.size:
+            # Reported at the cut member's header: the end offset lies beyond the file.
             raise self.error(
                 TruncatedShardError,
-                f"shard is truncated: the last member's data runs to offset {end}, "
-                f"but the file has only {self.size} bytes",
-                end,
+                f"shard is truncated: the data of the member with this header runs to "
+                f"offset {end}, but the file has only {self.size} bytes",
+                last_header,
             )
         if end == self.size:
             raise self.error(
