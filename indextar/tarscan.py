@@ -366,7 +366,7 @@ class _Scanner:
             raise self.error(
                 ShardFormatError,
                 f"corrupt tar header: the size field {raw!r} is neither octal nor base-256",
-                pos,
+                pos + 124,  # the field's offset, as for every other numeric field
             )
         return value
 
