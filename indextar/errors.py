@@ -30,6 +30,8 @@ __all__ = [
     "SampleKeyError",
     "SampleIndexError",
     "ManifestError",
+    "WriterError",
+    "EncodeError",
     "RemoteReadError",
     "PipeRefusedError",
     "CacheFullError",
@@ -148,6 +150,42 @@ class SampleIndexError(IndextarError, IndexError):
 
 class ManifestError(IndextarError, ValueError):
     """A dataset manifest is malformed or does not match its shards."""
+
+
+class WriterError(IndextarError, ValueError):
+    """A sample cannot be written: a bad or repeated key, or a writer that is closed.
+
+    Attributes
+    ----------
+    shard, key
+        The shard being written and the sample's ``__key__``, when known.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None):
+        self.shard = shard
+        self.key = key
+        where = []
+        if shard is not None:
+            where.append(f"shard {shard!r}")
+        if key is not None:
+            where.append(f"sample {key!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class EncodeError(WriterError):
+    """A sample's value cannot be encoded for its extension.
+
+    Attributes
+    ----------
+    ext
+        The extension whose value could not be encoded.
+    """
+
+    def __init__(
+        self, message: str, *, shard: str | None = None, key: str | None = None, ext: str | None = None
+    ):
+        self.ext = ext
+        super().__init__(f"member {ext!r}: {message}" if ext is not None else message, shard=shard, key=key)
 
 
 class RemoteReadError(IndextarError, OSError):
