@@ -730,7 +730,13 @@ def _parse_pax(payload: bytes, scanner: _Scanner, where: int) -> dict[str, str]:
         except ValueError:
             length = 0
         record = payload[pos : pos + length]
-        if space < 0 or length <= space - pos or not record.endswith(b"\n") or b"=" not in record:
+        if (
+            space < 0
+            or length <= space - pos
+            or len(record) != length  # the length runs past the header's data
+            or not record.endswith(b"\n")
+            or b"=" not in record
+        ):
             raise scanner.error(
                 ShardFormatError,
                 f"malformed PAX record {payload[pos : pos + 40]!r} in extended header",
