@@ -1,0 +1,439 @@
+"""Remote shards through fsspec: ranged reads with retries, staleness checks, streams.
+
+Any fsspec protocol works (``http(s)://``, ``s3://``, ``gs://``, ...). fsspec and the
+protocol's package are imported on first use; a missing one raises an ImportError
+that says what to install. Credentials and endpoints come from where fsspec and the
+protocol's package look for them (environment, ``~/.config/fsspec``, ``~/.aws``), or
+from ``storage_options``; indextar never logs them.
+
+Transient failures (connection resets, 5xx, timeouts, truncated bodies) are retried
+with bounded exponential backoff; a read that still fails raises
+:class:`~indextar.errors.RemoteReadError` naming the URL and the byte range.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import PipeRefusedError, RemoteReadError, ShardNotFoundError, StaleIndexError
+from .sources import ByteSource
+
+__all__ = [
+    "ALLOW_PIPE_ENV",
+    "RetryPolicy",
+    "RemoteStat",
+    "RangeSource",
+    "RemoteStream",
+    "filesystem",
+    "check_pipe_allowed",
+]
+
+log = logging.getLogger(__name__)
+
+ALLOW_PIPE_ENV = "INDEXTAR_ALLOW_PIPE"
+"""Set to ``1`` to allow ``pipe:`` shards everywhere, as ``allow_pipe=True`` does."""
+
+# protocol -> the package fsspec needs for it, for the ImportError's install hint.
+_PROTOCOL_PACKAGES = {
+    "http": "aiohttp",
+    "https": "aiohttp",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "hf": "huggingface_hub",
+}
+
+T = TypeVar("T")
+
+
+def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
+    """Refuse a ``pipe:CMD`` shard unless the caller or the environment allows it."""
+    if url.startswith("pipe:") and not (allow_pipe or os.environ.get(ALLOW_PIPE_ENV) == "1"):
+        raise PipeRefusedError(
+            f"refusing the shard {url[:60]!r}: a pipe: shard runs a shell command; pass "
+            f"allow_pipe=True or set the environment variable {ALLOW_PIPE_ENV}=1 if you trust it"
+        )
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the path within it.
+
+    Raises
+    ------
+    ImportError
+        If fsspec or the protocol's package is not installed, saying what to install.
+    """
+    protocol = url.partition("://")[0]
+    try:
+        import fsspec.core
+    except ImportError as e:
+        raise ImportError(
+            f"reading {protocol}:// shards needs fsspec: pip install 'indextar[remote]'"
+        ) from e
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except ImportError as e:
+        package = _PROTOCOL_PACKAGES.get(protocol, f"the fsspec backend for {protocol}://")
+        raise ImportError(
+            f"reading {protocol}:// shards needs {package}: pip install {package} "
+            f"(or 'indextar[remote]' for http and s3) ({e})"
+        ) from e
+    return fs, path
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how long to retry a transient failure.
+
+    Attempt ``n`` (from 1) waits ``min(max_delay, initial_delay * 2**(n-1))`` times a
+    random factor in ``[0.5, 1]`` before the next try.
+    """
+
+    attempts: int = 5
+    initial_delay: float = 0.1
+    max_delay: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        backoff: float = min(self.max_delay, self.initial_delay * 2.0 ** (attempt - 1))
+        return backoff * random.uniform(0.5, 1.0)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying might help: not for missing objects, refusals or bad arguments."""
+    if isinstance(
+        error, (FileNotFoundError, PermissionError, IsADirectoryError, ValueError, TypeError)
+    ):
+        return False
+    status = getattr(error, "status", None)  # aiohttp.ClientResponseError
+    if isinstance(status, int):
+        return status >= 500 or status in (408, 429)
+    return isinstance(error, (OSError, TimeoutError)) or type(error).__module__.startswith(
+        ("aiohttp", "botocore", "aiobotocore")
+    )
+
+
+def with_retries(
+    call: Callable[[], T], policy: RetryPolicy, *, url: str, offset: int | None, length: int | None
+) -> T:
+    """``call()``, retried on transient errors; then :class:`RemoteReadError`."""
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return call()
+        except Exception as e:
+            if isinstance(e, (StaleIndexError, RemoteReadError)):
+                raise
+            if not is_transient(e) or attempt == policy.attempts:
+                if isinstance(e, FileNotFoundError):
+                    raise ShardNotFoundError(f"remote shard {url!r} does not exist ({e})") from e
+                raise RemoteReadError(
+                    f"{type(e).__name__}: {e}",
+                    url=url,
+                    offset=offset,
+                    length=length,
+                    attempts=attempt,
+                ) from e
+            wait = policy.delay(attempt)
+            log.warning(
+                "reading %s bytes %s+%s failed (%s: %s); retry %d/%d in %.2fs",
+                url,
+                offset,
+                length,
+                type(e).__name__,
+                e,
+                attempt,
+                policy.attempts - 1,
+                wait,
+            )
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStat:
+    """What identifies a version of a remote object: its size and, if served, its ETag."""
+
+    size: int
+    etag: str = ""
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any], url: str) -> RemoteStat:
+        size = info.get("size")
+        if size is None:
+            raise RemoteReadError("the server reports no size (no Content-Length)", url=url)
+        etag = info.get("ETag") or info.get("etag") or ""
+        return cls(int(size), str(etag).strip('"'))
+
+
+class RangeSource(ByteSource):
+    """A remote shard read by ranged requests; batches go out concurrently.
+
+    Parameters
+    ----------
+    url
+        The shard's URL.
+    expected
+        The size and ETag its index recorded. The first read in each process compares
+        them with the object and raises :class:`~indextar.errors.StaleIndexError` on a
+        mismatch, so a replaced object is never read with an old index.
+    storage_options
+        Passed to fsspec for this protocol (endpoint, anonymous access, ...).
+    retry
+        Backoff for transient failures.
+    max_in_flight
+        Requests a :meth:`read_many` keeps in flight at once.
+    """
+
+    __slots__ = (
+        "url",
+        "expected",
+        "storage_options",
+        "retry",
+        "max_in_flight",
+        "_fs",
+        "_path",
+        "_pid",
+        "_stat",
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        expected: RemoteStat | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        max_in_flight: int = 64,
+    ):
+        self.url = url
+        self.expected = expected
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry
+        self.max_in_flight = max_in_flight
+        self._pid = -1
+        self._fs: Any = None
+        self._path = ""
+        self._stat: RemoteStat | None = None
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._pid != os.getpid():
+            self._fs, self._path = filesystem(self.url, self.storage_options)
+            self._stat = None
+            self._pid = os.getpid()
+            try:
+                self._check_fresh()
+            except BaseException:
+                self._pid = -1  # check again on the next read
+                raise
+        return self._fs, self._path
+
+    def stat(self) -> RemoteStat:
+        """The object's current size and ETag (one metadata request per process)."""
+        fs, path = self._filesystem()
+        if self._stat is None:
+            info = with_retries(
+                lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
+            )
+            self._stat = RemoteStat.from_info(info, self.url)
+        return self._stat
+
+    def _check_fresh(self) -> None:
+        if self.expected is None:
+            return
+        now = self.stat()
+        problems = []
+        if now.size != self.expected.size:
+            problems.append(f"its size changed from {self.expected.size} to {now.size} bytes")
+        if self.expected.etag and now.etag and now.etag != self.expected.etag:
+            problems.append(f"its ETag changed from {self.expected.etag!r} to {now.etag!r}")
+        if problems:
+            raise StaleIndexError(
+                f"remote shard {self.url!r} was replaced after it was indexed: {'; '.join(problems)}; "
+                "rebuild its index (build_index(url, index_dir=..., force=True))"
+            )
+
+    @property
+    def size(self) -> int:
+        return self.expected.size if self.expected is not None else self.stat().size
+
+    def _checked(self, data: bytes, offset: int, length: int) -> bytes:
+        if len(data) != length:
+            raise RemoteReadError(
+                f"got {len(data)} bytes, not {length} (the object is shorter than its index "
+                "says, or the server ignores Range)",
+                url=self.url,
+                offset=offset,
+                length=length,
+            )
+        return data
+
+    def read(self, offset: int, length: int) -> bytes:
+        fs, path = self._filesystem()
+
+        def call() -> bytes:
+            return self._checked(
+                fs.cat_file(path, start=offset, end=offset + length), offset, length
+            )
+
+        return with_retries(call, self.retry, url=self.url, offset=offset, length=length)
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
+        if len(offsets) <= 1:
+            return [self.read(offset, length) for offset, length in zip(offsets, lengths)]
+        fs, path = self._filesystem()
+        results: list[bytes | None] = [None] * len(offsets)
+        pending = list(range(len(offsets)))
+        for attempt in range(1, self.retry.attempts + 1):
+            outcomes = self._fetch(
+                fs, path, [offsets[i] for i in pending], [lengths[i] for i in pending]
+            )
+            failed: list[tuple[int, BaseException]] = []
+            for i, outcome in zip(pending, outcomes):
+                if isinstance(outcome, BaseException):
+                    failed.append((i, outcome))
+                elif len(outcome) != lengths[i]:
+                    failed.append(
+                        (
+                            i,
+                            RemoteReadError(
+                                "short read", url=self.url, offset=offsets[i], length=lengths[i]
+                            ),
+                        )
+                    )
+                else:
+                    results[i] = outcome
+            if not failed:
+                break
+            i, error = failed[0]
+            retryable = all(is_transient(e) for _, e in failed)
+            if not retryable or attempt == self.retry.attempts:
+                if isinstance(error, FileNotFoundError):
+                    raise ShardNotFoundError(
+                        f"remote shard {self.url!r} does not exist ({error})"
+                    ) from error
+                raise RemoteReadError(
+                    f"{type(error).__name__}: {error} ({len(failed)} of {len(pending)} ranges failed)",
+                    url=self.url,
+                    offset=offsets[i],
+                    length=lengths[i],
+                    attempts=attempt,
+                ) from error
+            wait = self.retry.delay(attempt)
+            log.warning(
+                "%d of %d ranges of %s failed (first: bytes %d+%d, %s: %s); retry %d/%d in %.2fs",
+                len(failed),
+                len(pending),
+                self.url,
+                offsets[i],
+                lengths[i],
+                type(error).__name__,
+                error,
+                attempt,
+                self.retry.attempts - 1,
+                wait,
+            )
+            time.sleep(wait)
+            pending = [i for i, _ in failed]
+        return [r for r in results if r is not None]
+
+    def _fetch(self, fs: Any, path: str, offsets: list[int], lengths: list[int]) -> list[Any]:
+        ends = [offset + length for offset, length in zip(offsets, lengths)]
+        if getattr(fs, "async_impl", False):
+            # One event loop, max_in_flight concurrent requests, exceptions returned.
+            return list(
+                fs.cat_ranges(
+                    [path] * len(offsets),
+                    offsets,
+                    ends,
+                    batch_size=self.max_in_flight,
+                    on_error="return",
+                )
+            )
+        with concurrent.futures.ThreadPoolExecutor(min(self.max_in_flight, len(offsets))) as pool:
+            futures = [
+                pool.submit(fs.cat_file, path, start=s, end=e) for s, e in zip(offsets, ends)
+            ]
+            return [f.exception() or f.result() for f in futures]
+
+    def close(self) -> None:
+        self._pid = -1
+        self._fs = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "expected": self.expected,
+            "storage_options": self.storage_options,
+            "retry": self.retry,
+            "max_in_flight": self.max_in_flight,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"RangeSource({self.url!r})"
+
+
+class RemoteStream(io.RawIOBase):
+    """A remote object read front to back in ranged chunks, the next ones prefetched.
+
+    Each chunk is one retried ranged read, so a connection cut mid-object costs one
+    chunk, not the whole stream. Wrap it in :class:`io.BufferedReader` for small reads.
+    """
+
+    def __init__(self, source: RangeSource, *, chunk_size: int = 8 << 20, prefetch: int = 2):
+        super().__init__()
+        self.source = source
+        self.chunk_size = chunk_size
+        self.prefetch = prefetch
+        self._buffer = memoryview(b"")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ahead: list[concurrent.futures.Future[bytes]] = []
+        self._next = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _schedule(self) -> None:
+        size = self.source.size
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.prefetch, thread_name_prefix="indextar-stream"
+            )
+        while len(self._ahead) < self.prefetch and self._next < size:
+            length = min(self.chunk_size, size - self._next)
+            self._ahead.append(self._pool.submit(self.source.read, self._next, length))
+            self._next += length
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._buffer:
+            self._schedule()
+            if not self._ahead:
+                return 0
+            self._buffer = memoryview(self._ahead.pop(0).result())
+            self._schedule()
+        n = min(len(buffer), len(self._buffer))
+        buffer[:n] = self._buffer[:n]
+        self._buffer = self._buffer[n:]
+        return n
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._ahead:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._ahead.clear()
+        super().close()

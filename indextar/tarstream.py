@@ -1,0 +1,248 @@
+"""Read tar members front to back from a file object, with the scanner's checks.
+
+:func:`iter_members` is the streaming counterpart of :func:`~indextar.tarscan.scan_tar`:
+it needs no seek, so it reads pipes, gzip streams and HTTP bodies. Unlike
+``tarfile`` in stream mode, which stops silently at a damaged header, every header's
+checksum is verified and a bad one, a truncated member or a missing end marker raises
+:class:`~indextar.errors.ShardFormatError` naming the shard and the byte offset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import subprocess
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from .errors import (
+    CompressedShardError,
+    IndextarError,
+    ShardFormatError,
+    ShardNotFoundError,
+    TruncatedShardError,
+    UnsupportedMemberError,
+)
+from .patterns import is_url
+from .remote import RangeSource, RemoteStream, check_pipe_allowed
+from .tarscan import BLOCK, sniff_compression
+
+__all__ = ["StreamMember", "iter_members", "open_stream"]
+
+_REGULAR = frozenset(b"07\0")
+_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL = b"L", b"K", b"x", b"g"
+_UNSUPPORTED = {b"S": "a GNU sparse file", b"M": "a GNU multi-volume continuation"}
+_ZERO_BLOCK = bytes(BLOCK)
+_BUFFER = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMember:
+    """A regular file read from a tar stream.
+
+    Attributes
+    ----------
+    name
+        Its full name (after GNU long names and PAX ``path`` records).
+    data
+        Its bytes.
+    offset
+        Offset of its (first) header in the uncompressed stream.
+    """
+
+    name: str
+    data: bytes
+    offset: int
+
+
+def _read_exact(stream: BinaryIO, length: int, shard: str, offset: int, what: str) -> bytes:
+    data = stream.read(length)
+    if len(data) != length:
+        raise TruncatedShardError(
+            f"the stream ends inside {what}: wanted {length} bytes, got {len(data)}",
+            shard=shard,
+            offset=offset,
+        )
+    return data
+
+
+def _number(field: bytes, shard: str, offset: int, name: str) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[:1] == b"\xff" else value
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise ShardFormatError(
+            f"the {name} field {field!r} is not an octal number", shard=shard, offset=offset
+        ) from None
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = header[148:156].split(b"\0", 1)[0].strip(b" ")
+    try:
+        expected = int(stored, 8)
+    except ValueError:
+        return False
+    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
+    if unsigned == expected:
+        return True
+    signed = unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127)
+    return signed == expected
+
+
+def _pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(payload):
+        space = payload.find(b" ", pos)
+        try:
+            length = int(payload[pos:space])
+        except ValueError:
+            if not payload[pos:].strip(b"\0"):
+                break
+            raise ShardFormatError(
+                "malformed PAX extended header record", shard=shard, offset=offset
+            ) from None
+        record = payload[space + 1 : pos + length]
+        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise ShardFormatError(
+                "malformed PAX extended header record", shard=shard, offset=offset
+            )
+        keyword, _, value = record[:-1].partition(b"=")
+        records[keyword.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
+    """Yield the regular files of the tar read from ``stream``, in order.
+
+    Directories, links and devices are skipped, as webdataset skips them.
+
+    Raises
+    ------
+    ShardFormatError
+        On a header whose checksum does not match (naming the offset), a malformed
+        number or PAX record, a sparse member (:class:`UnsupportedMemberError`), a stream
+        that ends inside a member or without the end-of-archive marker
+        (:class:`TruncatedShardError`).
+    """
+    offset = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    globals_: dict[str, str] = {}
+    first_header = 0
+    while True:
+        header = stream.read(BLOCK)
+        if not header:
+            if offset == 0:
+                raise TruncatedShardError("the stream is empty, not a tar", shard=shard, offset=0)
+            raise TruncatedShardError(
+                "the stream ends without the end-of-archive marker (two zero blocks)",
+                shard=shard,
+                offset=offset,
+            )
+        if len(header) != BLOCK:
+            header += _read_exact(stream, BLOCK - len(header), shard, offset, "a header")
+        if header == _ZERO_BLOCK:
+            return  # end of archive; a second zero block and padding may follow
+        if not _checksum_ok(header):
+            raise ShardFormatError(
+                "bad header checksum: not a tar header (corrupt or truncated shard, or a "
+                "compressed file not named .gz/.tgz)",
+                shard=shard,
+                offset=offset,
+            )
+        if long_name is None and not pax:
+            first_header = offset
+        size = _number(header[124:136], shard, offset, "size")
+        typeflag = header[156:157]
+        pax_size = pax.get("size", globals_.get("size"))
+        if pax_size is not None and typeflag in (b"0", b"7", b"\0"):
+            size = int(pax_size)
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        data_offset = offset + BLOCK
+        if typeflag in _UNSUPPORTED:
+            raise UnsupportedMemberError(
+                f"member is {_UNSUPPORTED[typeflag]}", shard=shard, offset=offset
+            )
+        if (
+            typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL)
+            or typeflag[0] in _REGULAR
+        ):
+            payload = _read_exact(stream, padded, shard, data_offset, "a member's data")[:size]
+        else:
+            _read_exact(stream, padded, shard, data_offset, "a member's data")
+            payload = b""
+        offset = data_offset + padded
+        if typeflag == _GNU_LONGNAME:
+            long_name = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        if typeflag == _GNU_LONGLINK:
+            continue
+        if typeflag == _PAX_LOCAL:
+            pax = _pax_records(payload, shard, data_offset)
+            continue
+        if typeflag == _PAX_GLOBAL:
+            globals_.update(_pax_records(payload, shard, data_offset))
+            continue
+        name = pax.get("path") or long_name
+        if name is None:
+            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""
+            if prefix:
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        long_name, pax = None, {}
+        if typeflag[0] in _REGULAR:
+            yield StreamMember(name, payload, first_header)
+
+
+@contextlib.contextmanager
+def open_stream(
+    url: str, *, storage_options: Mapping[str, Any] | None = None, allow_pipe: bool = False
+) -> Iterator[BinaryIO]:
+    """A shard's uncompressed tar bytes, read front to back.
+
+    ``url`` is a local path, an fsspec URL or (if allowed) ``pipe:CMD``. gzip is
+    recognised by its magic bytes and decompressed; other compressions raise
+    :class:`~indextar.errors.CompressedShardError`.
+    """
+    with contextlib.ExitStack() as stack:
+        raw: Any  # a buffered binary reader: peek() works on every branch
+        if url.startswith("pipe:"):
+            check_pipe_allowed(url, allow_pipe)
+            process = subprocess.Popen(url[5:], shell=True, stdout=subprocess.PIPE)  # noqa: S602 - opted in
+            stack.callback(_check_pipe, process, url)
+            assert process.stdout is not None
+            raw = process.stdout
+        elif is_url(url):
+            remote = RemoteStream(RangeSource(url, storage_options=storage_options))
+            stack.callback(remote.close)
+            raw = io.BufferedReader(remote, _BUFFER)
+        else:
+            path = url.removeprefix("file://")
+            try:
+                raw = stack.enter_context(open(path, "rb", buffering=_BUFFER))
+            except FileNotFoundError:
+                raise ShardNotFoundError(f"shard {url!r} does not exist") from None
+        compression = sniff_compression(raw.peek(8)[:8])
+        if compression == "gzip":
+            raw = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)
+        elif compression is not None:
+            raise CompressedShardError(
+                f"is {compression}-compressed; streaming reads plain or gzip-compressed tars",
+                shard=url,
+            )
+        yield raw
+
+
+def _check_pipe(process: subprocess.Popen[bytes], url: str) -> None:
+    assert process.stdout is not None
+    process.stdout.close()
+    status = process.wait()
+    if status not in (0, -13):  # -13: SIGPIPE after we stopped reading early
+        raise IndextarError(f"pipe shard {url[:60]!r} exited with status {status}")
