@@ -37,6 +37,7 @@ The result is a :class:`TarScan`: parallel numpy arrays plus the member names.
 from __future__ import annotations
 
 import logging
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,12 +87,13 @@ _PROBE_HEADERS = 64
 _WINDOW_BLOCKS = 1 << 16  # 32 MiB per vectorised window
 _DECODE_CHUNK = 1 << 15  # header rows decoded at once (16 MiB)
 
+# (magic, format, its command-line tool, the file name suffixes it goes with)
 _COMPRESSION_MAGIC = (
-    (b"\x1f\x8b", "gzip", "gunzip -k {name}"),
-    (b"BZh", "bzip2", "bunzip2 -k {name}"),
-    (b"\xfd7zXZ\x00", "xz", "unxz -k {name}"),
-    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd {name}"),
-    (b"\x04\x22\x4d\x18", "lz4", "unlz4 {name}"),
+    (b"\x1f\x8b", "gzip", "gzip", (".gz", ".tgz")),
+    (b"BZh", "bzip2", "bzip2", (".bz2",)),
+    (b"\xfd7zXZ\x00", "xz", "xz", (".xz",)),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd", (".zst", ".zstd")),
+    (b"\x04\x22\x4d\x18", "lz4", "lz4", (".lz4",)),
 )
 
 # Numeric header fields: (offset, width). All must be valid octal or base-256.
@@ -156,7 +158,7 @@ class TarScan:
 
 def sniff_compression(head: bytes) -> str | None:
     """Name the compression format ``head`` starts with, or ``None``."""
-    for magic, name, _ in _COMPRESSION_MAGIC:
+    for magic, name, _, _ in _COMPRESSION_MAGIC:
         if head.startswith(magic):
             return name
     return None
@@ -222,9 +224,9 @@ class _Scanner:
         if self.size == 0:
             raise self.error(ShardFormatError, "file is empty (0 bytes); not a tar archive", 0)
         head = self.data[:8].tobytes()
-        for magic, name, how in _COMPRESSION_MAGIC:
+        for magic, name, tool, suffixes in _COMPRESSION_MAGIC:
             if head.startswith(magic):
-                hint = how.format(name=self.shard or "SHARD")
+                hint = _decompress_command(tool, suffixes, self.shard or "SHARD")
                 raise self.error(
                     CompressedShardError,
                     f"shard is {name}-compressed; random access needs an uncompressed tar "
@@ -617,6 +619,21 @@ def _checksums_ok(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
         signed -= rows[retry, 148:156].astype(np.int8).sum(axis=1, dtype=np.int64) - 8 * ord(" ")
         good[retry] = stored[retry] == signed
     return good
+
+
+def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str:
+    """A shell command that turns the compressed ``shard`` into a plain tar.
+
+    ``gunzip`` and friends refuse names without their suffix, and compressed shards
+    are often named ``.tar``: ``tool -dc`` works whatever the name.
+    """
+    quote = shlex.quote
+    for suffix in suffixes:
+        if shard.endswith(suffix) and len(shard) > len(suffix):
+            plain = shard[: -len(suffix)] + (".tar" if suffix == ".tgz" else "")
+            return f"{tool} -dc {quote(shard)} > {quote(plain)}"
+    tmp = shard + ".tmp"
+    return f"{tool} -dc {quote(shard)} > {quote(tmp)} && mv {quote(tmp)} {quote(shard)}"
 
 
 # -- field parsing helpers ------------------------------------------------------
