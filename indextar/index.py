@@ -136,6 +136,10 @@ class ShardIndex:
     def __len__(self) -> int:
         return self.meta.num_samples
 
+    def connect(self) -> sqlite3.Connection:
+        """A new read-only connection to the index file, for bulk readers; close it after use."""
+        return _connect_ro(self.path)
+
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with _connect_ro(self.path) as conn:
             return conn.execute(sql, params).fetchall()
