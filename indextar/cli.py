@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from ._version import __version__
 from .errors import IndextarError, StaleIndexError
-from .index import build_index, index_path, open_index
+from .index import ShardIndex, build_index, index_path, open_index
+from .manifest import write_manifest
 from .patterns import expand_shards
 from .verify import verify_index
 
@@ -37,6 +38,7 @@ class Outcome:
     result: dict[str, Any] | None = None
     error: str | None = None
     traceback: str | None = None
+    index: ShardIndex | None = None
 
 
 # -- per-shard work (runs in worker processes) ----------------------------------------
@@ -44,7 +46,8 @@ class Outcome:
 
 def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
     try:
-        return Outcome(shard, True, result=work())
+        result = work()
+        return Outcome(shard, True, result=result, index=result.pop("_index", None))
     except (IndextarError, OSError) as e:
         return Outcome(shard, False, error=str(e), traceback=traceback.format_exc())
     except Exception as e:  # noqa: BLE001 - reported per shard; the others still run
@@ -70,6 +73,7 @@ def _index_one(shard: str, index_dir: str | None, force: bool) -> Outcome:
             "seconds": time.perf_counter() - start,
             # A rebuilt index is a new file (renamed into place), so a new inode.
             "built": before is None or before != _identity(ix.path),
+            "_index": ix,
         }
 
     return _guard(shard, work)
@@ -186,7 +190,17 @@ def _cmd_index(args: argparse.Namespace) -> int:
             f"{summary['bytes'] / 1e6:,.1f} MB in {seconds:.2f} s "
             f"({summary['members_per_second']:,.0f} members/s)"
         )
-    return _report_errors(outcomes, args.debug)
+    status = _report_errors(outcomes, args.debug)
+    if args.manifest:
+        if status:
+            print(
+                f"indextar: error: not writing {args.manifest}: some shards failed", file=sys.stderr
+            )
+        else:
+            path = write_manifest(args.manifest, [o.index for o in outcomes if o.index is not None])
+            if not args.quiet and not args.json:
+                print(f"wrote manifest {path} ({len(outcomes)} shards)")
+    return status
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -269,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--force", action="store_true", help="rebuild indexes even if they are up to date or stale"
+    )
+    p.add_argument(
+        "--manifest",
+        metavar="FILE.json",
+        help="also write a dataset manifest (a superset of wids' shard list) of all the shards",
     )
     p.set_defaults(func=_cmd_index)
 

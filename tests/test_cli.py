@@ -158,3 +158,26 @@ def test_import_and_cli_work_without_torch(shards: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "50 samples" in result.stdout
+
+
+def test_index_writes_a_manifest_the_dataset_and_wids_can_open(shards: Path) -> None:
+    result = run("index", "x-*.tar", "--manifest", "dataset.json", cwd=shards)
+    assert result.returncode == 0, result.stderr
+    assert "wrote manifest dataset.json (4 shards)" in result.stdout
+    document = json.loads((shards / "dataset.json").read_text())
+    assert document["wids_version"] == 1
+    assert [s["nsamples"] for s in document["shardlist"]] == [50] * 4
+    assert [s["url"] for s in document["shardlist"]] == [f"x-{i:06d}.tar" for i in range(4)]
+
+    from indextar import IndexedTarDataset
+
+    ds = IndexedTarDataset(shards / "dataset.json")
+    assert len(ds) == 200 and ds[-1]["__key__"] == "x3-000049"
+
+
+def test_no_manifest_when_a_shard_fails(shards: Path) -> None:
+    (shards / "x-000009.tar").write_bytes(b"\0" * 100)
+    result = run("index", "x-*.tar", "--manifest", "dataset.json", cwd=shards)
+    assert result.returncode == 1
+    assert "not writing dataset.json: some shards failed" in result.stderr
+    assert not (shards / "dataset.json").exists()
