@@ -9,6 +9,7 @@ a fork, so no open file, mmap or SQLite connection crosses into a DataLoader wor
 
 from __future__ import annotations
 
+import bisect
 import logging
 import operator
 import os
@@ -32,7 +33,7 @@ from .index import PathLike, ShardIndex, index_path, open_index, open_index_at
 from .manifest import ManifestShard, is_manifest, read_manifest
 from .patterns import expand_shards, is_url
 from .shardreader import OpenShard
-from .sources import LRUCache, open_source
+from .sources import LRUCache, fork_generation, open_source
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -132,18 +133,20 @@ class IndexedTarDataset:
         self.shard_sizes: npt.NDArray[np.int64] = sizes
         """Samples per shard, in shard order (``ResumableSampler(order="blocks")`` reads it)."""
         self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        # The same boundaries as Python ints, for bisect in __getitem__ (O(shards)).
+        self._starts_list: list[int] = self._starts.tolist()
         self._len = int(self._starts[-1])
         self._reset_process_state()
 
     # -- per-process state ----------------------------------------------------------
 
     def _reset_process_state(self) -> None:
-        self._pid = os.getpid()
+        self._generation = fork_generation()
         self._open: LRUCache[int, OpenShard] = LRUCache(self.max_open_shards, OpenShard.close)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_open"], state["_pid"]
+        del state["_open"], state["_generation"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -152,11 +155,14 @@ class IndexedTarDataset:
 
     def close(self) -> None:
         """Close every open shard of this process (they reopen on the next access)."""
-        if self._pid == os.getpid():
+        if self._generation == fork_generation():
             self._open.clear()
 
     def _shard(self, shard_no: int) -> OpenShard:
-        if self._pid != os.getpid():  # forked: forget (and close) the parent's shards
+        if self._generation != fork_generation():
+            # Forked: unmap this process's copies of the parent's shards (the parent's
+            # stay mapped) and start afresh.
+            self._open.clear()
             self._reset_process_state()
         shard = self._open.get(shard_no)
         if shard is None:
@@ -212,8 +218,8 @@ class IndexedTarDataset:
 
     def __getitem__(self, index: int) -> Any:
         position = self._normalize(index)
-        shard_no = int(self._starts.searchsorted(position, side="right")) - 1
-        return self._sample(shard_no, position - int(self._starts[shard_no]), position)
+        shard_no = bisect.bisect_right(self._starts_list, position) - 1
+        return self._sample(shard_no, position - self._starts_list[shard_no], position)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of samples (the DataLoader calls this with each batch's indices)."""

@@ -232,7 +232,12 @@ def make_decoder(decode: DecodeArg, *, allow_unsafe: bool = False) -> Decoder | 
     """
     if decode is None:
         return None
-    items: Sequence[str | Handler] = [decode] if isinstance(decode, str) or callable(decode) else decode
+    if isinstance(decode, str) or callable(decode):
+        items: Sequence[str | Handler] = [decode]
+    elif isinstance(decode, (list, tuple)):
+        items = decode
+    else:
+        raise DecodeSpecError(f"decode= must be a spec string, a callable or a list of them; got {decode!r}")
     handlers: list[Handler] = []
     for item in items:
         if isinstance(item, str):

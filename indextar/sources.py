@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import mmap
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "LocalFileSource",
     "LRUCache",
     "SourceFactory",
+    "fork_generation",
     "open_source",
     "register_source",
 ]
@@ -74,56 +76,59 @@ class ByteSource(abc.ABC):
 
 
 class LocalFileSource(ByteSource):
-    """A local file read with ``os.pread``: one system call per range, no shared offset."""
+    """A local file, memory-mapped on first read: a range is one slice, no system call.
 
-    __slots__ = ("url", "_fd", "_pid", "_size")
+    The mapping is made in the process that reads and replaced after a fork. Shards
+    must not be truncated in place while they are read (replace them with a new file
+    instead, as for their indexes): reading a mapped page past a shrunken end of file
+    kills the process with ``SIGBUS``.
+    """
+
+    __slots__ = ("url", "_map", "_generation", "_size")
 
     def __init__(self, path: str | os.PathLike[str]):
         self.url = os.fspath(path)
-        self._fd = -1
-        self._pid = -1
+        self._map: mmap.mmap | None = None
+        self._generation = -1
         self._size = -1
 
-    def _fileno(self) -> int:
-        if self._pid != os.getpid():
-            # Never share a descriptor inherited through fork; closing the child's
-            # copy leaves the parent's open.
-            if self._fd >= 0:
-                try:
-                    os.close(self._fd)
-                except OSError:
-                    pass
-            self._fd = -1
-            try:
-                self._fd = os.open(self.url, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except FileNotFoundError:
-                raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
-            self._pid = os.getpid()
-            self._size = os.fstat(self._fd).st_size
-        return self._fd
+    def _open(self) -> None:
+        if self._map is not None:
+            # Inherited through fork: unmapping the child's copy leaves the parent's.
+            self._map.close()
+            self._map = None
+        try:
+            with open(self.url, "rb") as f:
+                self._size = os.fstat(f.fileno()).st_size
+                if self._size:
+                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
+        self._generation = _fork_generation
 
     @property
     def size(self) -> int:
-        self._fileno()
+        if self._generation != _fork_generation:
+            self._open()
         return self._size
 
     def read(self, offset: int, length: int) -> bytes:
-        fd = self._fd if self._pid == os.getpid() else self._fileno()
-        data = os.pread(fd, length, offset)
-        if len(data) != length:
+        if self._generation != _fork_generation:
+            self._open()
+        if offset < 0 or offset + length > self._size:
             raise TruncatedShardError(
-                f"wanted {length} bytes but the shard ends after {len(data)} "
-                f"(it is {os.fstat(fd).st_size} bytes now; was it changed after indexing?)",
+                f"wanted bytes {offset}..{offset + length} but the shard has {self._size} "
+                "(was it changed after indexing?)",
                 shard=self.url,
                 offset=offset,
             )
-        return data
+        return self._map[offset : offset + length] if self._map is not None else b""
 
     def close(self) -> None:
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = -1
-        self._pid = -1
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        self._generation = -1
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url}
@@ -131,14 +136,26 @@ class LocalFileSource(ByteSource):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"])  # type: ignore[misc]
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:
-            pass
-
     def __repr__(self) -> str:
         return f"LocalFileSource({self.url!r})"
+
+
+# Incremented in every forked child: objects that opened something compare it with the
+# value they opened under, which is cheaper than os.getpid() (a system call) per read.
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """A number that changes in every forked child process (see :func:`os.register_at_fork`)."""
+    return _fork_generation
 
 
 # -- registry --------------------------------------------------------------------
