@@ -11,7 +11,8 @@ The rules follow webdataset 1.0's streaming reader (``tar_file_expander`` plus
   no dot after the last ``/``, or a name that starts with a dot), and
   webdataset's meta entries (names matching ``__[^/]*__($|/)``, such as
   ``__meta__`` or ``__dir__/x``; ``__meta__.json`` is an ordinary sample);
-* a repeated extension inside one sample is an error.
+* a repeated extension inside one sample is an error, and so is the extension
+  ``__key__`` or ``__url__`` (webdataset's own sample fields).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ __all__ = ["split_name", "skip_reason", "Grouping", "group_members"]
 # starting with a dot, a newline in a name) is ours too.
 _WDS_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _WDS_META = re.compile(r"__[^/]*__($|/)")
+# Fields webdataset puts in every sample dict: a member with such an extension
+# would overwrite them, and webdataset refuses it as a duplicate.
+_RESERVED_EXTS = frozenset({"__key__", "__url__"})
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -133,6 +137,8 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     rows = member_rows
     lowered = {ext: ext.lower() for ext in set(raw_exts)}
     exts = [lowered[ext] for ext in raw_exts]
+    if _RESERVED_EXTS.intersection(lowered.values()):
+        _raise_reserved_extension(exts, rows, scan, shard)
 
     starts = [
         i for i, (key, before) in enumerate(zip(member_keys, [None, *member_keys])) if key != before
@@ -177,3 +183,14 @@ def _raise_repeated_extension(
                 offset=int(scan.header_offsets[row]),
             )
         seen.add(pair)
+
+
+def _raise_reserved_extension(exts: list[str], rows: list[int], scan: TarScan, shard: str | None) -> None:
+    position = next(i for i, ext in enumerate(exts) if ext in _RESERVED_EXTS)
+    row = rows[position]
+    raise SampleFormatError(
+        f"member {scan.names[row]!r} has the extension {exts[position]!r}, which names a field "
+        "every sample already has (webdataset refuses it as a duplicate); rename the member",
+        shard=shard,
+        offset=int(scan.header_offsets[row]),
+    )
