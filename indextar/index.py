@@ -78,6 +78,8 @@ class IndexMeta:
     num_skipped: int
     naming: str
     created: str
+    etag: str = ""
+    """The remote object's ETag when it was indexed; empty for local shards."""
 
     @classmethod
     def from_rows(cls, rows: dict[str, str], path: Path) -> IndexMeta:
@@ -95,6 +97,7 @@ class IndexMeta:
                 num_skipped=int(rows["num_skipped"]),
                 naming=rows["naming"],
                 created=rows["created"],
+                etag=rows.get("etag", ""),
             )
         except (KeyError, ValueError) as e:
             raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e
