@@ -35,6 +35,7 @@ __all__ = [
     "RemoteReadError",
     "PipeRefusedError",
     "CacheFullError",
+    "ExportError",
 ]
 
 
@@ -227,3 +228,7 @@ class PipeRefusedError(IndextarError, PermissionError):
 
 class CacheFullError(IndextarError, OSError):
     """A shard does not fit into the shard cache, even after evicting unused shards."""
+
+
+class ExportError(IndextarError, ValueError):
+    """A shard's index cannot be expressed in another tool's format (DALI, wids)."""
