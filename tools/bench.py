@@ -45,7 +45,7 @@ import numpy as np
 import ratarmountcore
 from ratarmountcore.mountsource.formats.tar import SQLiteIndexedTar
 
-from indextar import build_index
+from indextar import __version__, build_index
 from indextar.naming import group_members
 from indextar.tarscan import scan_tar
 
@@ -344,6 +344,19 @@ def report_index_table(data_set: DataSet, shard: Path, results: list[Result], re
     report("")
 
 
+def indextar_revision() -> str:
+    """indextar's version and git commit, marked when indextar/ has uncommitted changes."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return __version__
+    modified = ", indextar/ modified" if git("status", "--porcelain", "--untracked-files=no", "--", "indextar") else ""
+    return f"{__version__} (commit {commit}{modified})"
+
+
 def machine() -> dict[str, str]:
     cpu = "unknown"
     with open("/proc/cpuinfo") as cpuinfo:
@@ -353,6 +366,7 @@ def machine() -> dict[str, str]:
                 break
     tar_version = subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
     return {
+        "indextar": indextar_revision(),
         "cpus": str(len(os.sched_getaffinity(0))),
         "cpu": cpu,
         "python": platform.python_version(),
