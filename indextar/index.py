@@ -281,7 +281,13 @@ def _read_meta(path: Path) -> IndexMeta:
         ) from e
     if "format_version" not in rows:
         raise IndexFormatError(f"{str(path)!r} is not an indextar index (no format_version)")
-    version = int(rows["format_version"])
+    try:
+        version = int(rows["format_version"])
+    except ValueError:
+        raise IndexFormatError(
+            f"{str(path)!r} is not an indextar index (format_version is "
+            f"{rows['format_version']!r}, not a number)"
+        ) from None
     if version != FORMAT_VERSION:
         newer = "a newer" if version > FORMAT_VERSION else "an older"
         raise IndexFormatError(
