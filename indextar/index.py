@@ -11,6 +11,7 @@ against a shard that changed raises :class:`~indextar.errors.StaleIndexError`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import logging
@@ -144,12 +145,12 @@ class ShardIndex:
         return _connect_ro(self.path)
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-        with _connect_ro(self.path) as conn:
+        with contextlib.closing(_connect_ro(self.path)) as conn:
             return conn.execute(sql, params).fetchall()
 
     def load_samples(self) -> SampleTable:
         """Load the per-sample and per-member arrays that random access needs."""
-        with _connect_ro(self.path) as conn:
+        with contextlib.closing(_connect_ro(self.path)) as conn:
             samples = _int_columns(
                 conn,
                 "SELECT first_member, member_count, start_offset, end_offset FROM samples "
@@ -270,7 +271,7 @@ def _stat_shard(shard: Path) -> os.stat_result:
 
 def _read_meta(path: Path) -> IndexMeta:
     try:
-        with _connect_ro(path) as conn:
+        with contextlib.closing(_connect_ro(path)) as conn:
             rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             for table in ("members", "samples", "skipped"):
                 conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()
