@@ -205,7 +205,7 @@ def create_shards(
     class_from_dir: bool = False,
     jobs: int = 1,
     manifest: PathLike | None = None,
-    progress: Callable[[ShardIndex], None] | None = None,
+    progress: Callable[[ShardIndex, int], None] | None = None,
 ) -> CreateResult:
     """Write the samples of the folder tree ``root`` to indexed shards named by ``pattern``.
 
@@ -218,7 +218,8 @@ def create_shards(
     jobs
         Shards written in parallel by this many processes.
     progress
-        Called with each shard's index as the shard is finished.
+        Called with each shard's index, and the number of shards planned, as each
+        shard is finished.
     """
     began = time.perf_counter()
     tree = walk_tree(root, class_from_dir=class_from_dir)
@@ -235,13 +236,13 @@ def create_shards(
         for task in tasks:
             indexes.append(write_tree_shard(*task))
             if progress is not None:
-                progress(indexes[-1])
+                progress(indexes[-1], len(tasks))
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
             for index in pool.map(write_tree_shard, *zip(*tasks)):
                 indexes.append(index)
                 if progress is not None:
-                    progress(index)
+                    progress(index, len(tasks))
     if manifest is not None:
         write_manifest(manifest, indexes)
     return CreateResult(
