@@ -11,11 +11,15 @@ can check a scan without another tar reader.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from indextar.tarscan import TarScan
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # GNU tar's default record size
@@ -154,7 +158,10 @@ class Crafter:
         start = self.extension_start if self.extension_start is not None else self.length
         size = len(data) if stored_size is None else stored_size
         block = header(
-            name if header_name is None else header_name, size, typeflag=typeflag, **header_options  # type: ignore[arg-type]
+            name if header_name is None else header_name,
+            size,
+            typeflag=typeflag,
+            **header_options,  # type: ignore[arg-type]
         )
         self.raw(block)
         self.placed.append(Placed(name, start, self.length, len(data), typeflag))
@@ -189,7 +196,31 @@ def craft(members: Iterable[tuple[str, bytes]], **finish: int) -> tuple[bytes, l
     return crafter.finish(**finish), crafter.placed
 
 
-# -- GNU tar ----------------------------------------------------------------------
+# -- comparing with tarfile ------------------------------------------------------------
+
+
+def tarfile_members(buf: bytes) -> list[tuple[str, int, int, int, bool]]:
+    """``(name, offset, offset_data, size, is regular)`` of each member, by tarfile."""
+    with tarfile.open(fileobj=io.BytesIO(buf)) as tf:
+        return [(m.name, m.offset, m.offset_data, m.size, m.isreg()) for m in tf.getmembers()]
+
+
+def scanned_members(scan: TarScan) -> list[tuple[str, int, int, int, bool]]:
+    """The same view of a scan (tarfile drops a directory name's trailing slash)."""
+    regular = scan.is_regular()
+    return [
+        (
+            name.rstrip("/") if scan.kind(i) == "directory" else name,
+            int(scan.header_offsets[i]),
+            int(scan.data_offsets[i]),
+            int(scan.sizes[i]),
+            bool(regular[i]),
+        )
+        for i, name in enumerate(scan.names)
+    ]
+
+
+# -- GNU tar ---------------------------------------------------------------------------
 
 GNU_TAR = "/usr/bin/tar"
 _TAR_ENV = {**os.environ, "LC_ALL": "C.UTF-8", "TZ": "UTC"}

@@ -17,6 +17,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import FORMATS, sample_members, tar_bytes
+from tarcraft import BLOCK, Crafter, base256, header, octal
 
 from indextar import (
     CompressedShardError,
@@ -29,10 +31,7 @@ from indextar import (
     scan_tar,
 )
 
-from conftest import FORMATS, sample_members, tar_bytes
-from tarcraft import BLOCK, Crafter, base256, header, octal
-
-# -- helpers ----------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------
 
 
 def refuse(
@@ -97,7 +96,7 @@ def shard_bytes(fmt: str, shape: str) -> bytes:
     return tar_bytes(SHAPES[shape], fmt)
 
 
-# -- truncation -----------------------------------------------------------------------
+# -- truncation ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -139,7 +138,7 @@ def test_truncation_message_says_what_is_missing(tmp_path: Path) -> None:
     assert "5632" in str(error) and "3000" in str(error)  # needs up to 512 + 5120, has 3000
 
 
-# -- corrupt checksums -----------------------------------------------------------------------
+# -- corrupt checksums -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -150,7 +149,13 @@ def test_corrupt_checksum_anywhere(fmt: str, shape: str, tmp_path: Path) -> None
     picks = {0, 1, len(headers) // 2, len(headers) - 1}
     for i in sorted(picks):
         h = headers[i]
-        for field, where in (("name", 5), ("size", 130), ("mtime", 140), ("type", 156), ("checksum", 150)):
+        for field, where in (
+            ("name", 5),
+            ("size", 130),
+            ("mtime", 140),
+            ("type", 156),
+            ("checksum", 150),
+        ):
             bad = bytearray(buf)
             bad[h + where] = ord("7") if bad[h + where] != ord("7") else ord("6")
             error = refuse(write(tmp_path, bytes(bad)), ShardFormatError, h)
@@ -163,7 +168,7 @@ def test_first_header_not_matching_says_not_a_tar(tmp_path: Path) -> None:
     refuse(write(tmp_path, bytes(buf)), ShardFormatError, 0, "not a tar archive")
 
 
-# -- not a tar at all --------------------------------------------------------------------------
+# -- not a tar at all ------------------------------------------------------------------
 
 
 def test_random_bytes(tmp_path: Path) -> None:
@@ -188,12 +193,14 @@ def test_zero_byte_file(tmp_path: Path) -> None:
     refuse(write(tmp_path, b""), ShardFormatError, 0, "empty")
 
 
-# -- compressed shards ------------------------------------------------------------------------------
+# -- compressed shards -----------------------------------------------------------------
 
 
 def zstd_bytes(data: bytes) -> bytes:
     if shutil.which("zstd"):
-        return subprocess.run(["zstd", "-q", "-c"], input=data, capture_output=True, check=True).stdout
+        return subprocess.run(
+            ["zstd", "-q", "-c"], input=data, capture_output=True, check=True
+        ).stdout
     return b"\x28\xb5\x2f\xfd" + random.Random(2).randbytes(600)  # the magic, then garbage
 
 
@@ -231,7 +238,7 @@ def test_lz4_is_recognised(tmp_path: Path) -> None:
     refuse(write(tmp_path, b"\x04\x22\x4d\x18" + bytes(600)), CompressedShardError, 0, "lz4")
 
 
-# -- samples and members indextar cannot index --------------------------------------------------
+# -- samples and members indextar cannot index -----------------------------------------
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -263,8 +270,18 @@ def test_multivolume_member(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "records",
     [
-        {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "s.bin", "GNU.sparse.realsize": "9"},
-        {"GNU.sparse.size": "9", "GNU.sparse.numblocks": "1", "GNU.sparse.offset": "0", "GNU.sparse.numbytes": "3"},
+        {
+            "GNU.sparse.major": "1",
+            "GNU.sparse.minor": "0",
+            "GNU.sparse.name": "s.bin",
+            "GNU.sparse.realsize": "9",
+        },
+        {
+            "GNU.sparse.size": "9",
+            "GNU.sparse.numblocks": "1",
+            "GNU.sparse.offset": "0",
+            "GNU.sparse.numbytes": "3",
+        },
         {"GNU.sparse.map": "0,3", "GNU.sparse.size": "9"},
     ],
     ids=["1.0", "0.0", "0.1"],
@@ -274,7 +291,7 @@ def test_pax_sparse_member(records: dict[str, str], tmp_path: Path) -> None:
     refuse(write(tmp_path, crafter.finish()), UnsupportedMemberError, 2 * BLOCK, "sparse")
 
 
-# -- malformed numeric fields -------------------------------------------------------------------------
+# -- malformed numeric fields ----------------------------------------------------------
 
 BAD_NUMBERS = {
     "size with an 8": ("size", b"00000000018\0"),
@@ -324,7 +341,7 @@ def test_valid_odd_octal_layouts_are_accepted(tmp_path: Path) -> None:
     assert build_index(path).meta.num_members == 5
 
 
-# -- after the end ----------------------------------------------------------------------------------
+# -- after the end ---------------------------------------------------------------------
 
 
 def test_data_after_the_end_marker(tmp_path: Path) -> None:
@@ -348,7 +365,9 @@ def test_concatenated_archives(tmp_path: Path) -> None:
 def test_extension_header_without_a_member(tmp_path: Path) -> None:
     crafter = Crafter().member("a.txt", b"a").extension(b"L", b"dangling.txt\0")
     crafter.extension_start = None
-    refuse(write(tmp_path, crafter.finish()), ShardFormatError, 2 * BLOCK, "not followed by a member")
+    refuse(
+        write(tmp_path, crafter.finish()), ShardFormatError, 2 * BLOCK, "not followed by a member"
+    )
 
 
 def test_malformed_pax_record(tmp_path: Path) -> None:

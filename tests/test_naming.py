@@ -8,15 +8,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tarcraft import Crafter
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
 from indextar import SampleFormatError, build_index, scan_tar, split_name
 from indextar.naming import group_members, skip_reason
-
-from conftest import FORMATS, sample_members, tar_bytes
-from tarcraft import Crafter
 
 Sample = dict[str, object]
 
@@ -32,7 +31,9 @@ def our_samples(buf: bytes) -> list[Sample]:
     scan = scan_tar(buf)
     grouping = group_members(scan)
     samples: list[Sample] = []
-    for key, first, count in zip(grouping.keys, grouping.first_member.tolist(), grouping.member_count.tolist()):
+    for key, first, count in zip(
+        grouping.keys, grouping.first_member.tolist(), grouping.member_count.tolist()
+    ):
         sample: Sample = {"__key__": key}
         for position in range(first, first + count):
             row = int(grouping.entries[position])
@@ -48,7 +49,9 @@ def indexed_samples(path: Path) -> list[Sample]:
     table = index.load_samples()
     buf = path.read_bytes()
     samples: list[Sample] = []
-    for key, first, count in zip(index.keys(), table.first_member.tolist(), table.member_count.tolist()):
+    for key, first, count in zip(
+        index.keys(), table.first_member.tolist(), table.member_count.tolist()
+    ):
         sample: Sample = {"__key__": key}
         for m in range(first, first + count):
             ext = table.ext_names[table.member_ext_code[m]]
@@ -82,7 +85,7 @@ ZOO: dict[str, bytes | str | None] = {
     "dir/link.jpg": "->s3.jpg",
     "a.b/c.d/e.f.g": b"dots in folders",
     "./dot-slash.jpg": b"key './dot-slash'",
-    "ü 1/日本.JPEG": "UTF-8 and a space".encode(),
+    "ü 1/日本.JPEG": b"UTF-8 and a space",
     "line\nbreak.jpg": b"newline in the key",
     "trailing.jpg\n": b"newline in the extension",
     "r.jpg": b"r first",
@@ -165,7 +168,7 @@ def test_only_skipped_entries_give_no_samples() -> None:
     assert wds_samples(buf) == []
 
 
-# -- the rules on arbitrary names ---------------------------------------------------------
+# -- the rules on arbitrary names ------------------------------------------------------
 
 _names = st.text(alphabet=st.sampled_from(list("ab_./\nÄ ")), min_size=1, max_size=12)
 
@@ -191,7 +194,10 @@ def test_skip_reason_is_webdatasets_filter(name: str) -> None:
 @given(
     fmt=st.sampled_from(sorted(FORMATS)),
     entries=st.lists(
-        st.tuples(st.text(alphabet=st.sampled_from(list("ab_./AB")), min_size=1, max_size=8), st.booleans()),
+        st.tuples(
+            st.text(alphabet=st.sampled_from(list("ab_./AB")), min_size=1, max_size=8),
+            st.booleans(),
+        ),
         max_size=14,
     ),
 )

@@ -11,38 +11,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tarcraft import (
+    BLOCK,
+    RECORD,
+    Crafter,
+    Placed,
+    base256,
+    blocks,
+    craft,
+    header,
+    octal,
+    scanned_members,
+    tarfile_members,
+)
 
 from indextar import ShardFormatError, scan_tar
 from indextar import tarscan as tarscan_module
 from indextar.tarscan import TarScan
 
-from conftest import FORMATS, sample_members, tar_bytes
-from tarcraft import BLOCK, RECORD, Crafter, Placed, base256, blocks, craft, header, octal
-
-# -- helpers ----------------------------------------------------------------------
-
-
-def tarfile_members(buf: bytes) -> list[tuple[str, int, int, int, bool]]:
-    """``(name, offset, offset_data, size, is regular)`` of each member, by tarfile."""
-    with tarfile.open(fileobj=io.BytesIO(buf)) as tf:
-        return [(m.name, m.offset, m.offset_data, m.size, m.isreg()) for m in tf.getmembers()]
-
-
-def scanned_members(scan: TarScan) -> list[tuple[str, int, int, int, bool]]:
-    """The same view of a scan (tarfile drops a directory name's trailing slash)."""
-    regular = scan.is_regular()
-    return [
-        (
-            name.rstrip("/") if scan.kind(i) == "directory" else name,
-            int(scan.header_offsets[i]),
-            int(scan.data_offsets[i]),
-            int(scan.sizes[i]),
-            bool(regular[i]),
-        )
-        for i, name in enumerate(scan.names)
-    ]
+# -- helpers ---------------------------------------------------------------------------
 
 
 def assert_like_tarfile(buf: bytes) -> TarScan:
@@ -88,12 +78,12 @@ MIXED = {
     "e" * 98 + ".x": b"100 characters: no NUL after the name",
     "long/" + "p" * 150 + "/name.jpg": b"ustar prefix or long name",
     "q" * 180 + ".txt": b"too long for any ustar split",
-    "ünïcödé/日本語.txt": "UTF-8 names".encode(),
+    "ünïcödé/日本語.txt": b"UTF-8 names",
     "sub/dir/with.many.dots.tar.gz": b"not really gz",
 }
 
 
-# -- agreement with tarfile -----------------------------------------------------------
+# -- agreement with tarfile ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ["gnu", "pax"])
@@ -122,7 +112,9 @@ def test_data_offsets_point_at_the_data(fmt: str) -> None:
     scan = assert_like_tarfile(buf)
     for name, start, size in zip(scan.names, scan.data_offsets.tolist(), scan.sizes.tolist()):
         assert buf[start : start + size] == members[name]
-    assert scan.end_offset == tarfile_members(buf)[-1][2] + blocks(members[scan.names[-1]]).__len__()
+    assert (
+        scan.end_offset == tarfile_members(buf)[-1][2] + blocks(members[scan.names[-1]]).__len__()
+    )
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -136,7 +128,9 @@ def test_dense_shard_takes_the_vectorised_walk(fmt: str, windows: list[int]) -> 
 
 def test_pax_headers_on_every_member_dense(windows: list[int]) -> None:
     # PAX path records on every member: extension headers throughout the windows.
-    members = {f"ü/{i:05d}.{ext}": bytes([i % 251]) * (i % 700) for i in range(1500) for ext in ("a", "b")}
+    members = {
+        f"ü/{i:05d}.{ext}": bytes([i % 251]) * (i % 700) for i in range(1500) for ext in ("a", "b")
+    }
     scan = assert_like_tarfile(tar_bytes(members, "pax"))
     assert scan.extension_headers == 3000
     assert windows
@@ -147,7 +141,9 @@ def test_nested_tars_as_member_data(windows: list[int]) -> None:
     rng = random.Random(7)
     members: dict[str, bytes | str | None] = {}
     for i in range(400):
-        inner = tar_bytes({f"inner{j}.txt": rng.randbytes(rng.randrange(0, 1500)) for j in range(i % 4)})
+        inner = tar_bytes(
+            {f"inner{j}.txt": rng.randbytes(rng.randrange(0, 1500)) for j in range(i % 4)}
+        )
         members[f"s{i:04d}.tar"] = inner
         members[f"s{i:04d}.cls"] = str(i).encode()
         members[f"s{i:04d}.tiny.tar"] = inner[:BLOCK]  # a lone header block as data
@@ -174,7 +170,9 @@ def test_nested_tar_agreeing_with_a_pax_size_is_not_followed() -> None:
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
-    sizes=st.lists(st.sampled_from([0, 1, 511, 512, 513, 1024, 2500, 9000, 70_000]), min_size=1, max_size=120),
+    sizes=st.lists(
+        st.sampled_from([0, 1, 511, 512, 513, 1024, 2500, 9000, 70_000]), min_size=1, max_size=120
+    ),
     window_blocks=st.sampled_from([1, 2, 3, 8, 64]),
 )
 def test_small_windows_cross_everywhere(sizes: list[int], window_blocks: int) -> None:
@@ -224,7 +222,7 @@ def test_real_32mib_window_boundary(blocks_before_boundary: int, windows: list[i
     assert len(windows) >= 2 and windows[0] < boundary <= windows[1]
 
 
-# -- header variants -----------------------------------------------------------------
+# -- header variants -------------------------------------------------------------------
 
 
 def test_base256_sizes_and_fields() -> None:
@@ -297,13 +295,15 @@ def test_gnu_long_name_and_long_link() -> None:
     long_name = "n" * 300 + ".jpg"
     long_target = "t" * 300
     crafter = Crafter()
-    crafter.extension(b"L", long_name.encode() + b"\0").member(long_name, b"data", header_name=long_name[:100])
+    crafter.extension(b"L", long_name.encode() + b"\0").member(
+        long_name, b"data", header_name=long_name[:100]
+    )
     crafter.extension(b"K", long_target.encode() + b"\0").member(
         "ln.jpg", b"", typeflag=b"2", linkname="t" * 100
     )
-    crafter.extension(b"K", long_target.encode() + b"\0").extension(b"L", b"both" * 40 + b"\0").member(
-        "both" * 40, b"", typeflag=b"2", header_name="x"
-    )
+    crafter.extension(b"K", long_target.encode() + b"\0").extension(
+        b"L", b"both" * 40 + b"\0"
+    ).member("both" * 40, b"", typeflag=b"2", header_name="x")
     buf = crafter.finish()
     scan = scan_tar(buf)
     assert_placed(scan, crafter.placed)
@@ -363,7 +363,9 @@ def test_invalid_utf8_name_is_refused() -> None:
     assert e.value.offset == 0
 
 
-@pytest.mark.parametrize("kind, typeflag", [("chardev", b"3"), ("blockdev", b"4"), ("fifo", b"6"), ("hardlink", b"1")])
+@pytest.mark.parametrize(
+    "kind, typeflag", [("chardev", b"3"), ("blockdev", b"4"), ("fifo", b"6"), ("hardlink", b"1")]
+)
 def test_special_entries_carry_no_data(kind: str, typeflag: bytes) -> None:
     crafter = Crafter()
     crafter.member("before.bin", b"x")
@@ -379,9 +381,13 @@ def test_special_entries_carry_no_data(kind: str, typeflag: bytes) -> None:
 # -- ends of archives ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("end_blocks, record", [(2, None), (1, None), (2, RECORD), (1, RECORD), (20, None)])
+@pytest.mark.parametrize(
+    "end_blocks, record", [(2, None), (1, None), (2, RECORD), (1, RECORD), (20, None)]
+)
 def test_end_marker_and_record_padding(end_blocks: int, record: int | None) -> None:
-    buf, placed = craft([("a.jpg", b"a" * 700), ("b.jpg", b"b")], end_blocks=end_blocks, record=record)
+    buf, placed = craft(
+        [("a.jpg", b"a" * 700), ("b.jpg", b"b")], end_blocks=end_blocks, record=record
+    )
     scan = scan_tar(buf)
     assert_placed(scan, placed)
     assert scan.end_offset == 5 * BLOCK
@@ -408,15 +414,19 @@ def test_accepts_bytes_bytearray_memoryview_and_mmap(tmp_path: Path) -> None:
         del scan  # the scan's arrays must not pin the mmap
 
 
-# -- round trips ---------------------------------------------------------------------------
+# -- round trips -----------------------------------------------------------------------
 
 _segment = st.text(
-    alphabet=st.sampled_from(list("abcXYZ019._- ") + ["é", "ß", "日", "🙂"]), min_size=1, max_size=40
+    alphabet=st.sampled_from(list("abcXYZ019._- ") + ["é", "ß", "日", "🙂"]),
+    min_size=1,
+    max_size=40,
 ).filter(lambda s: s not in (".", ".."))
 _name = st.lists(_segment, min_size=1, max_size=6).map("/".join)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     fmt=st.sampled_from(sorted(FORMATS)),
     members=st.lists(st.tuples(_name, st.integers(0, 5 * BLOCK + 3)), min_size=0, max_size=25),
@@ -437,7 +447,9 @@ def test_round_trip_against_tarfile(fmt: str, members: list[tuple[str, int]]) ->
             contents.append((name, data))
     buf = buf_io.getvalue()
     scan = assert_like_tarfile(buf)
-    assert [(n, buf[o : o + s]) for n, o, s in zip(scan.names, scan.data_offsets, scan.sizes)] == contents
+    assert [
+        (n, buf[o : o + s]) for n, o, s in zip(scan.names, scan.data_offsets, scan.sizes)
+    ] == contents
 
 
 def iter_offsets(scan: TarScan) -> Iterator[tuple[int, int]]:
@@ -451,7 +463,7 @@ def test_offsets_are_int64_arrays() -> None:
     assert all(d - h >= BLOCK for h, d in iter_offsets(scan))
 
 
-# -- members over 8 GiB, on a sparse file ------------------------------------------------
+# -- members over 8 GiB, on a sparse file ----------------------------------------------
 
 BIG = 8 * 1024**3 + 12345  # over the 8 GiB an octal size field can hold
 
