@@ -227,7 +227,9 @@ def create_shards(
     try:
         names = [pattern % (start_shard + i) for i in range(max(2, len(plan)))]
     except (TypeError, ValueError) as e:
-        raise WriterError(f"shard pattern {pattern!r} needs one %-format, such as 'out-%06d.tar' ({e})") from None
+        raise WriterError(
+            f"shard pattern {pattern!r} needs one %-format, such as 'out-%06d.tar' ({e})"
+        ) from None
     if len(set(names)) < len(names):
         raise WriterError(f"shard pattern {pattern!r} gives the same name for several shards")
     tasks = [(tree.root, names[i], tree.samples[r.start : r.stop]) for i, r in enumerate(plan)]

@@ -90,8 +90,12 @@ def _encode_image(value: Any, fmt: str) -> bytes:
                 "(x * 255).round().astype(np.uint8)"
             )
         if value.ndim not in (2, 3) or (value.ndim == 3 and value.shape[2] not in (1, 3, 4)):
-            raise TypeError(f"image arrays must be HxW or HxWxC with C in 1, 3, 4; got {value.shape}")
-        value = PIL.Image.fromarray(value[:, :, 0] if value.ndim == 3 and value.shape[2] == 1 else value)
+            raise TypeError(
+                f"image arrays must be HxW or HxWxC with C in 1, 3, 4; got {value.shape}"
+            )
+        value = PIL.Image.fromarray(
+            value[:, :, 0] if value.ndim == 3 and value.shape[2] == 1 else value
+        )
     if not isinstance(value, PIL.Image.Image):
         raise TypeError(f"expected a PIL image or a uint8 array, got {type(value).__name__}")
     options = {"quality": 100} if fmt in ("JPEG", "TIFF") else {}  # as webdataset

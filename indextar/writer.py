@@ -61,7 +61,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 _REGULAR = ord("0")
 _BUFFER_BYTES = 1 << 20
@@ -105,9 +105,7 @@ def check_key(key: object, *, shard: str | None = None) -> str:
     first dot of their last component).
     """
     if not isinstance(key, str):
-        raise WriterError(
-            f"'__key__' must be a str, got {type(key).__name__} {key!r}", shard=shard
-        )
+        raise WriterError(f"'__key__' must be a str, got {type(key).__name__} {key!r}", shard=shard)
 
     def bad(why: str) -> WriterError:
         return WriterError(f"invalid key: {why}", shard=shard, key=key)
@@ -203,7 +201,9 @@ def encode_sample(
         try:
             header = member_header(name, size)
         except UnicodeEncodeError as e:
-            raise WriterError(f"member name {name!r} is not valid UTF-8 ({e.reason})", shard=shard, key=key) from None
+            raise WriterError(
+                f"member name {name!r} is not valid UTF-8 ({e.reason})", shard=shard, key=key
+            ) from None
         names.append(name)
         header_offsets.append(pos)
         data_offsets.append(pos + len(header))
@@ -222,7 +222,7 @@ def encode_sample(
 
 
 def _starts_new_shard(count: int, size: int, nbytes: int, maxcount: int, maxsize: float) -> bool:
-    """Whether a sample of ``nbytes`` goes to a new shard after ``count`` samples of ``size`` bytes."""
+    """Whether a sample of ``nbytes`` starts a new shard after ``count`` samples, ``size`` bytes."""
     return count >= maxcount or (count > 0 and size + nbytes + len(END_OF_ARCHIVE) > maxsize)
 
 
@@ -497,7 +497,9 @@ class ShardWriter:
         if not distinct:
             raise WriterError(f"shard pattern {pattern!r} gives the same name for every shard")
         if maxcount < 1 or maxsize <= 0:
-            raise WriterError(f"maxcount and maxsize must be positive, got {maxcount} and {maxsize}")
+            raise WriterError(
+                f"maxcount and maxsize must be positive, got {maxcount} and {maxsize}"
+            )
         if manifest is not None and not index:
             raise WriterError("manifest= lists indexed shards; it needs index=True")
         self.pattern = pattern
@@ -579,4 +581,3 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
-
