@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CacheFullError, RemoteReadError, TruncatedShardError
-from .remote import RangeSource, RemoteStat, RetryPolicy
+from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RetryPolicy
 from .sources import ByteSource
 
 __all__ = ["ShardCache", "CachedSource", "parse_size"]
@@ -78,7 +78,7 @@ class ShardCache:
         *,
         limit: int | str,
         storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
     ):
         self.directory = Path(directory)
         self.limit = parse_size(limit)

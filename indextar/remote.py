@@ -32,6 +32,7 @@ __all__ = [
     "RemoteStat",
     "RangeSource",
     "RemoteStream",
+    "fetch_ranges",
     "filesystem",
     "check_pipe_allowed",
 ]
@@ -175,6 +176,9 @@ class RemoteStat:
         return cls(int(size), str(etag).strip('"'))
 
 
+DEFAULT_RETRY = RetryPolicy()
+
+
 class RangeSource(ByteSource):
     """A remote shard read by ranged requests; batches go out concurrently.
 
@@ -212,7 +216,7 @@ class RangeSource(ByteSource):
         *,
         expected: RemoteStat | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         max_in_flight: int = 64,
     ):
         self.url = url
@@ -291,80 +295,9 @@ class RangeSource(ByteSource):
         """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
         if len(offsets) <= 1:
             return [self.read(offset, length) for offset, length in zip(offsets, lengths)]
-        fs, path = self._filesystem()
-        results: list[bytes | None] = [None] * len(offsets)
-        pending = list(range(len(offsets)))
-        for attempt in range(1, self.retry.attempts + 1):
-            outcomes = self._fetch(
-                fs, path, [offsets[i] for i in pending], [lengths[i] for i in pending]
-            )
-            failed: list[tuple[int, BaseException]] = []
-            for i, outcome in zip(pending, outcomes):
-                if isinstance(outcome, BaseException):
-                    failed.append((i, outcome))
-                elif len(outcome) != lengths[i]:
-                    failed.append(
-                        (
-                            i,
-                            RemoteReadError(
-                                "short read", url=self.url, offset=offsets[i], length=lengths[i]
-                            ),
-                        )
-                    )
-                else:
-                    results[i] = outcome
-            if not failed:
-                break
-            i, error = failed[0]
-            retryable = all(is_transient(e) for _, e in failed)
-            if not retryable or attempt == self.retry.attempts:
-                if isinstance(error, FileNotFoundError):
-                    raise ShardNotFoundError(
-                        f"remote shard {self.url!r} does not exist ({error})"
-                    ) from error
-                raise RemoteReadError(
-                    f"{type(error).__name__}: {error} ({len(failed)} of {len(pending)} ranges failed)",
-                    url=self.url,
-                    offset=offsets[i],
-                    length=lengths[i],
-                    attempts=attempt,
-                ) from error
-            wait = self.retry.delay(attempt)
-            log.warning(
-                "%d of %d ranges of %s failed (first: bytes %d+%d, %s: %s); retry %d/%d in %.2fs",
-                len(failed),
-                len(pending),
-                self.url,
-                offsets[i],
-                lengths[i],
-                type(error).__name__,
-                error,
-                attempt,
-                self.retry.attempts - 1,
-                wait,
-            )
-            time.sleep(wait)
-            pending = [i for i, _ in failed]
-        return [r for r in results if r is not None]
-
-    def _fetch(self, fs: Any, path: str, offsets: list[int], lengths: list[int]) -> list[Any]:
-        ends = [offset + length for offset, length in zip(offsets, lengths)]
-        if getattr(fs, "async_impl", False):
-            # One event loop, max_in_flight concurrent requests, exceptions returned.
-            return list(
-                fs.cat_ranges(
-                    [path] * len(offsets),
-                    offsets,
-                    ends,
-                    batch_size=self.max_in_flight,
-                    on_error="return",
-                )
-            )
-        with concurrent.futures.ThreadPoolExecutor(min(self.max_in_flight, len(offsets))) as pool:
-            futures = [
-                pool.submit(fs.cat_file, path, start=s, end=e) for s, e in zip(offsets, ends)
-            ]
-            return [f.exception() or f.result() for f in futures]
+        return fetch_ranges(
+            [self] * len(offsets), offsets, lengths, max_in_flight=self.max_in_flight
+        )
 
     def close(self) -> None:
         self._pid = -1
@@ -384,6 +317,102 @@ class RangeSource(ByteSource):
 
     def __repr__(self) -> str:
         return f"RangeSource({self.url!r})"
+
+
+def fetch_ranges(
+    sources: Sequence[RangeSource],
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    max_in_flight: int = 64,
+) -> list[bytes]:
+    """Range ``i`` of ``sources[i]`` for every ``i``, concurrently, even across shards.
+
+    Requests to one filesystem go out together (fsspec's ``cat_ranges`` on one event
+    loop), at most ``max_in_flight`` at once; failed ones are retried with the first
+    source's policy, and the short reads are errors.
+    """
+    results: list[bytes | None] = [None] * len(sources)
+    pending = list(range(len(sources)))
+    retry = sources[0].retry if sources else DEFAULT_RETRY
+    for attempt in range(1, retry.attempts + 1):
+        outcomes = _fetch(sources, offsets, lengths, pending, max_in_flight)
+        failed: list[tuple[int, BaseException]] = []
+        for i, outcome in zip(pending, outcomes):
+            if isinstance(outcome, BaseException):
+                failed.append((i, outcome))
+            elif len(outcome) != lengths[i]:
+                short = RemoteReadError(
+                    f"got {len(outcome)} bytes",
+                    url=sources[i].url,
+                    offset=offsets[i],
+                    length=lengths[i],
+                )
+                failed.append((i, short))
+            else:
+                results[i] = outcome
+        if not failed:
+            break
+        i, error = failed[0]
+        url = sources[i].url
+        if isinstance(error, StaleIndexError):
+            raise error
+        if not all(is_transient(e) for _, e in failed) or attempt == retry.attempts:
+            if isinstance(error, FileNotFoundError):
+                raise ShardNotFoundError(
+                    f"remote shard {url!r} does not exist ({error})"
+                ) from error
+            raise RemoteReadError(
+                f"{type(error).__name__}: {error} ({len(failed)} of {len(pending)} ranges failed)",
+                url=url,
+                offset=offsets[i],
+                length=lengths[i],
+                attempts=attempt,
+            ) from error
+        wait = retry.delay(attempt)
+        log.warning(
+            "%d of %d ranges failed (first: %s bytes %d+%d, %s: %s); retry %d/%d in %.2fs",
+            len(failed), len(pending), url, offsets[i], lengths[i], type(error).__name__, error,
+            attempt, retry.attempts - 1, wait,
+        )  # fmt: skip
+        time.sleep(wait)
+        pending = [i for i, _ in failed]
+    return [r for r in results if r is not None]
+
+
+def _fetch(
+    sources: Sequence[RangeSource],
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    pending: list[int],
+    max_in_flight: int,
+) -> list[Any]:
+    """One attempt at the ``pending`` ranges; exceptions are returned, not raised."""
+    outcomes: dict[int, Any] = {}
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i in pending:
+        try:
+            fs, _ = sources[i]._filesystem()
+        except Exception as e:
+            outcomes[i] = e
+            continue
+        groups.setdefault(id(fs), (fs, []))[1].append(i)
+    for fs, members in groups.values():
+        paths = [sources[i]._path for i in members]
+        starts = [offsets[i] for i in members]
+        ends = [offsets[i] + lengths[i] for i in members]
+        if getattr(fs, "async_impl", False):
+            # One event loop, max_in_flight concurrent requests, exceptions returned.
+            got = fs.cat_ranges(paths, starts, ends, batch_size=max_in_flight, on_error="return")
+        else:
+            with concurrent.futures.ThreadPoolExecutor(min(max_in_flight, len(members))) as pool:
+                futures = [
+                    pool.submit(fs.cat_file, p, start=s, end=e)
+                    for p, s, e in zip(paths, starts, ends)
+                ]
+                got = [f.exception() or f.result() for f in futures]
+        outcomes.update(zip(members, got))
+    return [outcomes[i] for i in pending]
 
 
 class RemoteStream(io.RawIOBase):
