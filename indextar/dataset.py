@@ -3,8 +3,10 @@
 What a dataset holds is O(shards): shard paths, per-shard sample counts and their
 cumulative sums in numpy. Each process opens shards lazily, on first access, into an
 LRU of at most ``max_open_shards`` :class:`~indextar.shardreader.OpenShard` objects
-(a byte source plus numpy tables); that cache is dropped on pickle and rebuilt after
-a fork, so no open file, mmap or SQLite connection crosses into a DataLoader worker.
+(numpy tables plus a byte source). Pickling drops that cache (``spawn`` workers start
+empty); a forked worker keeps the parent's tables, which are shared copy-on-write and
+never written, while its byte sources unmap their inherited mappings at once and map
+again on first read. No open file, mmap or SQLite connection crosses into a worker.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import bisect
 import logging
 import operator
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +35,8 @@ from .index import PathLike, ShardIndex, index_path, open_index, open_index_at
 from .manifest import ManifestShard, is_manifest, read_manifest
 from .patterns import expand_shards, is_url
 from .shardreader import OpenShard
-from .sources import LRUCache, fork_generation, open_source
+from .remote_options import RemoteOptions, fetch_ranges
+from .sources import LRUCache, open_source
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -103,6 +106,10 @@ class IndexedTarDataset:
         allow_unsafe: bool = False,
         progress: bool = False,
         build_workers: int | None = None,
+        remote: Literal["ranges", "cache"] = "ranges",
+        cache_dir: PathLike | None = None,
+        cache_limit: int | str = "50GB",
+        storage_options: Mapping[str, Any] | None = None,
     ):
         if max_open_shards < 1:
             raise ValueError(f"max_open_shards must be at least 1, got {max_open_shards}")
@@ -111,6 +118,9 @@ class IndexedTarDataset:
         self._transform = transform
         self._index_dir = None if index_dir is None else os.fspath(index_dir)
         self._build_missing = build_missing
+        self._remote = RemoteOptions.make(
+            remote, index_dir, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options
+        )
         self.max_open_shards = max_open_shards
         self.manifest: Path | None = None
         if isinstance(shards, (str, os.PathLike)) and is_manifest(shards):
@@ -124,6 +134,7 @@ class IndexedTarDataset:
                     build_missing=build_missing,
                     progress=progress,
                     workers=build_workers,
+                    remote=self._remote,
                 )
             )
         self._entries: tuple[ManifestShard, ...] = tuple(entries)
@@ -141,12 +152,11 @@ class IndexedTarDataset:
     # -- per-process state ----------------------------------------------------------
 
     def _reset_process_state(self) -> None:
-        self._generation = fork_generation()
         self._open: LRUCache[int, OpenShard] = LRUCache(self.max_open_shards, OpenShard.close)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_open"], state["_generation"]
+        del state["_open"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -155,18 +165,15 @@ class IndexedTarDataset:
 
     def close(self) -> None:
         """Close every open shard of this process (they reopen on the next access)."""
-        if self._generation == fork_generation():
-            self._open.clear()
+        self._open.clear()
 
     def _shard(self, shard_no: int) -> OpenShard:
-        if self._generation != fork_generation():
-            # Forked: unmap this process's copies of the parent's shards (the parent's
-            # stay mapped) and start afresh.
-            self._open.clear()
-            self._reset_process_state()
         shard = self._open.get(shard_no)
         if shard is None:
-            shard = OpenShard.load(self._shard_index(shard_no), open_source(self.shards[shard_no]))
+            index = self._shard_index(shard_no)
+            url = self.shards[shard_no]
+            source = self._remote.source(url, index) if is_url(url) else open_source(url)
+            shard = OpenShard.load(index, source)
             self._open.put(shard_no, shard)
         return shard
 
@@ -174,7 +181,9 @@ class IndexedTarDataset:
         """Open and validate a shard's index, and check it against the manifest entry."""
         entry = self._entries[shard_no]
         try:
-            if entry.index is not None:
+            if is_url(entry.url):
+                index = self._remote.index(entry.url, entry.index, build_missing=self._build_missing)
+            elif entry.index is not None:
                 index = open_index_at(entry.url, entry.index)
             else:
                 index = open_index(entry.url, index_dir=self._index_dir)
@@ -227,14 +236,37 @@ class IndexedTarDataset:
         shard_nos = self._starts.searchsorted(positions, side="right") - 1
         locals_ = positions - self._starts[shard_nos]
         sample = self._sample
+        if self._remote.strategy == "ranges" and any(is_url(self.shards[n]) for n in set(shard_nos.tolist())):
+            spans = self._fetch_spans(shard_nos.tolist(), locals_.tolist())
+            return [
+                sample(shard_no, local, position, span)
+                for shard_no, local, position, span in zip(
+                    shard_nos.tolist(), locals_.tolist(), positions.tolist(), spans
+                )
+            ]
         return [
             sample(shard_no, local, position)
             for shard_no, local, position in zip(shard_nos.tolist(), locals_.tolist(), positions.tolist())
         ]
 
-    def _sample(self, shard_no: int, local: int, position: int) -> Any:
+    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
+        """The remote samples' bytes, all requests in flight at once; ``None`` for local ones."""
+        wanted = [(n, local) for n, local in zip(shard_nos, locals_) if is_url(self.shards[n])]
+        shards = [self._shard(n) for n, _ in wanted]
+        spans = [shard.span(local) for shard, (_, local) in zip(shards, wanted)]
+        fetched = iter(
+            fetch_ranges(
+                [shard.source for shard in shards],  # type: ignore[misc]
+                [offset for offset, _ in spans],
+                [length for _, length in spans],
+                max_in_flight=self._remote.max_in_flight,
+            )
+        )
+        return [next(fetched) if is_url(self.shards[n]) else None for n in shard_nos]
+
+    def _sample(self, shard_no: int, local: int, position: int, span: bytes | None = None) -> Any:
         shard = self._shard(shard_no)
-        key, members = shard.read(local)
+        key, members = shard.read(local, span)
         sample: Sample = {"__key__": key, "__shard__": shard.shard, "__index__": position}
         decoder = self._decoder
         if self._fields is not None:
@@ -302,12 +334,14 @@ def _open_indexes(
     build_missing: bool,
     progress: bool,
     workers: int | None,
+    remote: RemoteOptions,
 ) -> list[ShardIndex]:
-    remote = [shard for shard in shards if is_url(shard)]
-    if remote:
-        raise ShardNotFoundError(
-            f"remote shards are not supported yet (first: {remote[0]!r}); copy them locally"
-        )
+    urls = {shard: remote.index(shard, None, build_missing=build_missing) for shard in shards if is_url(shard)}
+    if urls:
+        local = [shard for shard in shards if shard not in urls]
+        opened = dict(zip(local, _open_indexes(local, index_dir=index_dir, build_missing=build_missing,
+                                               progress=progress, workers=workers, remote=remote))) if local else {}
+        return [urls[shard] if shard in urls else opened[shard] for shard in shards]
     missing = [shard for shard in shards if not index_path(shard, index_dir=index_dir).exists()]
     if missing and not build_missing:
         for shard in missing:

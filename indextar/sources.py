@@ -16,6 +16,7 @@ import abc
 import importlib
 import mmap
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -102,6 +103,7 @@ class LocalFileSource(ByteSource):
                 self._size = os.fstat(f.fileno()).st_size
                 if self._size:
                     self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    _mapped.add(self)
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
         self._generation = _fork_generation
@@ -143,11 +145,16 @@ class LocalFileSource(ByteSource):
 # Incremented in every forked child: objects that opened something compare it with the
 # value they opened under, which is cheaper than os.getpid() (a system call) per read.
 _fork_generation = 0
+# Sources with a live mapping: a forked child unmaps its copies at once, so that nothing
+# opened by the parent lives on in DataLoader workers.
+_mapped: weakref.WeakSet[LocalFileSource] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
+    for source in list(_mapped):
+        source.close()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
