@@ -3,10 +3,8 @@
 What a dataset holds is O(shards): shard paths, per-shard sample counts and their
 cumulative sums in numpy. Each process opens shards lazily, on first access, into an
 LRU of at most ``max_open_shards`` :class:`~indextar.shardreader.OpenShard` objects
-(numpy tables plus a byte source). Pickling drops that cache (``spawn`` workers start
-empty); a forked worker keeps the parent's tables, which are shared copy-on-write and
-never written, while its byte sources unmap their inherited mappings at once and map
-again on first read. No open file, mmap or SQLite connection crosses into a worker.
+(a byte source plus numpy tables); that cache is dropped on pickle and rebuilt after
+a fork, so no open file, mmap or SQLite connection crosses into a DataLoader worker.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from .manifest import ManifestShard, is_manifest, read_manifest
 from .patterns import expand_shards, is_url
 from .shardreader import OpenShard
 from .remote_options import RemoteOptions, fetch_ranges
-from .sources import LRUCache, open_source
+from .sources import LRUCache, fork_generation, open_source
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -152,11 +150,12 @@ class IndexedTarDataset:
     # -- per-process state ----------------------------------------------------------
 
     def _reset_process_state(self) -> None:
+        self._generation = fork_generation()
         self._open: LRUCache[int, OpenShard] = LRUCache(self.max_open_shards, OpenShard.close)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_open"]
+        del state["_open"], state["_generation"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -165,9 +164,15 @@ class IndexedTarDataset:
 
     def close(self) -> None:
         """Close every open shard of this process (they reopen on the next access)."""
-        self._open.clear()
+        if self._generation == fork_generation():
+            self._open.clear()
 
     def _shard(self, shard_no: int) -> OpenShard:
+        if self._generation != fork_generation():
+            # Forked: unmap this process's copies of the parent's shards (the parent's
+            # stay mapped) and start afresh.
+            self._open.clear()
+            self._reset_process_state()
         shard = self._open.get(shard_no)
         if shard is None:
             index = self._shard_index(shard_no)
@@ -339,8 +344,17 @@ def _open_indexes(
     urls = {shard: remote.index(shard, None, build_missing=build_missing) for shard in shards if is_url(shard)}
     if urls:
         local = [shard for shard in shards if shard not in urls]
-        opened = dict(zip(local, _open_indexes(local, index_dir=index_dir, build_missing=build_missing,
-                                               progress=progress, workers=workers, remote=remote))) if local else {}
+        opened = {}
+        if local:
+            indexes = _open_indexes(
+                local,
+                index_dir=index_dir,
+                build_missing=build_missing,
+                progress=progress,
+                workers=workers,
+                remote=remote,
+            )
+            opened = dict(zip(local, indexes))
         return [urls[shard] if shard in urls else opened[shard] for shard in shards]
     missing = [shard for shard in shards if not index_path(shard, index_dir=index_dir).exists()]
     if missing and not build_missing:

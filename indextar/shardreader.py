@@ -100,10 +100,19 @@ class OpenShard:
         key_start, key_end = self.samples[local, 4:6].tolist()
         return self.key_blob[key_start:key_end].decode()
 
-    def read(self, local: int) -> tuple[str, list[tuple[str, bytes]]]:
-        """Sample ``local``'s key and ``(extension, data)`` members, in one read."""
+    def span(self, local: int) -> tuple[int, int]:
+        """``(offset, length)`` of sample ``local``'s bytes in the shard."""
+        start, end = self.samples[local, :2].tolist()
+        return start, end - start
+
+    def read(self, local: int, span: bytes | None = None) -> tuple[str, list[tuple[str, bytes]]]:
+        """Sample ``local``'s key and ``(extension, data)`` members, in one read.
+
+        ``span``, if given, is the sample's bytes already fetched (remote batches).
+        """
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
-        span = self.source.read(start, end - start)
+        if span is None:
+            span = self.source.read(start, end - start)
         names = self.ext_names
         members = [
             (names[code], span[offset : offset + size])
