@@ -272,3 +272,36 @@ def test_pipe_refused_unless_allowed(root: Path, monkeypatch: pytest.MonkeyPatch
     assert len(list(StreamingTarDataset(url, allow_pipe=True))) == PER_SHARD + 1
     monkeypatch.setenv("INDEXTAR_ALLOW_PIPE", "1")
     assert len(list(StreamingTarDataset(url))) == PER_SHARD + 1
+
+
+# -- IndexedTarDataset over URLs ----------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["ranges", "cache"])
+def test_indexed_dataset_over_urls(
+    kind: str, strategy: str, request: pytest.FixtureRequest, root: Path, tmp_path: Path
+) -> None:
+    from indextar.dataset import IndexedTarDataset
+
+    http, s3 = request.getfixturevalue("http"), request.getfixturevalue("s3")
+    urls = [_remote(kind, http, s3, f"data-{n}.tar")[0] for n in range(SHARDS)]
+    options = _remote(kind, http, s3, "x")[1]
+    remote = IndexedTarDataset(
+        urls, remote=strategy, index_dir=tmp_path / "ix", cache_dir=tmp_path / "cache", storage_options=options
+    )
+    local = IndexedTarDataset([str(root / f"data-{n}.tar") for n in range(SHARDS)], index_dir=tmp_path / "local")
+    assert len(remote) == len(local) == SHARDS * (PER_SHARD + 1)
+
+    def strip(sample: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in sample.items() if k != "__shard__"}
+
+    order = list(range(len(local)))[::-7]
+    assert [strip(s) for s in remote.__getitems__(order)] == [strip(s) for s in local.__getitems__(order)]
+    assert strip(remote[5]) == strip(local[5]) and remote[5]["__shard__"] == urls[0]
+    # Reopened from the index folder (no build), in another process's copy.
+    import pickle
+
+    again = pickle.loads(pickle.dumps(remote))
+    assert strip(again[len(local) - 1]) == strip(local[len(local) - 1])
+    if strategy == "cache":
+        assert len(list((tmp_path / "cache").glob("*-data-*.tar"))) == SHARDS
