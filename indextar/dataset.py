@@ -3,8 +3,10 @@
 What a dataset holds is O(shards): shard paths, per-shard sample counts and their
 cumulative sums in numpy. Each process opens shards lazily, on first access, into an
 LRU of at most ``max_open_shards`` :class:`~indextar.shardreader.OpenShard` objects
-(a byte source plus numpy tables); that cache is dropped on pickle and rebuilt after
-a fork, so no open file, mmap or SQLite connection crosses into a DataLoader worker.
+(numpy tables plus a byte source). Pickling drops that cache (``spawn`` workers start
+empty); a forked worker keeps the parent's tables, which are shared copy-on-write and
+never written, while its byte sources unmap their inherited mappings at once and map
+again on first read. No open file, mmap or SQLite connection crosses into a worker.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .manifest import ManifestShard, is_manifest, read_manifest
 from .patterns import expand_shards, is_url
 from .shardreader import OpenShard
 from .remote_options import RemoteOptions, fetch_ranges
-from .sources import LRUCache, fork_generation, open_source
+from .sources import LRUCache, open_source
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -150,12 +152,11 @@ class IndexedTarDataset:
     # -- per-process state ----------------------------------------------------------
 
     def _reset_process_state(self) -> None:
-        self._generation = fork_generation()
         self._open: LRUCache[int, OpenShard] = LRUCache(self.max_open_shards, OpenShard.close)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_open"], state["_generation"]
+        del state["_open"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -164,15 +165,9 @@ class IndexedTarDataset:
 
     def close(self) -> None:
         """Close every open shard of this process (they reopen on the next access)."""
-        if self._generation == fork_generation():
-            self._open.clear()
+        self._open.clear()
 
     def _shard(self, shard_no: int) -> OpenShard:
-        if self._generation != fork_generation():
-            # Forked: unmap this process's copies of the parent's shards (the parent's
-            # stay mapped) and start afresh.
-            self._open.clear()
-            self._reset_process_state()
         shard = self._open.get(shard_no)
         if shard is None:
             index = self._shard_index(shard_no)
