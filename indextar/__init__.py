@@ -50,6 +50,7 @@ __all__ = [
     "build_indexes",
     # reading
     "IndexedTarDataset",
+    "StreamingTarDataset",
     "write_manifest",
     "read_manifest",
     # sampling
@@ -74,3 +75,12 @@ __all__ = [
     "SampleIndexError",
     "ManifestError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # StreamingTarDataset subclasses torch's IterableDataset: import torch only when asked.
+    if name == "StreamingTarDataset":
+        from .streaming import StreamingTarDataset
+
+        return StreamingTarDataset
+    raise AttributeError(f"module 'indextar' has no attribute {name!r}")

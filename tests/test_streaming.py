@@ -147,3 +147,14 @@ def test_handler_warn_skips_with_shard_and_key(
     grouped = list(_group(iter_members(io.BytesIO(tar_bytes({"b.CLS": b"1", "b.cls": b"2", "c.txt": b""})), shard="x"), "x"))
     assert isinstance(grouped[0], ShardFormatError) and "two 'cls' members" in str(grouped[0])
     assert [g["__key__"] for g in grouped[1:]] == ["c"]  # type: ignore[index]
+
+
+def test_import_indextar_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, indextar; heavy = [m for m in ('torch', 'fsspec', 'aiohttp', 's3fs', 'filelock') "
+        "if m in sys.modules]; assert not heavy, heavy; indextar.StreamingTarDataset; assert 'torch' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
