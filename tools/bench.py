@@ -152,14 +152,12 @@ def ratarmount_index(shard: Path, scratch: Path) -> int:
     index_file = scratch / "ratarmount.index.sqlite"
     with contextlib.redirect_stdout(io.StringIO()):
         archive = SQLiteIndexedTar(str(shard), indexFilePath=str(index_file), writeIndex=True)
-    try:
+    with archive:
         if not index_file.exists():
             raise RuntimeError(f"ratarmountcore wrote no index at {index_file}")
         (count,) = archive.index.get_connection().execute(
             'SELECT COUNT(*) FROM "files" WHERE (mode & 0xF000) == 0x8000'
         ).fetchone()
-    finally:
-        archive.__exit__(None, None, None)
     return int(count)
 
 
@@ -412,6 +410,12 @@ def run_index(*, quick: bool, data_dir: Path, report: Report, log: Report) -> di
                 ],
             }
         )
+    out["load_average"] = os.getloadavg()[0]
+    report(
+        f"Load average (1 min) at the end: {out['load_average']:.1f} on {info['cpus']} CPUs "
+        "(this benchmark alone accounts for about 1)."
+    )
+    report("")
     report("Targets:")
     report("")
     for target in targets:
