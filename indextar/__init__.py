@@ -11,6 +11,8 @@ from .errors import (
     CompressedShardError,
     DecodeError,
     DecodeSpecError,
+    EncodeError,
+    ExportError,
     IndexFormatError,
     IndextarError,
     IndexWriteError,
@@ -26,6 +28,7 @@ from .errors import (
     TruncatedShardError,
     UnsafeMemberError,
     UnsupportedMemberError,
+    WriterError,
 )
 from .index import IndexMeta, SampleTable, ShardIndex, build_index, index_path, open_index
 from .manifest import read_manifest, write_manifest
@@ -33,6 +36,7 @@ from .naming import split_name
 from .patterns import expand_shards
 from .sampler import ResumableSampler
 from .tarscan import TarScan, scan_tar
+from .writer import ShardWriter, TarWriter
 
 __all__ = [
     "__version__",
@@ -55,6 +59,9 @@ __all__ = [
     "read_manifest",
     # sampling
     "ResumableSampler",
+    # writing
+    "TarWriter",
+    "ShardWriter",
     # errors
     "IndextarError",
     "ShardFormatError",
@@ -74,6 +81,9 @@ __all__ = [
     "SampleKeyError",
     "SampleIndexError",
     "ManifestError",
+    "WriterError",
+    "EncodeError",
+    "ExportError",
 ]
 
 
