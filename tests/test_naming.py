@@ -190,7 +190,7 @@ def test_skip_reason_is_webdatasets_filter(name: str) -> None:
     assert (skip_reason(name) is None) == kept_by_webdataset
 
 
-@settings(max_examples=150, derandomize=True, deadline=None)
+@settings(max_examples=100, derandomize=True, deadline=None)
 @given(
     fmt=st.sampled_from(sorted(FORMATS)),
     entries=st.lists(
