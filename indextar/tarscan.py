@@ -612,7 +612,7 @@ def _checksums_ok(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
     field_sum = rows[:, 148:156].sum(axis=1, dtype=np.int64)
     # uint32 accumulation is twice as fast as int64 and cannot overflow (512 * 255).
     unsigned = rows.sum(axis=1, dtype=np.uint32).astype(np.int64) - field_sum + 8 * ord(" ")
-    good = ok & (stored == unsigned)
+    good: npt.NDArray[np.bool_] = ok & (stored == unsigned)
     retry = np.flatnonzero(ok & ~good)
     if retry.size:  # rare: only headers with bytes >= 128 can differ when signed
         signed = rows[retry].astype(np.int8).sum(axis=1, dtype=np.int64)
