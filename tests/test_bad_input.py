@@ -396,3 +396,41 @@ def test_octal_helper_matches_tarfile() -> None:
     assert tarfile.nti(octal(0o1234, 12)) == 0o1234
     assert tarfile.nti(base256(2**40)) == 2**40
     assert tarfile.nti(base256(-5)) == -5
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_single_byte_flips_anywhere(fmt: str) -> None:
+    # A flip in a header block must be refused; a flip in member data changes nothing;
+    # a flip in extension data (PAX records, GNU long names) may do either, but only
+    # ever raises a ShardFormatError. Nothing else may escape the scanner.
+    buf = shard_bytes(fmt, "small")
+    good = scan_tar(buf)
+    expected = (good.names, good.header_offsets.tolist(), good.sizes.tolist())
+    headers = set(header_offsets(buf))
+    member_data = [
+        (int(start), int(start + size)) for start, size in zip(good.data_offsets, good.sizes)
+    ]
+    rng = random.Random(11)
+    outcomes = {"refused": 0, "same": 0}
+    for _ in range(400):
+        at = rng.randrange(len(buf))
+        bad = bytearray(buf)
+        bad[at] = (bad[at] + rng.randrange(1, 256)) % 256
+        block = at - at % BLOCK
+        try:
+            scan = scan_tar(bytes(bad), shard="flip.tar")
+        except ShardFormatError as e:
+            assert e.offset is not None and f"at byte offset {e.offset}" in str(e)
+            outcome = "refused"
+        else:
+            outcome = (
+                "same"
+                if (scan.names, scan.header_offsets.tolist(), scan.sizes.tolist()) == expected
+                else "changed"
+            )
+        if (block in headers and not 148 <= at - block < 156) or at >= good.end_offset:
+            assert outcome == "refused", at  # a header, or the end marker and padding
+        elif any(start <= at < end for start, end in member_data):
+            assert outcome == "same", at
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert outcomes["refused"] > 50 and outcomes["same"] > 50
