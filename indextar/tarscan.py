@@ -36,7 +36,9 @@ The result is a :class:`TarScan`: parallel numpy arrays plus the member names.
 
 from __future__ import annotations
 
+import functools
 import logging
+import mmap
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +87,8 @@ _REGULAR_TYPES = frozenset({ord("0"), 0, ord("7")})
 _DENSE_MEMBER_BYTES = 16 * 1024
 _PROBE_HEADERS = 64
 _WINDOW_BLOCKS = 1 << 16  # 32 MiB per vectorised window
-_DECODE_CHUNK = 1 << 15  # header rows decoded at once (16 MiB)
+_DECODE_CHUNK = 1 << 15
+_ZERO_BLOCK = bytes(BLOCK)  # header rows decoded at once (16 MiB)
 
 # (magic, format, its command-line tool, the file name suffixes it goes with)
 _COMPRESSION_MAGIC = (
@@ -181,15 +184,16 @@ def scan_tar(buf: Any, *, shard: str | None = None) -> TarScan:
         :class:`TruncatedShardError`, :class:`CompressedShardError`,
         :class:`UnsupportedMemberError` say more).
     """
-    data = np.frombuffer(buf, dtype=np.uint8)
-    scanner = _Scanner(data, shard)
+    scanner = _Scanner(buf, shard)
     return scanner.scan()
 
 
 class _Scanner:
-    def __init__(self, data: npt.NDArray[np.uint8], shard: str | None):
-        self.data = data
-        self.size = int(data.size)
+    def __init__(self, buf: Any, shard: str | None):
+        self.data = np.frombuffer(buf, dtype=np.uint8)
+        # mmap and bytes slice to bytes cheaply; anything else through a memoryview.
+        self.raw = buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
+        self.size = int(self.data.size)
         self.shard = shard
 
     def error(
@@ -286,7 +290,7 @@ class _Scanner:
         Returns the header offsets walked and the offset where the walk stopped. Sizes
         given by PAX headers are honoured, so this walk is the reference.
         """
-        data, size = self.data, self.size
+        raw, size = self.raw, self.size
         found: list[int] = []
         pending_size: int | None = None
         global_size: int | None = None
@@ -300,11 +304,15 @@ class _Scanner:
                         f"shard ends inside a header: {size - pos} of 512 header bytes present",
                         pos,
                     )
-                header = data[pos : pos + BLOCK]
-                if not header.any():
+                # Plain bytes, not numpy: a header here is a few small slices.
+                header = bytes(raw[pos : pos + BLOCK])
+                if header == _ZERO_BLOCK:
                     break
-                typeflag = int(header[156])
-                member_size = self.parse_size(header[124:136].tobytes(), pos)
+                typeflag = header[156]
+                size_field = header[124:136]
+                member_size = _cached_octal(size_field)
+                if member_size is None:
+                    member_size = self.parse_size(size_field, pos)
                 if typeflag not in _EXTENSION_TYPES:
                     override = pending_size if pending_size is not None else global_size
                     if override is not None:
@@ -441,24 +449,31 @@ class _Scanner:
         self, rows: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], list[bytes]]:
         """Check and decode a batch of header blocks: types, data sizes, raw names."""
-        self.check_checksums(rows, offsets)
-        sizes = np.zeros(0, np.int64)
-        for name, (start, width) in _FIELDS.items():
-            values, ok = _parse_numeric(rows[:, start : start + width], values=name == "size")
-            for i in np.flatnonzero(~ok):  # base-256 fields, or corrupt ones
+        sizes, stored_sums, canonical = _canonical_numbers(rows)
+        self.check_checksums(rows, offsets, (stored_sums, canonical))
+        for i in np.flatnonzero(~canonical):  # rare: other layouts, base-256, or corrupt
+            for name, (start, width) in _FIELDS.items():
                 raw = rows[i, start : start + width].tobytes()
-                value = _base256(raw, self, int(offsets[i]) + start, name)
+                value = _parse_octal(raw)
+                if value is None:
+                    value = _base256(raw, self, int(offsets[i]) + start, name)
                 if name == "size":
-                    values[i] = value
-            if name == "size":
-                sizes = values
+                    sizes[i] = value
         types = rows[:, 156].copy()
         sizes = np.where(np.isin(types, np.frombuffer(_NO_DATA_TYPES, np.uint8)), 0, sizes)
         return types, sizes, _decode_names(rows, types)
 
-    def check_checksums(self, rows: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> None:
-        """Raise for the first header row (at ``offsets``) whose checksum is wrong."""
-        good = _checksums_ok(rows)
+    def check_checksums(
+        self,
+        rows: npt.NDArray[np.uint8],
+        offsets: npt.NDArray[np.int64],
+        parsed: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None = None,
+    ) -> None:
+        """Raise for the first header row (at ``offsets``) whose checksum is wrong.
+
+        ``parsed`` passes the stored checksums and canonical mask if already computed.
+        """
+        good = _checksums_ok(rows, parsed)
         if not good.all():
             i = int(np.flatnonzero(~good)[0])
             raise self.error(
@@ -598,6 +613,12 @@ class _Scanner:
         )
 
 
+@functools.lru_cache(maxsize=4096)
+def _cached_octal(field: bytes) -> int | None:
+    """:func:`_parse_octal`, memoised: a shard's size fields repeat a lot."""
+    return _parse_octal(field)
+
+
 class _ChainMismatch(Exception):
     """The walk's chain disagrees with the decoded sizes; walk again sequentially."""
 
@@ -606,19 +627,71 @@ class _ChainMismatch(Exception):
         self.offset = offset
 
 
-def _checksums_ok(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+def _checksums_ok(
+    rows: npt.NDArray[np.uint8],
+    parsed: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None = None,
+) -> npt.NDArray[np.bool_]:
     """Which header rows carry a valid checksum (unsigned, or signed as old tars wrote)."""
-    stored, ok = _parse_numeric(rows[:, 148:156], values=True)
+    if parsed is None:
+        _, stored, canonical = _canonical_numbers(rows)
+    else:
+        stored, canonical = parsed[0].copy(), parsed[1]
+    for i in np.flatnonzero(~canonical):  # rare: the general parser, -1 if not octal
+        parsed = _parse_octal(rows[i, 148:156].tobytes())
+        stored[i] = -1 if parsed is None else parsed
     field_sum = rows[:, 148:156].sum(axis=1, dtype=np.int64)
     # uint32 accumulation is twice as fast as int64 and cannot overflow (512 * 255).
     unsigned = rows.sum(axis=1, dtype=np.uint32).astype(np.int64) - field_sum + 8 * ord(" ")
-    good: npt.NDArray[np.bool_] = ok & (stored == unsigned)
-    retry = np.flatnonzero(ok & ~good)
+    good: npt.NDArray[np.bool_] = stored == unsigned
+    retry = np.flatnonzero(~good & (stored >= 0))
     if retry.size:  # rare: only headers with bytes >= 128 can differ when signed
         signed = rows[retry].astype(np.int8).sum(axis=1, dtype=np.int64)
         signed -= rows[retry, 148:156].astype(np.int8).sum(axis=1, dtype=np.int64) - 8 * ord(" ")
         good[retry] = stored[retry] == signed
     return good
+
+
+# Byte classes for the canonical numeric layout: 1 = octal digit, 2 = NUL or space.
+_BYTE_CLASS = np.zeros(256, np.uint8)
+_BYTE_CLASS[ord("0") : ord("8")] = 1
+_BYTE_CLASS[[0, ord(" ")]] = 2
+# The numeric fields mode..chksum are contiguous (bytes 100-155). In the canonical
+# layout every writer emits, a field of width w is w-2 digits, then a digit or a pad,
+# then a pad: "0000644\0", or "012345\0 " for checksums.
+_NUMERIC = slice(100, 156)
+_TEMPLATE = np.zeros(56, np.uint8)
+for _start, _width in _FIELDS.values():
+    _col = _start - 100
+    _TEMPLATE[_col : _col + _width - 2] = 1
+    _TEMPLATE[_col + _width - 2] = 3
+    _TEMPLATE[_col + _width - 1] = 2
+
+
+def _canonical_numbers(
+    rows: npt.NDArray[np.uint8],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Sizes and stored checksums of header rows in one vectorised pass.
+
+    Returns ``(sizes, checksums, canonical)``: values are valid only where
+    ``canonical`` is true, i.e. where all six numeric fields have the canonical
+    layout. Other rows (unusual padding, base-256, corrupt) need the general parser.
+    """
+    classes = _BYTE_CLASS[rows[:, _NUMERIC]]
+    # 56 flags a row, compared as 7 machine words rather than 56 bytes.
+    fits = ((classes & _TEMPLATE) != 0).view(np.uint64)
+    canonical = (fits == np.uint64(0x0101010101010101)).all(axis=1)
+    return _octal_column(rows, classes, 124, 12), _octal_column(rows, classes, 148, 8), canonical
+
+
+def _octal_column(
+    rows: npt.NDArray[np.uint8], classes: npt.NDArray[np.uint8], start: int, width: int
+) -> npt.NDArray[np.int64]:
+    """Values of one canonical octal field: ``width - 1`` or ``width - 2`` digits."""
+    digits = rows[:, start : start + width - 1].astype(np.int64) - ord("0")
+    long_form = digits @ (8 ** np.arange(width - 2, -1, -1, dtype=np.int64))
+    short_form = digits[:, :-1] @ (8 ** np.arange(width - 3, -1, -1, dtype=np.int64))
+    last_is_digit = classes[:, start - 100 + width - 2] == 1
+    return np.where(last_is_digit, long_form, short_form)
 
 
 def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str:
