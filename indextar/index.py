@@ -23,7 +23,7 @@ import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -144,7 +144,7 @@ class ShardIndex:
         """A new read-only connection to the index file, for bulk readers; close it after use."""
         return _connect_ro(self.path)
 
-    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         with contextlib.closing(_connect_ro(self.path)) as conn:
             return conn.execute(sql, params).fetchall()
 
@@ -186,22 +186,22 @@ class ShardIndex:
     def find_key(self, key: str) -> list[int]:
         """Sample numbers whose key is ``key`` (normally zero or one)."""
         rows = self._query("SELECT sample_id FROM samples WHERE key = ? ORDER BY sample_id", (key,))
-        return [int(r[0]) for r in rows]  # type: ignore[call-overload]
+        return [int(r[0]) for r in rows]
 
     def extension_counts(self) -> dict[str, int]:
         """How many members have each extension."""
         rows = self._query("SELECT ext, COUNT(*) FROM members GROUP BY ext ORDER BY ext")
-        return {str(ext): int(n) for ext, n in rows}  # type: ignore[call-overload]
+        return {str(ext): int(n) for ext, n in rows}
 
     def skipped_counts(self) -> dict[str, int]:
         """How many entries were skipped, by reason."""
         rows = self._query("SELECT kind, COUNT(*) FROM skipped GROUP BY kind ORDER BY kind")
-        return {str(kind): int(n) for kind, n in rows}  # type: ignore[call-overload]
+        return {str(kind): int(n) for kind, n in rows}
 
     def data_bytes(self) -> int:
         """Total size of the indexed members' data."""
         rows = self._query("SELECT COALESCE(SUM(size), 0) FROM members")
-        return int(rows[0][0])  # type: ignore[call-overload]
+        return int(rows[0][0])
 
     def scattered_keys(self) -> list[str]:
         """Keys that occur in more than one sample (members not adjacent in the tar)."""

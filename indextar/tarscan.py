@@ -637,8 +637,8 @@ def _checksums_ok(
     else:
         stored, canonical = parsed[0].copy(), parsed[1]
     for i in np.flatnonzero(~canonical):  # rare: the general parser, -1 if not octal
-        parsed = _parse_octal(rows[i, 148:156].tobytes())
-        stored[i] = -1 if parsed is None else parsed
+        value = _parse_octal(rows[i, 148:156].tobytes())
+        stored[i] = -1 if value is None else value
     field_sum = rows[:, 148:156].sum(axis=1, dtype=np.int64)
     # uint32 accumulation is twice as fast as int64 and cannot overflow (512 * 255).
     unsigned = rows.sum(axis=1, dtype=np.uint32).astype(np.int64) - field_sum + 8 * ord(" ")

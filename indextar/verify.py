@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +109,7 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
 
 
 def _compare(
-    what: str, got: list[tuple[object, ...]], expected: list[tuple[object, ...]]
+    what: str, got: Sequence[tuple[Any, ...]], expected: Sequence[tuple[Any, ...]]
 ) -> list[str]:
     if got == expected:
         return []
