@@ -104,68 +104,138 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     Raises
     ------
     SampleFormatError
-        If an extension repeats within one sample.
+        If an extension repeats within one sample, or names a sample field.
     """
-    names = scan.names
-    skipped: list[tuple[int, str]] = []
     regular = scan.is_regular()
-    rows = np.flatnonzero(regular).tolist()
-    if len(rows) < len(names):
-        skipped.extend((row, scan.kind(row)) for row in np.flatnonzero(~regular).tolist())
-    member_rows: list[int] = []
-    member_keys: list[str] = []
-    raw_exts: list[str] = []
-    for row in rows:
-        name = names[row]
-        # Fast path, equal to webdataset's regex whenever it applies: a base name
-        # with a dot that is not its first character, no newline, not a meta name.
-        base = name.rfind("/") + 1
-        dot = name.find(".", base)
-        if dot > base and "\n" not in name and not name.startswith("__"):
-            member_keys.append(name[:dot])
-            raw_exts.append(name[dot + 1 :])
-        else:
-            reason = skip_reason(name)
-            if reason is not None:
-                skipped.append((row, reason))
-                continue
-            key, ext = _WDS_KEY_EXT.match(name).groups()  # type: ignore[union-attr]
-            member_keys.append(key)
-            raw_exts.append(ext)
-        member_rows.append(row)
-    skipped.sort()
-    rows = member_rows
-    lowered = {ext: ext.lower() for ext in set(raw_exts)}
-    exts = [lowered[ext] for ext in raw_exts]
-    if _RESERVED_EXTS.intersection(lowered.values()):
-        _raise_reserved_extension(exts, rows, scan, shard)
+    rows = np.flatnonzero(regular)
+    skipped = [(row, scan.kind(row)) for row in np.flatnonzero(~regular).tolist()]
+    split = _split_vectorised(scan.names, rows)
+    if split is None:  # names the fast path cannot decide: webdataset's regex, per name
+        split = _split_python(scan.names, rows, skipped)
+        skipped.sort()
+    rows, keys, raw_exts = split
 
-    starts = [
-        i for i, (key, before) in enumerate(zip(member_keys, [None, *member_keys])) if key != before
-    ]
-    first = np.asarray(starts, dtype=np.int64)
+    # Extensions as codes into a short table of distinct, lowercased extensions.
+    distinct, raw_codes = _distinct(raw_exts)
+    ext_names = sorted({ext.lower() for ext in distinct})
+    lower_code = np.array([ext_names.index(ext.lower()) for ext in distinct], dtype=np.int64)
+    codes = lower_code[raw_codes] if len(raw_codes) else raw_codes
+    exts: list[str] = np.array(ext_names, dtype=object)[codes].tolist() if len(codes) else []
+    if _RESERVED_EXTS.intersection(ext_names):
+        _raise_reserved_extension(exts, rows.tolist(), scan, shard)
+
+    boundary = np.ones(len(keys), dtype=bool)
+    boundary[1:] = keys[1:] != keys[:-1]
+    first = np.flatnonzero(boundary).astype(np.int64)
     count = np.diff(np.append(first, len(rows))).astype(np.int64)
+    sample_keys: list[str] = keys[first].tolist()
     grouping = Grouping(
-        entries=np.asarray(rows, dtype=np.int64),
+        entries=rows.astype(np.int64),
         exts=exts,
-        keys=[member_keys[i] for i in starts],
+        keys=sample_keys,
         first_member=first,
         member_count=count,
         skipped=skipped,
         scattered_keys=[],
     )
-    if len(starts) < len(rows):  # some sample has several members: check extensions
-        codes = {ext: i for i, ext in enumerate(lowered.values())}
-        pairs = grouping.sample_of_member * len(codes) + np.fromiter(
-            (codes[ext] for ext in exts), np.int64, len(exts)
-        )
+    if len(first) < len(rows):  # some sample has several members: check extensions
+        pairs = grouping.sample_of_member * max(1, len(ext_names)) + codes
         if len(np.unique(pairs)) < len(pairs):
             _raise_repeated_extension(grouping, scan, grouping.sample_of_member.tolist(), shard)
-    keys = grouping.keys
-    if len(set(keys)) < len(keys):
-        repeated = sorted(key for key, n in Counter(keys).items() if n > 1)
+    if len(set(sample_keys)) < len(sample_keys):
+        repeated = sorted(key for key, n in Counter(sample_keys).items() if n > 1)
         grouping = dataclasses.replace(grouping, scattered_keys=repeated)
     return grouping
+
+
+def _distinct(strings: npt.NDArray[np.str_]) -> tuple[list[str], npt.NDArray[np.int64]]:
+    """Distinct values of a string array and each element's code into them.
+
+    Short ASCII strings (extensions, almost always) are packed into integers, which
+    numpy sorts far faster than strings; anything else goes through a dict.
+    """
+    width = strings.dtype.itemsize // 4
+    points = strings.view(np.uint32).reshape(len(strings), width) if len(strings) else None
+    if points is not None and width <= 9 and bool((points < 128).all()):
+        shifts = (7 * np.arange(width - 1, -1, -1)).astype(np.uint64)
+        packed = (points.astype(np.uint64) << shifts).sum(axis=1)
+        _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+        return strings[first].tolist(), inverse.astype(np.int64).ravel()
+    table: dict[str, int] = {}
+    codes = [table.setdefault(value, len(table)) for value in strings.tolist()]
+    return list(table), np.asarray(codes, dtype=np.int64)
+
+
+_Split = tuple[npt.NDArray[np.int64], npt.NDArray[np.str_], npt.NDArray[np.str_]]
+_MAX_VECTOR_NAME = 256  # longer names: the per-name path, not (n, width) arrays
+
+
+def _split_vectorised(names: list[str], rows: npt.NDArray[np.int64]) -> _Split | None:
+    """Split every regular member's name into key and extension with array operations.
+
+    Handles the names where the simple rule *key = up to the first dot after the last
+    slash* provably equals webdataset's regex: the base name has a dot that is not its
+    first character, there is no newline, and the name cannot be a meta entry (does
+    not start with ``__``). Returns ``None`` if any name falls outside that.
+    """
+    if len(rows) == 0:
+        empty = np.zeros(0, dtype=str)
+        return rows.astype(np.int64), empty, empty
+    chosen = np.array(names if len(rows) == len(names) else [names[i] for i in rows], dtype=str)
+    width = chosen.dtype.itemsize // 4
+    if width > _MAX_VECTOR_NAME or width < 2:
+        return None
+    points = chosen.view(np.uint32).reshape(len(chosen), width)  # one code point a column
+    columns = np.arange(width)
+    slash = points == ord("/")
+    base = np.where(slash.any(axis=1), width - np.argmax(slash[:, ::-1], axis=1), 0)
+    dots = (points == ord(".")) & (columns >= base[:, None])
+    dot = np.argmax(dots, axis=1)
+    length = np.count_nonzero(points, axis=1)
+    fast = (
+        dots.any(axis=1)
+        & (dot > base)
+        & ~(points == ord("\n")).any(axis=1)
+        & ~((points[:, 0] == ord("_")) & (points[:, 1] == ord("_")))
+        & (np.char.str_len(chosen) == length)  # no NUL inside a name
+    )
+    if not fast.all():
+        return None
+    keys = np.where(columns < dot[:, None], points, 0).astype(np.uint32)
+    ext_len = length - dot - 1
+    ext_width = max(int(ext_len.max()), 1)
+    take = np.minimum(dot[:, None] + 1 + np.arange(ext_width), width - 1)
+    ext_points = np.take_along_axis(points, take, axis=1)
+    ext_points[np.arange(ext_width) >= ext_len[:, None]] = 0
+    return (
+        rows.astype(np.int64),
+        keys.view(f"U{width}").ravel(),
+        np.ascontiguousarray(ext_points, dtype=np.uint32).view(f"U{ext_width}").ravel(),
+    )
+
+
+def _split_python(
+    names: list[str], rows: npt.NDArray[np.int64], skipped: list[tuple[int, str]]
+) -> _Split:
+    """Split names one by one with webdataset's regex; appends skipped names to ``skipped``."""
+    member_rows: list[int] = []
+    member_keys: list[str] = []
+    raw_exts: list[str] = []
+    for row in rows.tolist():
+        name = names[row]
+        reason = skip_reason(name)
+        if reason is not None:
+            skipped.append((row, reason))
+            continue
+        key, ext = _WDS_KEY_EXT.match(name).groups()  # type: ignore[union-attr]
+        member_rows.append(row)
+        member_keys.append(key)
+        raw_exts.append(ext)
+    return (
+        np.asarray(member_rows, dtype=np.int64),
+        np.array(member_keys, dtype=str),
+        np.array(raw_exts, dtype=str),
+    )
 
 
 def _raise_repeated_extension(
@@ -185,7 +255,9 @@ def _raise_repeated_extension(
         seen.add(pair)
 
 
-def _raise_reserved_extension(exts: list[str], rows: list[int], scan: TarScan, shard: str | None) -> None:
+def _raise_reserved_extension(
+    exts: list[str], rows: list[int], scan: TarScan, shard: str | None
+) -> None:
     position = next(i for i, ext in enumerate(exts) if ext in _RESERVED_EXTS)
     row = rows[position]
     raise SampleFormatError(
