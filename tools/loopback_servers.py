@@ -240,7 +240,20 @@ def _serve_http(root: Path, port: int, delay_ms: float) -> None:
         if "path" in request.match_info and request.method == "GET":
             count(request, response.content_length or 0)
 
+    parent = os.getppid()
+
+    async def exit_with_parent(app: web.Application) -> Any:
+        async def watch() -> None:
+            while os.getppid() == parent:  # the test or benchmark that started us died
+                await asyncio.sleep(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        task = asyncio.create_task(watch())
+        yield
+        task.cancel()
+
     app = web.Application(middlewares=[delay_and_count])
+    app.cleanup_ctx.append(exit_with_parent)
     app.on_response_prepare.append(on_prepare)
     app.add_routes(
         [
