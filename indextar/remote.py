@@ -58,6 +58,24 @@ _PROTOCOL_PACKAGES = {
 T = TypeVar("T")
 
 
+_USED_CLASSES: set[type] = set()
+_INHERITED: list[Any] = []
+
+
+def _keep_inherited_filesystems() -> None:
+    # A forked child (a DataLoader worker) must never close its parent's async
+    # filesystems: their sockets are registered in the parent's epoll instance, which
+    # the child shares, so closing them here unregisters them there and the parent
+    # then waits forever for its next response. fsspec drops its cached instances in
+    # a child (and finalizers would close them); keeping a reference prevents that.
+    for cls in _USED_CLASSES:
+        _INHERITED.extend(getattr(cls, "_cache", {}).values())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_keep_inherited_filesystems)
+
+
 def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
     """Refuse a ``pipe:CMD`` shard unless the caller or the environment allows it."""
     if url.startswith("pipe:") and not (allow_pipe or os.environ.get(ALLOW_PIPE_ENV) == "1"):
@@ -90,6 +108,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
             f"reading {protocol}:// shards needs {package}: pip install {package} "
             f"(or 'indextar[remote]' for http and s3) ({e})"
         ) from e
+    _USED_CLASSES.add(type(fs))
     return fs, path
 
 

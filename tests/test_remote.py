@@ -305,3 +305,22 @@ def test_indexed_dataset_over_urls(
     assert strip(again[len(local) - 1]) == strip(local[len(local) - 1])
     if strategy == "cache":
         assert len(list((tmp_path / "cache").glob("*-data-*.tar"))) == SHARDS
+
+
+@pytest.mark.timeout(60)
+def test_parent_keeps_working_after_forked_workers(http: HttpServer, root: Path, tmp_path: Path) -> None:
+    """Forked DataLoader workers must not close the parent's connections (they share its epoll)."""
+    import torch.utils.data
+
+    from indextar.dataset import IndexedTarDataset
+
+    urls = [http.url(f"data-{n}.tar") for n in range(SHARDS)]
+    ds = IndexedTarDataset(urls, index_dir=tmp_path)
+    ds.__getitems__([0, 50, 100])  # the parent has open connections now
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=16, num_workers=2, collate_fn=len, multiprocessing_context="fork"
+    )
+    for _ in range(2):
+        assert sum(loader) == len(ds)
+    assert RangeSource(urls[0]).stat().size == (root / "data-0.tar").stat().st_size
+    assert len(IndexedTarDataset(urls, index_dir=tmp_path)) == len(ds)
