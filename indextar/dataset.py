@@ -226,7 +226,8 @@ class IndexedTarDataset:
         return shard_no, position - int(self._starts[shard_no])
 
     def __getitem__(self, index: int) -> Any:
-        position = self._normalize(index)
+        # The common case first: a plain int in range skips operator.index and wrapping.
+        position = index if type(index) is int and 0 <= index < self._len else self._normalize(index)
         shard_no = bisect.bisect_right(self._starts_list, position) - 1
         return self._sample(shard_no, position - self._starts_list[shard_no], position)
 

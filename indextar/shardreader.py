@@ -9,6 +9,7 @@ worker that reads them copies no per-sample Python objects.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,13 +75,17 @@ class OpenShard:
                 ext_names,
             ).fetchall()
         encoded = [row[4].encode() for row in rows]
-        key_end = np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)))
-        samples = np.zeros((len(rows), len(SAMPLE_COLUMNS)), np.int64)
-        if rows:
-            samples[:, :4] = np.array([row[:4] for row in rows], np.int64)
-            samples[:, 4] = key_end - np.fromiter(map(len, encoded), np.int64, len(encoded))
-            samples[:, 5] = key_end
-        members = np.array(member_rows, np.int64).reshape(-1, len(MEMBER_COLUMNS))
+        key_length = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        samples = np.empty((len(rows), len(SAMPLE_COLUMNS)), np.int64)
+        # fromiter over the flattened rows: twice as fast as np.array on a list of tuples.
+        samples[:, :4] = np.fromiter(
+            itertools.chain.from_iterable(row[:4] for row in rows), np.int64, 4 * len(rows)
+        ).reshape(-1, 4)
+        samples[:, 5] = np.cumsum(key_length)
+        samples[:, 4] = samples[:, 5] - key_length
+        members = np.fromiter(
+            itertools.chain.from_iterable(member_rows), np.int64, len(MEMBER_COLUMNS) * len(member_rows)
+        ).reshape(-1, len(MEMBER_COLUMNS))
         sample_of_member = np.repeat(np.arange(len(rows), dtype=np.int64), samples[:, 3])
         members[:, 0] -= samples[sample_of_member, 0]
         return cls(
