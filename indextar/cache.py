@@ -256,7 +256,9 @@ class CachedSource(ByteSource):
         return self.expected.size
 
     def read(self, offset: int, length: int) -> bytes:
-        local = self._local if self._pid == os.getpid() and self._local is not None else self._reader()
+        local = (
+            self._local if self._pid == os.getpid() and self._local is not None else self._reader()
+        )
         return local.read(offset, length)
 
     def close(self) -> None:

@@ -71,14 +71,22 @@ class RemoteOptions:
                 limit=cache_limit,
                 storage_options=storage_options,
             )
-        return cls("ranges" if strategy == "ranges" else "cache", folder, cache, dict(storage_options or {}))
+        return cls(
+            "ranges" if strategy == "ranges" else "cache",
+            folder,
+            cache,
+            dict(storage_options or {}),
+        )
 
     def index(self, url: str, path: str | None, *, build_missing: bool) -> ShardIndex:
         """The index of remote shard ``url``: at ``path`` if known (no request), else found or built."""
         if path is not None and Path(path).exists():
             return ShardIndex(shard=url, path=Path(path), meta=_read_meta(Path(path)))
         return open_remote_index(
-            url, index_dir=self.index_dir, storage_options=self.storage_options, build_missing=build_missing
+            url,
+            index_dir=self.index_dir,
+            storage_options=self.storage_options,
+            build_missing=build_missing,
         )
 
     def source(self, url: str, index: ShardIndex) -> ByteSource:
@@ -87,5 +95,8 @@ class RemoteOptions:
         if self.cache is not None:
             return CachedSource(url, cache=self.cache, expected=expected)
         return RangeSource(
-            url, expected=expected, storage_options=self.storage_options, max_in_flight=self.max_in_flight
+            url,
+            expected=expected,
+            storage_options=self.storage_options,
+            max_in_flight=self.max_in_flight,
         )

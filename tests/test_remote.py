@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import sample_members, tar_bytes
+
 from indextar.cache import CachedSource, ShardCache, parse_size
 from indextar.errors import (
     CacheFullError,
@@ -67,7 +67,9 @@ def s3(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed
         yield server
 
 
-def _remote(kind: str, http: HttpServer, s3: SeaweedServer, name: str) -> tuple[str, dict[str, Any]]:
+def _remote(
+    kind: str, http: HttpServer, s3: SeaweedServer, name: str
+) -> tuple[str, dict[str, Any]]:
     if kind == "http":
         return http.url(name), {}
     return f"s3://shards/{name}", s3.storage_options()
@@ -76,7 +78,9 @@ def _remote(kind: str, http: HttpServer, s3: SeaweedServer, name: str) -> tuple[
 def _local_samples(path: Path) -> list[dict[str, Any]]:
     from indextar.streaming import StreamingTarDataset
 
-    return [{k: v for k, v in s.items() if k != "__shard__"} for s in StreamingTarDataset(str(path))]
+    return [
+        {k: v for k, v in s.items() if k != "__shard__"} for s in StreamingTarDataset(str(path))
+    ]
 
 
 @pytest.fixture(params=["http", "s3"])
@@ -92,7 +96,8 @@ def test_streaming_matches_local(kind: str, request: pytest.FixtureRequest, root
 
     server = request.getfixturevalue(kind)
     urls = [
-        server.url(f"data-{n}.tar") if kind == "http" else f"s3://shards/data-{n}.tar" for n in range(SHARDS)
+        server.url(f"data-{n}.tar") if kind == "http" else f"s3://shards/data-{n}.tar"
+        for n in range(SHARDS)
     ]
     options = {} if kind == "http" else server.storage_options()
     got = list(StreamingTarDataset(urls, storage_options=options))
@@ -102,11 +107,17 @@ def test_streaming_matches_local(kind: str, request: pytest.FixtureRequest, root
     assert got[0]["__shard__"] == urls[0]
 
 
-def test_ranges_match_local(kind: str, request: pytest.FixtureRequest, root: Path, tmp_path: Path) -> None:
-    url, options = _remote(kind, request.getfixturevalue("http"), request.getfixturevalue("s3"), "data-2.tar")
+def test_ranges_match_local(
+    kind: str, request: pytest.FixtureRequest, root: Path, tmp_path: Path
+) -> None:
+    url, options = _remote(
+        kind, request.getfixturevalue("http"), request.getfixturevalue("s3"), "data-2.tar"
+    )
     index = open_remote_index(url, index_dir=tmp_path, storage_options=options)
     assert index.path == remote_index_path(url, tmp_path) and index.meta.etag
-    shard = OpenShard.load(index, RangeSource(url, expected=expected_stat(index.meta), storage_options=options))
+    shard = OpenShard.load(
+        index, RangeSource(url, expected=expected_stat(index.meta), storage_options=options)
+    )
     local = _local_samples(root / "data-2.tar")
     assert len(shard) == len(local)
     for n in (0, 7, len(local) - 1, 3):
@@ -119,12 +130,16 @@ def test_ranges_match_local(kind: str, request: pytest.FixtureRequest, root: Pat
     assert datas == [raw[a:b] for a, b in spans.tolist()]
 
 
-def test_index_next_to_the_shard_is_used(s3: SeaweedServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_index_next_to_the_shard_is_used(
+    s3: SeaweedServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     url, options = "s3://shards/data-1.tar", s3.storage_options()
     built = open_remote_index(url, index_dir=tmp_path / "a", storage_options=options)
     assert upload_index(built, storage_options=options) == url + ".idx.sqlite"
     with caplog.at_level(logging.INFO, "indextar"):
-        fetched = open_remote_index(url, index_dir=tmp_path / "b", storage_options=options, build_missing=False)
+        fetched = open_remote_index(
+            url, index_dir=tmp_path / "b", storage_options=options, build_missing=False
+        )
     assert "fetched the index" in caplog.text and "building" not in caplog.text
     assert fetched.meta == built.meta and fetched.load_samples().start_offset.tolist() == (
         built.load_samples().start_offset.tolist()
@@ -134,7 +149,9 @@ def test_index_next_to_the_shard_is_used(s3: SeaweedServer, tmp_path: Path, capl
 # -- failures ----------------------------------------------------------------------
 
 
-def test_503_twice_is_retried(http: HttpServer, root: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_503_twice_is_retried(
+    http: HttpServer, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     raw = (root / "data-0.tar").read_bytes()
     source = RangeSource(http.url("data-0.tar", mode="flaky/2"), retry=FAST)
     with caplog.at_level(logging.WARNING, "indextar.remote"):
@@ -164,7 +181,9 @@ def test_persistent_failure_names_url_and_range(http: HttpServer) -> None:
     assert "500" in message and info.value.offset == 2048 and info.value.length == 512
 
 
-def test_replaced_object_is_detected(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_replaced_object_is_detected(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     http, s3 = request.getfixturevalue("http"), request.getfixturevalue("s3")
     name = f"replaced-{kind}.tar"
     original = tar_bytes(sample_members(20, prefix="a"))
@@ -216,7 +235,8 @@ def test_two_processes_download_once(http: HttpServer, root: Path, tmp_path: Pat
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     workers = [
-        context.Process(target=_fill, args=(str(tmp_path), url, stat.size, stat.etag, barrier)) for _ in range(2)
+        context.Process(target=_fill, args=(str(tmp_path), url, stat.size, stat.etag, barrier))
+        for _ in range(2)
     ]
     for worker in workers:
         worker.start()
@@ -235,7 +255,7 @@ def test_cache_never_exceeds_its_limit(http: HttpServer, root: Path, tmp_path: P
     cache = ShardCache(tmp_path, limit=limit)
     held = CachedSource(http.url("data-0.tar"), cache=cache, expected=stats[0])
     assert held.read(0, 512) == (root / "data-0.tar").read_bytes()[:512]  # stays open
-    for rounds in range(3):
+    for _ in range(3):
         for n in (1, 2, 3, 2, 1):
             source = CachedSource(http.url(f"data-{n}.tar"), cache=cache, expected=stats[n])
             assert source.read(512, 1000) == (root / f"data-{n}.tar").read_bytes()[512:1512]
@@ -243,7 +263,9 @@ def test_cache_never_exceeds_its_limit(http: HttpServer, root: Path, tmp_path: P
             assert cache.usage() <= limit
             assert cache.path_for(held.url, stats[0]).exists(), "evicted a shard in use"
     # Every shard held open: no room, and the error says why.
-    others = [CachedSource(http.url(f"data-{n}.tar"), cache=cache, expected=stats[n]) for n in (1, 2)]
+    others = [
+        CachedSource(http.url(f"data-{n}.tar"), cache=cache, expected=stats[n]) for n in (1, 2)
+    ]
     others[0].read(0, 1)
     with pytest.raises(CacheFullError, match="open or downloading"):
         others[1].read(0, 1)
@@ -254,7 +276,11 @@ def test_cache_never_exceeds_its_limit(http: HttpServer, root: Path, tmp_path: P
 
 
 def test_parse_size() -> None:
-    assert parse_size("50GB") == 50 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size(7) == 7
+    assert (
+        parse_size("50GB") == 50 * 10**9
+        and parse_size("512MiB") == 512 << 20
+        and parse_size(7) == 7
+    )
     with pytest.raises(ValueError, match="50GB"):
         parse_size("lots")
 
@@ -267,7 +293,10 @@ def test_pipe_refused_unless_allowed(root: Path, monkeypatch: pytest.MonkeyPatch
 
     url = f"pipe:cat {root / 'data-0.tar'}"
     monkeypatch.delenv("INDEXTAR_ALLOW_PIPE", raising=False)
-    with pytest.raises(PipeRefusedError, match="allow_pipe=True or set the environment variable INDEXTAR_ALLOW_PIPE=1"):
+    with pytest.raises(
+        PipeRefusedError,
+        match="allow_pipe=True or set the environment variable INDEXTAR_ALLOW_PIPE=1",
+    ):
         StreamingTarDataset(url)
     assert len(list(StreamingTarDataset(url, allow_pipe=True))) == PER_SHARD + 1
     monkeypatch.setenv("INDEXTAR_ALLOW_PIPE", "1")
@@ -287,16 +316,24 @@ def test_indexed_dataset_over_urls(
     urls = [_remote(kind, http, s3, f"data-{n}.tar")[0] for n in range(SHARDS)]
     options = _remote(kind, http, s3, "x")[1]
     remote = IndexedTarDataset(
-        urls, remote=strategy, index_dir=tmp_path / "ix", cache_dir=tmp_path / "cache", storage_options=options
+        urls,
+        remote=strategy,
+        index_dir=tmp_path / "ix",
+        cache_dir=tmp_path / "cache",
+        storage_options=options,
     )
-    local = IndexedTarDataset([str(root / f"data-{n}.tar") for n in range(SHARDS)], index_dir=tmp_path / "local")
+    local = IndexedTarDataset(
+        [str(root / f"data-{n}.tar") for n in range(SHARDS)], index_dir=tmp_path / "local"
+    )
     assert len(remote) == len(local) == SHARDS * (PER_SHARD + 1)
 
     def strip(sample: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in sample.items() if k != "__shard__"}
 
     order = list(range(len(local)))[::-7]
-    assert [strip(s) for s in remote.__getitems__(order)] == [strip(s) for s in local.__getitems__(order)]
+    assert [strip(s) for s in remote.__getitems__(order)] == [
+        strip(s) for s in local.__getitems__(order)
+    ]
     assert strip(remote[5]) == strip(local[5]) and remote[5]["__shard__"] == urls[0]
     # Reopened from the index folder (no build), in another process's copy.
     import pickle
@@ -308,7 +345,9 @@ def test_indexed_dataset_over_urls(
 
 
 @pytest.mark.timeout(60)
-def test_parent_keeps_working_after_forked_workers(http: HttpServer, root: Path, tmp_path: Path) -> None:
+def test_parent_keeps_working_after_forked_workers(
+    http: HttpServer, root: Path, tmp_path: Path
+) -> None:
     """Forked DataLoader workers must not close the parent's connections (they share its epoll)."""
     import torch.utils.data
 

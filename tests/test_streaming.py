@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch.utils.data
 import webdataset as wds
-
 from conftest import sample_members, tar_bytes
+
 from indextar import streaming
 from indextar.errors import IndextarError, SampleKeyError, ShardFormatError, TruncatedShardError
 from indextar.streaming import StreamingTarDataset
@@ -39,7 +39,9 @@ def keys(samples: Any) -> list[str]:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("fmt", ["ustar", "gnu", "pax"])
 def test_reader_matches_tarfile_and_webdataset(tmp_path: Path, fmt: str) -> None:
-    long = "long/" + "x" * 90 + ".txt" if fmt == "ustar" else "long/" + "x" * 150 + ".txt"  # prefix field in ustar
+    long = (
+        "long/" + "x" * 90 + ".txt" if fmt == "ustar" else "long/" + "x" * 150 + ".txt"
+    )  # prefix field in ustar
     members = {**sample_members(5), "d/": None, long: b"long", "u.json": b"{}"}
     if fmt != "ustar":
         members["ü.json"] = b"[]"
@@ -72,20 +74,30 @@ def test_gzip_shards(tmp_path: Path, shards: list[str]) -> None:
     gz = tmp_path / "part-0.tar.gz"
     gz.write_bytes(gzip.compress(Path(shards[0]).read_bytes()))
     assert keys(StreamingTarDataset(str(gz))) == keys(StreamingTarDataset(shards[0]))
-    assert list(StreamingTarDataset(str(gz)))[3]["jpg"] == list(StreamingTarDataset(shards[0]))[3]["jpg"]
+    assert (
+        list(StreamingTarDataset(str(gz)))[3]["jpg"]
+        == list(StreamingTarDataset(shards[0]))[3]["jpg"]
+    )
 
 
 def test_decode_and_keys(tmp_path: Path) -> None:
     path = tmp_path / "d.tar"
-    path.write_bytes(tar_bytes({"k0.cls": b"3", "k0.txt": b"hi", "k1.cls": b"4", "k1.json": b"[1]"}))
-    assert list(StreamingTarDataset(str(path), decode=[], keys=("cls", "txt;json"))) == [(3, "hi"), (4, [1])]
+    path.write_bytes(
+        tar_bytes({"k0.cls": b"3", "k0.txt": b"hi", "k1.cls": b"4", "k1.json": b"[1]"})
+    )
+    assert list(StreamingTarDataset(str(path), decode=[], keys=("cls", "txt;json"))) == [
+        (3, "hi"),
+        (4, [1]),
+    ]
     with pytest.raises(SampleKeyError, match="has no 'npy' member; it has"):
         next(iter(StreamingTarDataset(str(path), keys=("npy",))))
 
 
 def test_split_over_workers_and_ranks(shards: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     everything = sorted(keys(StreamingTarDataset(shards)))
-    loader = torch.utils.data.DataLoader(StreamingTarDataset(shards), batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(
+        StreamingTarDataset(shards), batch_size=None, num_workers=2
+    )
     assert sorted(keys(loader)) == everything
     seen = []
     for rank in range(2):
@@ -95,7 +107,9 @@ def test_split_over_workers_and_ranks(shards: list[str], monkeypatch: pytest.Mon
 
 
 def test_too_few_shards_raises_instead_of_hanging(shards: list[str]) -> None:
-    loader = torch.utils.data.DataLoader(StreamingTarDataset(shards[:1]), batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(
+        StreamingTarDataset(shards[:1]), batch_size=None, num_workers=2
+    )
     with pytest.raises(IndextarError, match=r"1 shards cannot be split over 1 rank\(s\) x 2"):
         list(loader)
 
@@ -120,7 +134,11 @@ def test_resampled_and_epoch_length(shards: list[str]) -> None:
     assert len(set(got)) < 250  # drawn with replacement: repeats over 120 samples
     # Without resampling, a global epoch length cycles the shards.
     cycled = keys(StreamingTarDataset(shards[:2], epoch_length=100))
-    assert len(cycled) == 100 and cycled[:60] == keys(StreamingTarDataset(shards[:2])) and cycled[60] == "p0_000000"
+    assert (
+        len(cycled) == 100
+        and cycled[:60] == keys(StreamingTarDataset(shards[:2]))
+        and cycled[60] == "p0_000000"
+    )
 
 
 def test_handler_warn_skips_with_shard_and_key(
@@ -135,7 +153,9 @@ def test_handler_warn_skips_with_shard_and_key(
     good = tmp_path / "good.tar"
     good.write_bytes(tar_bytes(sample_members(N, exts=("jpg", "txt"))))
     with caplog.at_level(logging.WARNING, "indextar.streaming"):
-        got = keys(StreamingTarDataset([str(corrupt), str(bad), str(good)], handler="warn", decode=[]))
+        got = keys(
+            StreamingTarDataset([str(corrupt), str(bad), str(good)], handler="warn", decode=[])
+        )
     # corrupt.tar: "a" is dropped too, as it may have members after the damage.
     assert got[:2] == ["a", "c"] and len(got) == 2 + N
     assert f"skipping shard {str(corrupt)!r}" in caplog.text and "offset 1024" in caplog.text
@@ -144,7 +164,14 @@ def test_handler_warn_skips_with_shard_and_key(
         list(StreamingTarDataset([str(corrupt)]))
     from indextar.streaming import _group
 
-    grouped = list(_group(iter_members(io.BytesIO(tar_bytes({"b.CLS": b"1", "b.cls": b"2", "c.txt": b""})), shard="x"), "x"))
+    grouped = list(
+        _group(
+            iter_members(
+                io.BytesIO(tar_bytes({"b.CLS": b"1", "b.cls": b"2", "c.txt": b""})), shard="x"
+            ),
+            "x",
+        )
+    )
     assert isinstance(grouped[0], ShardFormatError) and "two 'cls' members" in str(grouped[0])
     assert [g["__key__"] for g in grouped[1:]] == ["c"]  # type: ignore[index]
 

@@ -59,7 +59,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--per-shard", type=int, default=500)
-    parser.add_argument("--size", type=int, default=10_000, help="bytes of each sample's jpg member")
+    parser.add_argument(
+        "--size", type=int, default=10_000, help="bytes of each sample's jpg member"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
@@ -77,11 +79,20 @@ def main() -> None:
             urls = [http.url(p.name) for p in paths]
 
             # -- streaming -------------------------------------------------------------
-            ours = max(rate(total, lambda: sum(1 for _ in StreamingTarDataset(urls))) for _ in range(2))
-            theirs = max(
-                rate(total, lambda: sum(1 for _ in wds.WebDataset(urls, shardshuffle=False))) for _ in range(2)
+            ours = max(
+                rate(total, lambda: sum(1 for _ in StreamingTarDataset(urls))) for _ in range(2)
             )
-            rows.append(("streaming, indextar", f"{ours:,.0f} samples/s", f"{ours / theirs:.2f}x webdataset"))
+            theirs = max(
+                rate(total, lambda: sum(1 for _ in wds.WebDataset(urls, shardshuffle=False)))
+                for _ in range(2)
+            )
+            rows.append(
+                (
+                    "streaming, indextar",
+                    f"{ours:,.0f} samples/s",
+                    f"{ours / theirs:.2f}x webdataset",
+                )
+            )
             rows.append(("streaming, webdataset 1.0.2", f"{theirs:,.0f} samples/s", "1.00x"))
 
             # -- random access -------------------------------------------------------
@@ -109,7 +120,11 @@ def main() -> None:
             sum(loader)  # start-up once
             loader_rate = rate(total, lambda: sum(loader))
             cache = IndexedTarDataset(
-                urls, remote="cache", index_dir=folder / "ix", cache_dir=folder / "cache", cache_limit="10GB"
+                urls,
+                remote="cache",
+                index_dir=folder / "ix",
+                cache_dir=folder / "cache",
+                cache_limit="10GB",
             )
             batched(cache)  # warm-up: downloads every shard
             cache_rate = max(rate(total, lambda: batched(cache)) for _ in range(2))
@@ -129,14 +144,20 @@ def main() -> None:
             one = order[:50]
             single = rate(len(one), lambda: sum(1 for i in one if delayed[i]))
             many = order[: 64 * 10]
-            in_flight = rate(len(many), lambda: sum(len(delayed.__getitems__(many[i : i + 64])) for i in range(0, len(many), 64)))
+            in_flight = rate(
+                len(many),
+                lambda: sum(
+                    len(delayed.__getitems__(many[i : i + 64])) for i in range(0, len(many), 64)
+                ),
+            )
             rows += [
                 ("20 ms delay: ranges, one request at a time", f"{single:,.1f} samples/s", "1.00x"),
                 ("20 ms delay: ranges, 64 in flight", f"{in_flight:,.1f} samples/s", f"{in_flight / single:.1f}x one at a time"),
             ]  # fmt: skip
 
     table = "\n".join(
-        ["| case | rate | ratio |", "| --- | ---: | ---: |"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+        ["| case | rate | ratio |", "| --- | ---: | ---: |"]
+        + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     )
     print(table)
     if not args.no_write:

@@ -48,11 +48,15 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _wait_until(ready: Any, process: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
+def _wait_until(
+    ready: Any, process: subprocess.Popen[bytes], what: str, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {process.returncode} before it was ready")
+            raise RuntimeError(
+                f"{what} exited with status {process.returncode} before it was ready"
+            )
         try:
             if ready():
                 return
