@@ -18,13 +18,15 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 
 from ._version import __version__
-from .errors import IndextarError, StaleIndexError
 from .create import create_shards
+from .errors import IndextarError, StaleIndexError
 from .export import export_dali, export_wids
 from .index import ShardIndex, build_index, index_path, open_index
 from .lookup import describe_sample, read_member, shard_members
 from .manifest import write_manifest
-from .patterns import expand_shards
+from .patterns import expand_shards, is_url
+from .remote_index import build_remote_index, open_remote_index, remote_index_path, upload_index
+from .remote_options import default_cache_root
 from .reshard import reshard
 from .verify import verify_index
 
@@ -60,27 +62,45 @@ def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
         )
 
 
-def _index_one(shard: str, index_dir: str | None, force: bool) -> Outcome:
+def _index_one(shard: str, index_dir: str | None, force: bool, upload: bool = False) -> Outcome:
     def work() -> dict[str, Any]:
         start = time.perf_counter()
-        path = index_path(shard, index_dir=index_dir)
-        before = _identity(path)
-        try:
-            ix = build_index(shard, index_dir=index_dir, force=force)
-        except StaleIndexError as e:
-            raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
-        return {
+        if is_url(shard):
+            ix, built = _index_remote(shard, index_dir, force)
+        else:
+            if upload:
+                raise IndextarError(f"--upload is for remote shards; {shard!r} is a local file")
+            before = _identity(index_path(shard, index_dir=index_dir))
+            try:
+                ix = build_index(shard, index_dir=index_dir, force=force)
+            except StaleIndexError as e:
+                raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
+            # A rebuilt index is a new file (renamed into place), so a new inode.
+            built = before is None or before != _identity(ix.path)
+        result = {
             "index": str(ix.path),
             "samples": ix.meta.num_samples,
             "members": ix.meta.num_members,
             "bytes": ix.meta.shard_size,
             "seconds": time.perf_counter() - start,
-            # A rebuilt index is a new file (renamed into place), so a new inode.
-            "built": before is None or before != _identity(ix.path),
+            "built": built,
             "_index": ix,
         }
+        if upload:
+            result["uploaded"] = upload_index(ix)
+        return result
 
     return _guard(shard, work)
+
+
+def _index_remote(url: str, index_dir: str | None, force: bool) -> tuple[ShardIndex, bool]:
+    """Index a remote shard into ``index_dir`` (default: the remote cache's index folder)."""
+    folder = Path(index_dir) if index_dir is not None else default_cache_root() / "indexes"
+    if force:
+        return build_remote_index(url, index_dir=folder), True
+    before = _identity(remote_index_path(url, folder))
+    ix = open_remote_index(url, index_dir=folder)
+    return ix, before is None or before != _identity(ix.path)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -164,7 +184,14 @@ def _cmd_index(args: argparse.Namespace) -> int:
     shards = expand_shards(args.shards)
     start = time.perf_counter()
     outcomes = list(
-        _run(_index_one, shards, (args.index_dir, args.force), args.jobs, "indexing", args.quiet)
+        _run(
+            _index_one,
+            shards,
+            (args.index_dir, args.force, args.upload),
+            args.jobs,
+            "indexing",
+            args.quiet,
+        )
     )
     seconds = time.perf_counter() - start
     done = [o.result for o in outcomes if o.ok and o.result]
@@ -180,11 +207,10 @@ def _cmd_index(args: argparse.Namespace) -> int:
         "members_per_second": members / seconds if seconds else 0.0,
     }
     if args.json:
-        print(
-            json.dumps(
-                {"summary": summary, "shards": [asdict(o) | {"traceback": None} for o in outcomes]}
-            )
-        )
+        per_shard = [
+            {"shard": o.shard, "ok": o.ok, "result": o.result, "error": o.error} for o in outcomes
+        ]
+        print(json.dumps({"summary": summary, "shards": per_shard}))
     elif not args.quiet:
         reused = summary["shards"] - summary["built"]
         print(
@@ -302,7 +328,9 @@ def _cmd_create(args: argparse.Namespace) -> int:
         return 0
     for reason, paths in result.skipped.items():
         examples = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
-        print(f"indextar: warning: skipped {len(paths):,} {reason} files: {examples}", file=sys.stderr)
+        print(
+            f"indextar: warning: skipped {len(paths):,} {reason} files: {examples}", file=sys.stderr
+        )
     if not args.quiet:
         skipped = _skipped_summary(result.skipped)
         classes = f", {len(result.classes)} classes" if args.class_from_dir else ""
@@ -534,6 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--force", action="store_true", help="rebuild indexes even if they are up to date or stale"
+    )
+    p.add_argument(
+        "--upload",
+        action="store_true",
+        help="put each remote shard's index next to it as <url>.idx.sqlite",
     )
     p.add_argument(
         "--manifest",
