@@ -8,6 +8,7 @@ whole; this is a tool-side view, not the dataset's hot path.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ class MemberTable:
 
 def load_members(index: ShardIndex) -> MemberTable:
     """Read every sample and member row of an opened index."""
-    with _connect_ro(index.path) as conn:
+    with contextlib.closing(_connect_ro(index.path)) as conn:
         samples = conn.execute(
             "SELECT key, first_member, member_count, start_offset, end_offset FROM samples "
             "ORDER BY sample_id"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     )
     problems: list[str] = []
     try:
-        with _connect_ro(ix.path) as conn:
+        with contextlib.closing(_connect_ro(ix.path)) as conn:
             members = conn.execute(
                 "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size "
                 "FROM members ORDER BY member_id"

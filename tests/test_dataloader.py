@@ -15,7 +15,7 @@ import pytest
 from indextar import IndexedTarDataset, ResumableSampler, build_index
 from wds_shards import write_shards
 
-torch = pytest.importorskip("torch")
+import torch
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 SHARDS, PER_SHARD = 3, 10

@@ -29,7 +29,7 @@ from indextar import (
 from indextar.errors import IndextarError, SampleIndexError, SampleKeyError
 from wds_shards import jpeg, sample, write_shards
 
-webdataset = pytest.importorskip("webdataset")
+import webdataset
 
 
 @pytest.fixture

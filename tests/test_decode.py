@@ -17,7 +17,7 @@ from PIL import Image
 from indextar.decode import IMAGE_SPECS, BasicHandler, ImageHandler, make_decoder
 from indextar.errors import DecodeError, DecodeSpecError, IndextarError, UnsafeMemberError
 
-wds_autodecode = pytest.importorskip("webdataset.autodecode")
+import webdataset.autodecode as wds_autodecode
 
 
 def image_bytes(mode: str, fmt: str, size: tuple[int, int] = (7, 5), seed: int = 0) -> bytes:
@@ -132,7 +132,7 @@ def test_pickles_are_refused_unless_allowed(ext: str, payload: bytes) -> None:
 
 
 def test_pth_is_refused_unless_allowed() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     buf = io.BytesIO()
     torch.save({"w": torch.arange(3)}, buf)
     with pytest.raises(UnsafeMemberError, match="torch.load"):

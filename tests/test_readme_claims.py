@@ -13,8 +13,8 @@ import pytest
 import indextar
 from conftest import tar_bytes
 
-wds = pytest.importorskip("webdataset")
-wids = pytest.importorskip("wids")
+import webdataset as wds
+import wids
 
 SAMPLES = {f"s{i:03d}.{ext}": b"%d" % i for i in range(20) for ext in ("cls", "txt")}
 

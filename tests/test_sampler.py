@@ -251,7 +251,7 @@ def test_state_dict_refuses_a_bad_consumed() -> None:
 
 
 def test_torch_dataloader_accepts_it() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     from torch.utils.data import DataLoader
 
     sampler = ResumableSampler(list(range(10)), seed=1)
@@ -265,8 +265,8 @@ def test_torch_dataloader_accepts_it() -> None:
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize(("workers_before", "workers_after"), [(0, 0), (2, 2), (2, 0), (0, 2)])
 def test_torchdata_stateful_dataloader_resumes_exactly(workers_before: int, workers_after: int) -> None:
-    pytest.importorskip("torch")
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    import torch  # noqa: F401
+    import torchdata.stateful_dataloader as stateful
 
     def loader(workers: int) -> Any:
         return stateful.StatefulDataLoader(
