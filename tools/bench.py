@@ -462,7 +462,9 @@ def run_module(name: str, *, quick: bool, report: Report) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", default="all", choices=("index", "sampler", "dataset", "all"))
+    parser.add_argument(
+        "what", nargs="?", default="all", choices=("index", "sampler", "dataset", "writer", "remote", "all")
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--data-dir", type=Path, default=REPO / "bench-data", help="cache of generated shards")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of Markdown")
@@ -483,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
         report("## Dataset")
         report("")
         results["dataset"] = run_module("bench_dataset", quick=args.quick, report=report)
+    if args.what in ("writer", "all"):
+        report("## Writing and resharding")
+        report("")
+        results["writer"] = run_module("bench_writer", quick=args.quick, report=report)
+    if args.what in ("remote", "all"):
+        report("## Remote shards")
+        report("")
+        results["remote"] = run_module("bench_remote", quick=args.quick, report=report)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     return 0
