@@ -84,6 +84,7 @@ class IndexMeta:
 
     @classmethod
     def from_rows(cls, rows: dict[str, str], path: Path) -> IndexMeta:
+        """The ``meta`` table's ``key``/``value`` rows of the index at ``path``, parsed."""
         try:
             return cls(
                 format_version=int(rows["format_version"]),
