@@ -89,6 +89,9 @@ _PROBE_HEADERS = 64
 _WINDOW_BLOCKS = 1 << 16  # 32 MiB per vectorised window
 _DECODE_CHUNK = 1 << 15
 _ZERO_BLOCK = bytes(BLOCK)  # header rows decoded at once (16 MiB)
+# Sizes are int64 arrays and offsets add to them: a size field claiming more than this
+# (GNU base-256 and PAX sizes are unbounded) is refused before it can overflow.
+_MAX_MEMBER_SIZE = 1 << 62
 
 # (magic, format, its command-line tool, the file name suffixes it goes with)
 _COMPRESSION_MAGIC = (
@@ -381,9 +384,9 @@ class _Scanner:
         return value
 
     def pax_size(self, value: str, pos: int) -> int:
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise self.error(ShardFormatError, f"PAX header has an invalid size {value!r}", pos)
-        return int(value)
+        return _check_size(int(value), self, pos)
 
     def read_data(self, header_pos: int, size: int) -> bytes:
         start = header_pos + BLOCK
@@ -762,6 +765,17 @@ def _base256(raw: bytes, scanner: _Scanner, where: int, name: str) -> int:
         value -= 1 << (8 * (len(raw) - 1))
     if value < 0 and name == "size":
         raise scanner.error(ShardFormatError, f"corrupt tar header: negative size {value}", where)
+    return _check_size(value, scanner, where) if name == "size" else value
+
+
+def _check_size(value: int, scanner: _Scanner, where: int) -> int:
+    if value > _MAX_MEMBER_SIZE:
+        raise scanner.error(
+            ShardFormatError,
+            f"corrupt tar header: a member size of {value} bytes is more than any shard "
+            f"holds (at most {_MAX_MEMBER_SIZE})",
+            where,
+        )
     return value
 
 
