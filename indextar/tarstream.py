@@ -58,7 +58,18 @@ class StreamMember:
 
 
 def _read_exact(stream: BinaryIO, length: int, shard: str, offset: int, what: str) -> bytes:
-    data = stream.read(length)
+    if length <= _BUFFER:
+        data = stream.read(length)
+    else:
+        # In pieces: ``read(n)`` allocates n bytes up front, and a forged size field
+        # may claim exabytes. The stream's real end stops the loop.
+        parts = bytearray()
+        while len(parts) < length:
+            part = stream.read(min(_BUFFER * 16, length - len(parts)))
+            if not part:
+                break
+            parts += part
+        data = bytes(parts)
     if len(data) != length:
         raise TruncatedShardError(
             f"the stream ends inside {what}: wanted {length} bytes, got {len(data)}",
@@ -71,14 +82,23 @@ def _read_exact(stream: BinaryIO, length: int, shard: str, offset: int, what: st
 def _number(field: bytes, shard: str, offset: int, name: str) -> int:
     if field[:1] in (b"\x80", b"\xff"):  # GNU base-256
         value = int.from_bytes(field[1:], "big")
-        return value - (1 << (8 * len(field) - 8)) if field[:1] == b"\xff" else value
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise ShardFormatError(
-            f"the {name} field {field!r} is not an octal number", shard=shard, offset=offset
-        ) from None
+        value = value - (1 << (8 * len(field) - 8)) if field[:1] == b"\xff" else value
+    else:
+        text = field.split(b"\0", 1)[0].strip(b" ")
+        if not all(48 <= c <= 55 for c in text):  # int() also takes "+7", "0o7", "1_0"
+            raise ShardFormatError(
+                f"the {name} field {field!r} is not an octal number", shard=shard, offset=offset
+            )
+        value = int(text, 8) if text else 0
+    if name == "size" and value < 0:
+        raise ShardFormatError(f"the size field {field!r} is negative", shard=shard, offset=offset)
+    return value
+
+
+def _pax_size(value: str, shard: str, offset: int) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise ShardFormatError(f"PAX header has an invalid size {value!r}", shard=shard, offset=offset)
+    return int(value)
 
 
 def _checksum_ok(header: bytes) -> bool:
@@ -163,7 +183,7 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         typeflag = header[156:157]
         pax_size = pax.get("size", globals_.get("size"))
         if pax_size is not None and typeflag in (b"0", b"7", b"\0"):
-            size = int(pax_size)
+            size = _pax_size(pax_size, shard, offset)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         data_offset = offset + BLOCK
         if typeflag in _UNSUPPORTED:
@@ -190,7 +210,9 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         if typeflag == _PAX_GLOBAL:
             globals_.update(_pax_records(payload, shard, data_offset))
             continue
-        name = pax.get("path") or long_name
+        # As the scanner (and GNU tar): a PAX path, local before global, then a GNU
+        # long name, then the header's own name.
+        name = pax.get("path", globals_.get("path", long_name))
         if name is None:
             name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""
