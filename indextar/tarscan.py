@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import logging
 import mmap
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,14 @@ from .errors import (
     TruncatedShardError,
     UnsupportedMemberError,
 )
+
+try:  # the common case of the walk, in C; optional (see _tarwalk.c)
+    from . import _tarwalk
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _tarwalk = None
+
+#: Set this environment variable to use only the numpy scanner (the reference).
+PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
 
 __all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
 
@@ -193,6 +202,7 @@ def scan_tar(buf: Any, *, shard: str | None = None) -> TarScan:
 
 class _Scanner:
     def __init__(self, buf: Any, shard: str | None):
+        self.buf = buf
         self.data = np.frombuffer(buf, dtype=np.uint8)
         # mmap and bytes slice to bytes cheaply; anything else through a memoryview.
         self.raw = buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
@@ -208,6 +218,15 @@ class _Scanner:
 
     def scan(self) -> TarScan:
         self.check_start()
+        if _tarwalk is not None and not os.environ.get(PURE_PYTHON_ENV):
+            status, end, offsets, sizes, types = _tarwalk.walk(self.buf)
+            if status == 0:  # plain headers only, every checksum and field valid
+                return self.resolve_plain(
+                    np.frombuffer(offsets, np.int64),
+                    np.frombuffer(sizes, np.int64),
+                    np.frombuffer(types, np.uint8).copy(),
+                    end,
+                )
         try:
             offsets, end = self.walk_fast()
             return self.resolve(offsets, end)
@@ -438,6 +457,27 @@ class _Scanner:
         if extension.any():
             return self.apply_extensions(offsets, types, sizes, names, extension, end)
         self.check_chain(offsets, sizes, end)
+        return TarScan(
+            names=_decode_all(names, offsets, self),
+            types=types,
+            header_offsets=offsets,
+            data_offsets=offsets + BLOCK,
+            sizes=sizes,
+            end_offset=end,
+            file_size=self.size,
+        )
+
+    def resolve_plain(
+        self,
+        offsets: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        types: npt.NDArray[np.uint8],
+        end: int,
+    ) -> TarScan:
+        """A :class:`TarScan` from a chain the C walker checked (no extension headers)."""
+        self.check_end(end, int(offsets[-1]) if len(offsets) else 0)
+        blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
+        names = _names_at(blocks, offsets // BLOCK, types)
         return TarScan(
             names=_decode_all(names, offsets, self),
             types=types,
@@ -780,21 +820,29 @@ def _check_size(value: int, scanner: _Scanner, where: int) -> int:
 
 
 def _decode_names(rows: npt.NDArray[np.uint8], types: npt.NDArray[np.uint8]) -> list[bytes]:
-    """Raw names from the name and (POSIX ustar) prefix fields."""
-    name_field = np.ascontiguousarray(rows[:, :100])
+    """Raw names from the name and (POSIX ustar) prefix fields of header ``rows``."""
+    return _names_at(rows, np.arange(len(rows)), types)
+
+
+def _names_at(
+    blocks: npt.NDArray[np.uint8], rows: npt.NDArray[np.int64], types: npt.NDArray[np.uint8]
+) -> list[bytes]:
+    """Raw names of the headers ``blocks[rows]``; reads only the fields it needs.
+
+    Old V7 tars mark a directory as a regular file whose name ends in '/': such
+    entries get type ``'5'`` in ``types``.
+    """
+    name_field = blocks[rows, :100]
     names: list[bytes] = name_field.view("S100").ravel().tolist()  # trailing NULs dropped
     # A name ends at its first NUL, whatever follows: find rows with bytes after a NUL.
     lengths = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
-    nonzero = np.count_nonzero(name_field, axis=1)
-    for i in np.flatnonzero(nonzero != lengths):
+    for i in np.flatnonzero(np.count_nonzero(name_field, axis=1) != lengths):
         names[i] = names[i].split(b"\0", 1)[0]
-    posix = (
-        rows[:, _MAGIC_OFFSET : _MAGIC_OFFSET + 8] == np.frombuffer(_POSIX_MAGIC, np.uint8)
-    ).all(axis=1)
-    for i in np.flatnonzero(posix & (rows[:, 345] != 0)):
-        prefix = rows[i, 345:500].tobytes().split(b"\0", 1)[0]
+    magic = blocks[rows, _MAGIC_OFFSET : _MAGIC_OFFSET + 8]
+    posix = (magic == np.frombuffer(_POSIX_MAGIC, np.uint8)).all(axis=1)
+    for i in np.flatnonzero(posix & (blocks[rows, 345] != 0)):
+        prefix = blocks[rows[i], 345:500].tobytes().split(b"\0", 1)[0]
         names[i] = prefix + b"/" + names[i]
-    # Old V7 tars mark a directory as a regular file whose name ends in '/'.
     for i in np.flatnonzero(types == 0):
         if names[i].endswith(b"/"):
             types[i] = ord("5")

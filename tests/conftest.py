@@ -52,10 +52,28 @@ def make_tar(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def sample_members(n: int, exts: tuple[str, ...] = ("jpg", "cls"), prefix: str = "s") -> dict[str, bytes]:
+def sample_members(
+    n: int, exts: tuple[str, ...] = ("jpg", "cls"), prefix: str = "s"
+) -> dict[str, bytes]:
     """``n`` samples with the given extensions and distinct, checkable contents."""
     return {
         f"{prefix}{i:06d}.{ext}": f"{prefix}{i}-{ext}".encode() * (1 + i % 3)
         for i in range(n)
         for ext in exts
     }
+
+
+@pytest.fixture(params=["c", "numpy"])
+def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the C header walker and again with the numpy scanner alone.
+
+    The C walker handles plain headers and hands anything else to the numpy scanner,
+    which is the reference: both must give identical results and identical errors.
+    """
+    from indextar import tarscan
+
+    if request.param == "numpy":
+        monkeypatch.setenv(tarscan.PURE_PYTHON_ENV, "1")
+    else:
+        assert tarscan._tarwalk is not None, "the C walker (indextar/_tarwalk.c) did not build"
+    return str(request.param)

@@ -31,6 +31,9 @@ from indextar import (
     scan_tar,
 )
 
+# Every test here runs with the C walker and with the numpy scanner (conftest).
+pytestmark = pytest.mark.usefixtures("scanner")
+
 # -- helpers ---------------------------------------------------------------------------
 
 

@@ -28,7 +28,11 @@ from indextar import (
     scan_tar,
 )
 
-pytestmark = pytest.mark.skipif(not os.path.exists(GNU_TAR), reason="GNU tar is not installed")
+# Every test here runs with the C walker and with the numpy scanner (conftest).
+pytestmark = [
+    pytest.mark.usefixtures("scanner"),
+    pytest.mark.skipif(not os.path.exists(GNU_TAR), reason="GNU tar is not installed"),
+]
 
 TREE: dict[str, bytes | str | None] = {
     "shard/": None,

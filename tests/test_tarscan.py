@@ -32,6 +32,9 @@ from indextar import ShardFormatError, scan_tar
 from indextar import tarscan as tarscan_module
 from indextar.tarscan import TarScan
 
+# Every test here runs with the C walker and with the numpy scanner (conftest).
+pytestmark = pytest.mark.usefixtures("scanner")
+
 # -- helpers ---------------------------------------------------------------------------
 
 
@@ -51,7 +54,8 @@ def assert_placed(scan: TarScan, placed: list[Placed]) -> None:
 
 @pytest.fixture
 def windows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Start offsets of the windows the vectorised walker accepted."""
+    """Start offsets of the windows the vectorised walker accepted (C walker off)."""
+    monkeypatch.setenv(tarscan_module.PURE_PYTHON_ENV, "1")
     accepted: list[int] = []
     real = tarscan_module._Scanner.walk_window
 

@@ -1,0 +1,3 @@
+"""Type stub for the C header walker (indextar/_tarwalk.c)."""
+
+def walk(buffer: object, /) -> tuple[int, int, bytes | None, bytes | None, bytes | None]: ...
