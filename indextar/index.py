@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._version import __version__
+from .arrays import ShardArrays, arrays_from_tables, read_arrays, write_arrays
 from .errors import (
     IndexFormatError,
     IndextarError,
@@ -149,35 +150,27 @@ class ShardIndex:
         with contextlib.closing(_connect_ro(self.path)) as conn:
             return conn.execute(sql, params).fetchall()
 
+    def load_arrays(self) -> ShardArrays:
+        """The arrays random access reads, in one query (from the tables if the index has none)."""
+        with contextlib.closing(_connect_ro(self.path)) as conn:
+            arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
+            return arrays if arrays is not None else arrays_from_tables(conn)
+
     def load_samples(self) -> SampleTable:
         """Load the per-sample and per-member arrays that random access needs."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
-            samples = _int_columns(
-                conn,
-                "SELECT first_member, member_count, start_offset, end_offset FROM samples "
-                "ORDER BY sample_id",
-                4,
-                self.meta.num_samples,
-            )
-            ext_names = tuple(
-                r[0] for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext")
-            )
-            codes = {ext: i for i, ext in enumerate(ext_names)}
-            members = conn.execute(
-                "SELECT data_offset, size, ext FROM members ORDER BY member_id"
-            ).fetchall()
-        data_offset = np.fromiter((m[0] for m in members), np.int64, len(members))
-        size = np.fromiter((m[1] for m in members), np.int64, len(members))
-        ext_code = np.fromiter((codes[m[2]] for m in members), np.int32, len(members))
+        arrays = self.load_arrays()
+        samples, members = arrays.samples, arrays.members
+        start_offset = np.ascontiguousarray(samples[:, 0])
+        member_count = np.ascontiguousarray(samples[:, 3])
         return SampleTable(
-            first_member=samples[0],
-            member_count=samples[1],
-            start_offset=samples[2],
-            end_offset=samples[3],
-            member_data_offset=data_offset,
-            member_size=size,
-            member_ext_code=ext_code,
-            ext_names=ext_names,
+            first_member=np.ascontiguousarray(samples[:, 2]),
+            member_count=member_count,
+            start_offset=start_offset,
+            end_offset=np.ascontiguousarray(samples[:, 1]),
+            member_data_offset=members[:, 0] + np.repeat(start_offset, member_count),
+            member_size=np.ascontiguousarray(members[:, 1]),
+            member_ext_code=members[:, 2].astype(np.int32),
+            ext_names=arrays.ext_names,
         )
 
     def keys(self) -> list[str]:
@@ -253,14 +246,6 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
     # may skip locking; this also works on read-only filesystems.
     uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
     return sqlite3.connect(uri, uri=True)
-
-
-def _int_columns(
-    conn: sqlite3.Connection, sql: str, ncols: int, nrows: int
-) -> list[npt.NDArray[np.int64]]:
-    flat = np.fromiter((v for row in conn.execute(sql) for v in row), np.int64, nrows * ncols)
-    table = flat.reshape(nrows, ncols)
-    return [np.ascontiguousarray(table[:, c]) for c in range(ncols)]
 
 
 def _stat_shard(shard: Path) -> os.stat_result:
@@ -512,6 +497,20 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
         conn.executemany(
             "INSERT INTO meta VALUES (?, ?)",
             ((field, str(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
+        )
+        write_arrays(
+            conn,
+            ShardArrays.make(
+                start_offset=start,
+                end_offset=end,
+                first_member=first,
+                member_count=grouping.member_count,
+                keys=grouping.keys,
+                data_offset=data_offsets,
+                size=sizes,
+                ext_code=grouping.ext_codes,
+                ext_names=grouping.ext_names,
+            ),
         )
         conn.executescript(indexes)  # commits
     finally:

@@ -72,6 +72,10 @@ class Grouping:
         Row in the :class:`~indextar.tarscan.TarScan` of each indexed member.
     exts
         Extension of each indexed member.
+    ext_names
+        The distinct extensions, sorted.
+    ext_codes
+        Position in ``ext_names`` of each indexed member's extension.
     keys
         Key of each sample.
     first_member
@@ -86,6 +90,8 @@ class Grouping:
 
     entries: npt.NDArray[np.int64]
     exts: list[str]
+    ext_names: tuple[str, ...]
+    ext_codes: npt.NDArray[np.int64]
     keys: list[str]
     first_member: npt.NDArray[np.int64]
     member_count: npt.NDArray[np.int64]
@@ -130,8 +136,10 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     count = np.diff(np.append(first, len(rows))).astype(np.int64)
     sample_keys: list[str] = keys[first].tolist()
     grouping = Grouping(
-        entries=rows.astype(np.int64),
+        entries=np.asarray(rows, dtype=np.int64),
         exts=exts,
+        ext_names=tuple(ext_names),
+        ext_codes=np.asarray(codes, dtype=np.int64),
         keys=sample_keys,
         first_member=first,
         member_count=count,
@@ -202,7 +210,7 @@ def _split_vectorised(names: list[str], rows: npt.NDArray[np.int64]) -> _Split |
     )
     if not fast.all():
         return None
-    keys = np.where(columns < dot[:, None], points, 0).astype(np.uint32)
+    keys = np.where(columns < dot[:, None], points, np.uint32(0))
     ext_len = length - dot - 1
     ext_width = max(int(ext_len.max()), 1)
     take = np.minimum(dot[:, None] + 1 + np.arange(ext_width), width - 1)

@@ -57,6 +57,23 @@ CREATE TABLE IF NOT EXISTS skipped (
     size          INTEGER NOT NULL
 );
 
+-- The reader's arrays, derived from the rows above and written in the same transaction:
+-- opening a shard for random access is one SELECT here and np.frombuffer per row,
+-- instead of converting every samples and members row. verify_index checks that they
+-- agree with the tables; an index without this table is read from its tables.
+--   samples  dtype <i8, (num_samples, 6): start_offset, end_offset, first_member,
+--            member_count, key_start, key_end (the key's bytes in "keys")
+--   members  dtype <i8, (num_members, 3): span_offset (data_offset - the sample's
+--            start_offset), size, ext_code (position in "exts")
+--   keys     dtype utf-8: every sample's key, concatenated
+--   exts     dtype json: the distinct extensions, sorted, as a JSON list
+CREATE TABLE IF NOT EXISTS arrays (
+    name    TEXT PRIMARY KEY,
+    dtype   TEXT NOT NULL,     -- numpy dtype of packed numbers ("<i8"), or "utf-8" / "json"
+    columns TEXT NOT NULL,     -- column names of a 2-D array, comma-separated; "" otherwise
+    data    BLOB NOT NULL      -- row-major, little-endian
+);
+
 -- Indexes: created after the bulk insert (indextar splits this file at the next line).
 -- @indexes
 CREATE INDEX IF NOT EXISTS samples_by_key ON samples (key);

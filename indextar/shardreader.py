@@ -8,20 +8,16 @@ worker that reads them copies no per-sample Python objects.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from .arrays import MEMBER_COLUMNS, SAMPLE_COLUMNS
 from .index import ShardIndex
 from .sources import ByteSource
 
 __all__ = ["OpenShard", "SAMPLE_COLUMNS", "MEMBER_COLUMNS"]
-
-SAMPLE_COLUMNS = ("start_offset", "end_offset", "first_member", "member_count", "key_start", "key_end")
-MEMBER_COLUMNS = ("span_offset", "size", "ext_code")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,46 +51,15 @@ class OpenShard:
 
     @classmethod
     def load(cls, index: ShardIndex, source: ByteSource) -> OpenShard:
-        """Load the tables of an opened index with one connection and two row scans.
-
-        Rows come back as plain int tuples (extensions mapped to codes in SQL), which
-        numpy converts in one call: about three times faster than
-        :meth:`~indextar.ShardIndex.load_samples` and :meth:`~indextar.ShardIndex.keys`.
-        """
-        with contextlib.closing(index.connect()) as conn:
-            rows = conn.execute(
-                "SELECT start_offset, end_offset, first_member, member_count, key "
-                "FROM samples ORDER BY sample_id"
-            ).fetchall()
-            ext_names = tuple(str(r[0]) for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext"))
-            code = " ".join(f"WHEN ? THEN {n}" for n in range(len(ext_names)))
-            member_rows = conn.execute(
-                f"SELECT data_offset, size, CASE ext {code} END FROM members ORDER BY member_id"
-                if ext_names
-                else "SELECT data_offset, size, 0 FROM members",
-                ext_names,
-            ).fetchall()
-        encoded = [row[4].encode() for row in rows]
-        key_length = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        samples = np.empty((len(rows), len(SAMPLE_COLUMNS)), np.int64)
-        # fromiter over the flattened rows: twice as fast as np.array on a list of tuples.
-        samples[:, :4] = np.fromiter(
-            itertools.chain.from_iterable(row[:4] for row in rows), np.int64, 4 * len(rows)
-        ).reshape(-1, 4)
-        samples[:, 5] = np.cumsum(key_length)
-        samples[:, 4] = samples[:, 5] - key_length
-        members = np.fromiter(
-            itertools.chain.from_iterable(member_rows), np.int64, len(MEMBER_COLUMNS) * len(member_rows)
-        ).reshape(-1, len(MEMBER_COLUMNS))
-        sample_of_member = np.repeat(np.arange(len(rows), dtype=np.int64), samples[:, 3])
-        members[:, 0] -= samples[sample_of_member, 0]
+        """Load the arrays of an opened index: one query and ``np.frombuffer``."""
+        arrays = index.load_arrays()
         return cls(
             shard=index.shard,
             source=source,
-            samples=samples,
-            members=members,
-            key_blob=b"".join(encoded),
-            ext_names=ext_names,
+            samples=arrays.samples,
+            members=arrays.members,
+            key_blob=arrays.key_blob,
+            ext_names=arrays.ext_names,
         )
 
     def __len__(self) -> int:

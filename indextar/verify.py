@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import arrays_from_tables, read_arrays
+from .errors import IndexFormatError
 from .index import PathLike, _connect_ro, open_index, scan_shard_file
 from .naming import group_members
 
@@ -90,12 +92,15 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     problems += _compare("member", members, expected_members)
     problems += _compare("sample", samples, expected_samples)
     problems += _compare("skipped entry", skipped, expected_skipped)
+    warnings: list[str] = []
+    if not problems:
+        problems += _check_arrays(ix.path, ix.meta.num_samples, ix.meta.num_members, warnings)
     if ix.meta.end_offset != scan.end_offset:
         problems.append(f"end offset: index says {ix.meta.end_offset}, shard has {scan.end_offset}")
     table = ix.load_samples() if not problems else None
     if table is not None and len(table) and not np.all(table.end_offset <= scan.end_offset):
         problems.append("a sample's byte span runs past the end of the archive")
-    warnings = [
+    warnings += [
         f"key {key!r} occurs in several samples: its members are not adjacent in the tar"
         for key in grouping.scattered_keys
     ]
@@ -107,6 +112,25 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
         problems=problems,
         warnings=warnings,
     )
+
+
+def _check_arrays(path: Path, num_samples: int, num_members: int, warnings: list[str]) -> list[str]:
+    """Problems with the ``arrays`` blobs, which must say what the (checked) tables say."""
+    try:
+        with contextlib.closing(_connect_ro(path)) as conn:
+            stored = read_arrays(conn, path, num_samples, num_members)
+            expected = arrays_from_tables(conn)
+    except (IndexFormatError, sqlite3.DatabaseError, ValueError) as e:
+        return [f"arrays: {e}"]
+    if stored is None:
+        warnings.append(
+            "index has no arrays table (written by an older indextar): opening the shard reads "
+            "its tables, which is slower; rebuild it with build_index(shard, force=True)"
+        )
+        return []
+    if stored.equals(expected):
+        return []
+    return ["arrays: the packed arrays disagree with the samples and members tables"]
 
 
 def _compare(

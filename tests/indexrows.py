@@ -7,7 +7,7 @@ from pathlib import Path
 
 from indextar.index import build_index
 
-TABLES = ("members", "samples", "skipped")
+TABLES = ("members", "samples", "skipped", "arrays")
 
 
 def index_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:

@@ -190,7 +190,7 @@ def test_inspectable_with_sqlite3_and_sqlite_utils(shard: Path) -> None:
 
     db = sqlite_utils.Database(path)
     try:
-        assert set(db.table_names()) == {"meta", "members", "samples", "skipped"}
+        assert set(db.table_names()) == {"meta", "members", "samples", "skipped", "arrays"}
         assert [c.name for c in db["members"].columns] == [
             "member_id",
             "sample_id",
@@ -210,6 +210,7 @@ def test_inspectable_with_sqlite3_and_sqlite_utils(shard: Path) -> None:
         ]
         assert [c.name for c in db["skipped"].columns] == ["header_offset", "name", "kind", "size"]
         assert [c.name for c in db["meta"].columns] == ["key", "value"]
+        assert [c.name for c in db["arrays"].columns] == ["name", "dtype", "columns", "data"]
         row = next(db["members"].rows_where("name = ?", ["s000003.cls"]))
         assert (row["sample_id"], row["ext"], row["size"]) == (
             3,

@@ -1,0 +1,82 @@
+"""The packed reader arrays in an index: equal to the tables, optional, checked by verify."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import sample_members
+
+from indextar import IndexedTarDataset, IndexFormatError, build_index, open_index
+from indextar.arrays import arrays_from_tables, read_arrays
+from indextar.verify import verify_index
+
+MEMBERS = {
+    **sample_members(20, ("jpg", "cls", "json")),
+    "d/": None,
+    "README": b"skip me",
+    "ünï/ключ.SEG.png": b"non-ASCII key, upper-case extension",
+    "ünï/ключ.cls": b"7",
+    "empty-ext.": b"an empty extension",
+}
+
+
+@pytest.fixture
+def shard(make_tar) -> Path:  # type: ignore[no-untyped-def]
+    return make_tar(MEMBERS, name="data-000000.tar", fmt="pax")
+
+
+def edit(path: Path, sql: str, params: tuple[object, ...] = ()) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(sql, params)
+
+
+def test_stored_arrays_equal_the_tables(shard: Path) -> None:
+    index = build_index(shard)
+    with contextlib.closing(index.connect()) as conn:
+        stored = read_arrays(conn, index.path, index.meta.num_samples, index.meta.num_members)
+        derived = arrays_from_tables(conn)
+    assert stored is not None and stored.equals(derived)
+    assert stored.ext_names == ("", "cls", "jpg", "json", "seg.png")
+    keys = [
+        stored.key_blob[start:end].decode() for start, end in stored.samples[:, 4:6].tolist()
+    ]
+    assert keys == index.keys()
+
+
+def test_an_index_without_arrays_is_read_from_its_tables(shard: Path) -> None:
+    index = build_index(shard)
+    expected = index.load_samples()
+    with_arrays = [IndexedTarDataset([shard])[i] for i in range(len(index))]
+    edit(index.path, "DROP TABLE arrays")
+    table = open_index(shard).load_samples()
+    for field in ("first_member", "member_count", "start_offset", "end_offset"):
+        assert np.array_equal(getattr(table, field), getattr(expected, field))
+    assert np.array_equal(table.member_data_offset, expected.member_data_offset)
+    assert table.ext_names == expected.ext_names
+    assert [IndexedTarDataset([shard])[i] for i in range(len(index))] == with_arrays
+    report = verify_index(shard)
+    assert report.ok and any("no arrays table" in warning for warning in report.warnings)
+
+
+def test_verify_finds_arrays_that_disagree_with_the_tables(shard: Path) -> None:
+    index = build_index(shard)
+    assert verify_index(shard).ok and not verify_index(shard).warnings
+    members = open_index(shard).load_arrays().members.copy()
+    members[5, 1] += 1  # one member's size
+    edit(index.path, "UPDATE arrays SET data = ? WHERE name = 'members'", (members.tobytes(),))
+    report = verify_index(shard)
+    assert report.problems == [
+        "arrays: the packed arrays disagree with the samples and members tables"
+    ]
+
+
+def test_arrays_of_the_wrong_size_are_refused(shard: Path) -> None:
+    index = build_index(shard)
+    edit(index.path, "UPDATE arrays SET data = substr(data, 9) WHERE name = 'samples'")
+    with pytest.raises(IndexFormatError, match="has arrays of 21 samples"):
+        open_index(shard).load_arrays()
+    assert not verify_index(shard).ok
