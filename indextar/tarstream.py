@@ -200,12 +200,12 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
             payload = b""
         offset = data_offset + padded
         if typeflag == _GNU_LONGNAME:
-            long_name = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            long_name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
         if typeflag == _GNU_LONGLINK:
             continue
         if typeflag == _PAX_LOCAL:
-            pax = _pax_records(payload, shard, data_offset)
+            pax = {**pax, **_pax_records(payload, shard, data_offset)}  # stacked headers merge
             continue
         if typeflag == _PAX_GLOBAL:
             globals_.update(_pax_records(payload, shard, data_offset))
