@@ -625,6 +625,12 @@ class _Scanner:
             name: str
             if "path" in pax:
                 name = pax["path"]
+                if "\0" in name:  # GNU tar would cut it there; no file can be named so
+                    raise self.error(
+                        ShardFormatError,
+                        f"PAX path {name!r} contains a NUL byte",
+                        first_header if first_header is not None else pos,
+                    )
             elif pending_name is not None:
                 name = pending_name
             else:

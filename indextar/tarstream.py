@@ -213,6 +213,8 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         # As the scanner (and GNU tar): a PAX path, local before global, then a GNU
         # long name, then the header's own name.
         name = pax.get("path", globals_.get("path", long_name))
+        if name is not None and "\0" in name:
+            raise ShardFormatError(f"PAX path {name!r} contains a NUL byte", shard=shard, offset=first_header)
         if name is None:
             name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""
