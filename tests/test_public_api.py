@@ -4,6 +4,7 @@ or docs/*.md, so a reader can find it without reading the source."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -68,3 +69,30 @@ def test_the_check_catches_an_undocumented_method() -> None:
     assert _own_doc(Documented) and [m for m, fn in _public_members(Documented) if not _own_doc(fn)] == [
         "method"
     ]
+
+
+def _resolves(dotted: str) -> bool:
+    obj: object = importlib.import_module("indextar")
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[1:], start=2):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            return False
+    return True
+
+
+def test_dotted_names_in_the_docs_exist() -> None:
+    """Prose such as ``indextar.errors.RemoteReadError`` is not run; check it names something."""
+    wrong = sorted(
+        {
+            f"{page.name}: {m.group(0)}"
+            for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+            for m in re.finditer(r"\bindextar(?:\.[A-Za-z_]\w*)+", page.read_text())
+            if not _resolves(m.group(0))
+        }
+    )
+    assert not wrong, f"the docs name what indextar does not have: {wrong}"
