@@ -1,0 +1,650 @@
+"""Mutation fuzzing of the tar scanner, the indexer and the streaming reader.
+
+Every case builds a small shard with Python's ``tarfile`` (ustar, GNU or PAX, random
+member names and sizes), mutates it (byte flips, truncation, spliced, duplicated or
+dropped blocks, forged size fields up to 8 EiB and beyond, forged PAX records, GNU
+long-name chains) and runs one target on the result:
+
+``scan``
+    :func:`indextar.scan_tar` and :func:`indextar.naming.group_members`.
+``index``
+    :func:`indextar.build_index` on a file, then :func:`indextar.verify_index` and a
+    read of every sample through :class:`indextar.IndexedTarDataset`.
+``stream``
+    :func:`indextar.tarstream.iter_members` over a file object.
+
+A case passes if the target raises an :class:`indextar.IndextarError`, or returns a
+result that is internally consistent (every member's data inside the file, offsets
+increasing, the end marker inside the file, a re-scan equal) and agrees with the
+references: the scan of the same bytes for the index and the stream, and
+``tarfile`` wherever ``tarfile`` reads the whole mutated archive without error.
+Anything else fails the case: another exception type, a hang (``--timeout`` per
+case), or a memory blow-up (the process runs under ``RLIMIT_AS``, and a case may
+not raise the peak RSS by more than ``--max-rss-mb``).
+
+Usage::
+
+    python tools/fuzz.py --cases 2000 --seed 1 --target all
+    python tools/fuzz.py --seconds 600 --target scan --jobs 2
+    python tools/fuzz.py --replay 1:417:scan     # re-run one case (seed:case:target)
+
+Prints the count of each outcome per target and exits 1 if any case failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import io
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BLOCK = 512
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+TARGETS = ("scan", "index", "stream")
+EIB8 = 1 << 63
+
+
+# -- shards to mutate ----------------------------------------------------------------
+
+
+def random_name(rng: random.Random, fmt: str) -> str:
+    """A member name: a key with dots, sometimes folders, UTF-8, or more than 100 bytes."""
+    stem = "".join(rng.choice("abcxyz0189_-") for _ in range(rng.randint(1, 12)))
+    if fmt != "ustar" and rng.random() < 0.2:
+        stem += rng.choice(["é", "Ω", "日本", "\U0001f600"])
+    if rng.random() < 0.3:
+        stem = "/".join([stem, *("d" * rng.randint(1, 8) for _ in range(rng.randint(1, 3)))])
+    if rng.random() < 0.15:
+        # ustar holds it in the prefix field (a slash near the middle); GNU/PAX need
+        # an extension header.
+        stem = "long" * rng.randint(20, 40) + ("/" if fmt == "ustar" else "") + stem
+    return stem + "." + rng.choice(["jpg", "cls", "txt", "json", "seg.png", "x"])
+
+
+def random_members(rng: random.Random, fmt: str) -> dict[str, bytes | None]:
+    """Members for one shard: regular files (sizes 0 to a few blocks) and some folders."""
+    members: dict[str, bytes | None] = {}
+    for i in range(rng.randint(1, 8)):
+        name = f"k{i:03d}/" + random_name(rng, fmt) if rng.random() < 0.1 else random_name(rng, fmt)
+        if fmt == "ustar" and len(name.encode()) > 100:
+            name = name[-90:].lstrip("/") or "x.txt"
+        if rng.random() < 0.05:
+            members[name.rsplit(".", 1)[0] + "/"] = None
+            continue
+        size = rng.choice([0, 1, 511, 512, 513, rng.randint(0, 3 * BLOCK)])
+        members[name] = bytes(rng.getrandbits(8) for _ in range(size))
+    return members
+
+
+def tar_bytes(members: dict[str, bytes | None], fmt: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=FORMATS[fmt]) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+# -- mutators --------------------------------------------------------------------------
+
+
+def header_offsets(buf: bytes | bytearray) -> list[int]:
+    """Offsets of header blocks found by walking sizes, as far as the walk makes sense."""
+    out, pos = [], 0
+    while pos + BLOCK <= len(buf) and any(buf[pos : pos + BLOCK]):
+        out.append(pos)
+        try:
+            size = tarfile.nti(bytes(buf[pos + 124 : pos + 136]))
+        except tarfile.HeaderError:
+            break
+        if buf[pos + 156] in b"123456" or size < 0 or size > len(buf):
+            size = 0
+        pos += BLOCK + -(-size // BLOCK) * BLOCK
+    return out
+
+
+def fix_checksum(buf: bytearray, at: int) -> None:
+    """Recompute the checksum of the header block at ``at``, so a forged field gets past it."""
+    block = buf[at : at + BLOCK]
+    block[148:156] = b" " * 8
+    buf[at + 148 : at + 156] = f"{sum(block):06o}".encode() + b"\0 "
+
+
+def pax_block(records: bytes, typeflag: bytes = b"x") -> bytes:
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.size = len(records)
+    info.type = typeflag
+    head = info.tobuf(tarfile.USTAR_FORMAT)
+    return head + records + bytes(-len(records) % BLOCK)
+
+
+def pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode()
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length = len(str(length)) + len(body)
+    return str(length).encode() + body
+
+
+def gnu_block(payload: bytes, typeflag: bytes) -> bytes:
+    info = tarfile.TarInfo("././@LongLink")
+    info.size = len(payload)
+    info.type = typeflag
+    return info.tobuf(tarfile.USTAR_FORMAT) + payload + bytes(-len(payload) % BLOCK)
+
+
+def _pick_header(rng: random.Random, buf: bytearray) -> int:
+    headers = header_offsets(buf)
+    return rng.choice(headers) if headers else 0
+
+
+def mutate_flip(rng: random.Random, buf: bytearray) -> str:
+    at = []
+    for _ in range(rng.choice([1, 1, 2, 4, 8])):
+        pos = rng.randrange(len(buf))
+        buf[pos] ^= rng.randrange(1, 256)
+        at.append(pos)
+    if rng.random() < 0.5:  # get past the checksum: the scanner must check the rest too
+        for pos in at:
+            if pos - pos % BLOCK in header_offsets(buf):
+                fix_checksum(buf, pos - pos % BLOCK)
+    return f"flip {at}"
+
+
+def mutate_truncate(rng: random.Random, buf: bytearray) -> str:
+    cut = rng.choice([rng.randrange(len(buf)), rng.randrange(0, len(buf), BLOCK)])
+    del buf[cut:]
+    return f"truncate at {cut}"
+
+
+def mutate_blocks(rng: random.Random, buf: bytearray) -> str:
+    nblocks = max(1, len(buf) // BLOCK)
+    start = rng.randrange(nblocks)
+    count = rng.randint(1, 3)
+    chunk = bytes(buf[start * BLOCK : (start + count) * BLOCK])
+    how = rng.choice(["drop", "duplicate", "splice", "zero"])
+    if how == "drop":
+        del buf[start * BLOCK : (start + count) * BLOCK]
+    elif how == "duplicate":
+        buf[start * BLOCK : start * BLOCK] = chunk
+    elif how == "splice":  # copy blocks over another place
+        to = rng.randrange(nblocks) * BLOCK
+        buf[to : to + len(chunk)] = chunk
+    else:
+        buf[start * BLOCK : (start + count) * BLOCK] = bytes(len(chunk))
+    return f"{how} {count} blocks at block {start}"
+
+
+def forged_size_field(rng: random.Random) -> tuple[bytes, str]:
+    """A 12-byte size field that claims a lot, or is malformed."""
+    value = rng.choice([EIB8, EIB8 - 1, EIB8 - BLOCK, (1 << 88) - 1, 1 << 40, 8**11 - 1])
+    kind = rng.choice(["base256", "base256", "negative", "octal", "garbage"])
+    if kind == "base256":
+        return b"\x80" + value.to_bytes(11, "big"), f"base-256 {value}"
+    if kind == "negative":
+        return b"\xff" + ((1 << 88) - rng.randint(1, 1 << 20)).to_bytes(11, "big"), "negative"
+    if kind == "octal":
+        return f"{min(value, 8**11 - 1):011o}\0".encode(), f"octal {min(value, 8**11 - 1)}"
+    return bytes(rng.getrandbits(8) for _ in range(12)), "garbage"
+
+
+def mutate_size(rng: random.Random, buf: bytearray) -> str:
+    at = _pick_header(rng, buf)
+    raw, what = forged_size_field(rng)
+    buf[at + 124 : at + 136] = raw
+    if rng.random() < 0.9:
+        fix_checksum(buf, at)
+    return f"size field at {at} := {what}"
+
+
+def mutate_pax(rng: random.Random, buf: bytearray) -> str:
+    """Insert a PAX header (local or global) with forged records before a member."""
+    at = _pick_header(rng, buf)
+    choices = [
+        ("size", str(EIB8)),
+        ("size", str(EIB8 - 1)),
+        ("size", "9" * rng.randint(19, 400)),
+        ("size", rng.choice(["-1", "", "0x10", "²", "١٢", " 7", "1e3"])),
+        ("size", str(rng.randint(0, 4 * BLOCK))),
+        ("path", rng.choice(["../../etc/passwd", "/abs/x.jpg", "a\0b.jpg", "", "é.txt", "x" * 5000])),
+        ("GNU.sparse.major", "1"),
+        ("linkpath", "y"),
+        ("mtime", "nan"),
+    ]
+    records = b"".join(pax_record(*rng.choice(choices)) for _ in range(rng.randint(1, 3)))
+    if rng.random() < 0.25:  # a malformed record: wrong length, no '=', no newline, binary
+        records = rng.choice(
+            [
+                b"99999999999999999999 size=1\n",
+                b"5 a=b\n",
+                b"12 nokeyvalue\n",
+                b"-3 x=y\n",
+                b"10 \xff\xfe=\xff\n",
+                records[:-1],
+                b"0 " * 40,
+            ]
+        )
+    typeflag = b"g" if rng.random() < 0.2 else b"x"
+    block = bytearray(pax_block(records, typeflag))
+    if rng.random() < 0.2:  # the PAX header's own size field lies
+        raw, what = forged_size_field(rng)
+        block[124:136] = raw
+        fix_checksum(block, 0)
+    buf[at:at] = block
+    return f"PAX {typeflag.decode()} {records[:60]!r} before {at}"
+
+
+def mutate_longname(rng: random.Random, buf: bytearray) -> str:
+    """GNU L/K headers: chains of them, a huge one, one with no member after it."""
+    at = _pick_header(rng, buf)
+    count = rng.choice([1, 2, 5, 50])
+    payload = rng.choice([b"x" * 300 + b".jpg\0", b"\xff\xfe.jpg\0", b"", b"a" * 3000, b"../up.jpg\0"])
+    chain = b"".join(gnu_block(payload, rng.choice([b"L", b"K"])) for _ in range(count))
+    if rng.random() < 0.2:
+        chain = bytearray(chain)
+        raw, _ = forged_size_field(rng)
+        chain[124:136] = raw
+        fix_checksum(chain, 0)
+    where = rng.choice([at, len(buf) - 2 * BLOCK if len(buf) >= 2 * BLOCK else at])
+    buf[where:where] = chain
+    return f"{count} GNU L/K blocks ({len(payload)} bytes each) at {where}"
+
+
+MUTATORS: dict[str, Callable[[random.Random, bytearray], str]] = {
+    "flip": mutate_flip,
+    "truncate": mutate_truncate,
+    "blocks": mutate_blocks,
+    "size": mutate_size,
+    "pax": mutate_pax,
+    "longname": mutate_longname,
+}
+
+
+@dataclass
+class Case:
+    """One generated input: its members, format, the mutated bytes and what was done."""
+
+    seed: int
+    number: int
+    fmt: str
+    members: dict[str, bytes | None]
+    data: bytes
+    mutations: list[str] = field(default_factory=list)
+
+
+def make_case(seed: int, number: int) -> Case:
+    rng = random.Random(f"{seed}:{number}")
+    fmt = rng.choice(list(FORMATS))
+    members = random_members(rng, fmt)
+    buf = bytearray(tar_bytes(members, fmt))
+    mutations = []
+    # A few cases stay intact: the round trip must hold exactly there.
+    for _ in range(0 if rng.random() < 0.05 else rng.choice([1, 1, 1, 2, 3])):
+        if not buf:
+            break
+        name = rng.choice(list(MUTATORS))
+        mutations.append(f"{name}: {MUTATORS[name](rng, buf)}")
+    return Case(seed, number, fmt, members, bytes(buf), mutations)
+
+
+# -- checks ----------------------------------------------------------------------------
+
+
+class CaseFailure(Exception):
+    """A case broke a guarantee."""
+
+
+class CaseTimeout(BaseException):
+    """A case ran past its deadline (raised from SIGALRM)."""
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise CaseFailure(message)
+
+
+def check_scan(scan, data: bytes) -> list[tuple[str, bytes]]:  # type: ignore[no-untyped-def]
+    """Internal consistency of a scan; returns the regular files' (name, data)."""
+    import numpy as np
+
+    n = len(scan)
+    check(scan.file_size == len(data), "file_size differs from the input")
+    check(0 <= scan.end_offset and scan.end_offset + BLOCK <= len(data), f"end {scan.end_offset} outside")
+    check(not any(data[scan.end_offset :]), "non-zero bytes after the end marker were accepted")
+    h, d, s = scan.header_offsets, scan.data_offsets, scan.sizes
+    check(len(h) == len(d) == len(s) == len(scan.types) == n, "array lengths differ")
+    if n:
+        check(bool((h >= 0).all() and (np.diff(h) > 0).all()), "header offsets not increasing")
+        check(bool((d > h).all() and (s >= 0).all()), "data before its header or negative size")
+        check(bool((d % BLOCK == 0).all() and (h % BLOCK == 0).all()), "offsets not block-aligned")
+        check(bool((d + s <= scan.end_offset).all()), "member data runs past the end marker")
+        check(bool((d[:-1] + s[:-1] <= h[1:]).all()), "member data overlaps the next header")
+    check(all(isinstance(name, str) for name in scan.names), "a name is not a str")
+    regular = scan.is_regular()
+    return [
+        (scan.names[i], data[int(d[i]) : int(d[i] + s[i])]) for i in range(n) if regular[i]
+    ]
+
+
+def tarfile_files(data: bytes) -> list[tuple[str, bytes]] | None:
+    """Regular files as ``tarfile`` reads them, or ``None`` where it fails or stops early."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+            members = tf.getmembers()
+            # tarfile stops silently at a bad header; only trust it when it reached the end.
+            if tf.offset + BLOCK > len(data) or any(data[tf.offset :]):
+                return None
+            return [(m.name, tf.extractfile(m).read()) for m in members if m.isreg()]  # type: ignore[union-attr]
+    except (tarfile.TarError, EOFError, OSError, ValueError, UnicodeError, OverflowError):
+        return None
+
+
+def gnu_tar_names(data: bytes) -> list[str] | None:
+    """Regular files' names as GNU tar lists them, or ``None`` if it fails."""
+    with tempfile.TemporaryDirectory(prefix="fuzz-tar-") as folder:
+        path = Path(folder) / "case.tar"
+        path.write_bytes(data)
+        done = subprocess.run(
+            ["tar", "--quoting-style=escape", "--numeric-owner", "-tvf", str(path)],
+            capture_output=True, timeout=30, env={**os.environ, "LC_ALL": "C"},
+        )
+    # Exit status 2 also comes with warnings (an invalid PAX mtime, an empty name)
+    # after which GNU tar lists on: its listing is the reference either way.
+    if done.returncode not in (0, 2):
+        return None
+    names = []
+    for line in done.stdout.split(b"\n"):
+        # "-rw-r--r-- 0/0  12 2023-11-14 22:13 name": regular files start with "-"; in
+        # the escape style a name is ASCII with C escapes (\\n, \\ooo per byte).
+        if line.startswith(b"-"):
+            fields = line.split(None, 5)
+            raw = codecs.escape_decode(fields[5])[0] if len(fields) > 5 else b""
+            names.append(raw.decode("utf-8", "surrogateescape"))
+    return names
+
+
+def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | None:
+    from indextar import IndextarError, scan_tar
+    from indextar.naming import group_members
+
+    try:
+        scan = scan_tar(case.data, shard="fuzz.tar")
+        group_members(scan, shard="fuzz.tar")
+    except IndextarError as e:
+        outcome[f"refused: {type(e).__name__}"] += 1
+        return None
+    files = check_scan(scan, case.data)
+    again = scan_tar(bytearray(case.data))
+    check(again.names == scan.names and again.sizes.tolist() == scan.sizes.tolist(), "re-scan differs")
+    # A regular file whose name ends in "/" is never indexed (no extension), and GNU
+    # tar lists it as a folder: compare the others.
+    files = [(n, b) for n, b in files if not n.endswith("/")]
+    reference = tarfile_files(case.data)
+    if reference is not None:
+        reference = [(n, b) for n, b in reference if not n.endswith("/")]
+        if files == reference:
+            outcome["indexed, equals tarfile"] += 1
+        else:
+            # tarfile and GNU tar differ on stacked extension headers (tarfile lets the
+            # first of two long names win, GNU tar the last): GNU tar decides.
+            names = gnu_tar_names(case.data)
+            if names is not None:
+                names = [n for n in names if not n.endswith("/")]
+            check(
+                names == [n for n, _ in files] and names != [n for n, _ in reference],
+                f"scan and tarfile disagree: {[n for n, _ in files]} vs {[n for n, _ in reference]}"
+                f" (GNU tar: {names})",
+            )
+            outcome["indexed, equals GNU tar (tarfile differs)"] += 1
+    else:
+        outcome["indexed, tarfile fails or stops early"] += 1
+    if not case.mutations:
+        expected = [(n, b) for n, b in case.members.items() if b is not None]
+        check(files == expected, "an unmutated shard does not give the members written")
+    return files
+
+
+def run_index(case: Case, outcome: Counter[str], folder: Path) -> None:
+    from indextar import IndexedTarDataset, IndextarError, build_index, scan_tar
+    from indextar.verify import verify_index
+    from indextar.naming import group_members
+
+    shard = folder / "fuzz.tar"
+    shard.write_bytes(case.data)
+    try:
+        expected_scan = scan_tar(case.data)
+        grouping = group_members(expected_scan)
+    except IndextarError:
+        expected_scan = None
+    try:
+        index = build_index(shard, force=True)
+    except IndextarError as e:
+        check(expected_scan is None, f"build_index refused a shard the scanner accepts: {e}")
+        left = sorted(p.name for p in folder.iterdir())
+        check(left == ["fuzz.tar"], f"a refused shard left files behind: {left}")
+        outcome[f"refused: {type(e).__name__}"] += 1
+        return
+    check(expected_scan is not None, "build_index accepted a shard the scanner refuses")
+    report = verify_index(shard)
+    check(report.ok, f"verify_index: {report.problems}")
+    check(len(index) == len(grouping.keys), "sample count differs from the scan")
+    with contextlib.closing(IndexedTarDataset(shard)) as ds:  # type: ignore[type-var]
+        got = []
+        for i in range(len(ds)):
+            sample = ds[i]
+            got.extend(v for k, v in sample.items() if not k.startswith("__"))
+    entries = grouping.entries.tolist()
+    wanted = [
+        case.data[int(expected_scan.data_offsets[i]) : int(expected_scan.data_offsets[i] + expected_scan.sizes[i])]
+        for i in entries
+    ]
+    check(sorted(got) == sorted(wanted), "dataset bytes differ from the scan's members")
+    outcome["indexed, verified, read back"] += 1
+
+
+def run_stream(case: Case, outcome: Counter[str], scanned: list[tuple[str, bytes]] | None) -> None:
+    from indextar import IndextarError
+    from indextar.tarstream import iter_members
+
+    try:
+        got = [(m.name, m.data) for m in iter_members(io.BufferedReader(io.BytesIO(case.data)), shard="fuzz.tar")]  # type: ignore[arg-type]
+    except IndextarError as e:
+        outcome[f"refused: {type(e).__name__}"] += 1
+        return
+    if scanned is not None:
+        check(got == scanned, f"stream and scan disagree: {[n for n, _ in got][:5]} vs {[n for n, _ in scanned][:5]}")
+        outcome["streamed, equals scan"] += 1
+    else:
+        # The stream stops at the first zero block and does not look further, so it
+        # reads shards with damaged padding that the scanner refuses.
+        outcome["streamed, scanner refuses"] += 1
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise CaseTimeout()
+
+
+def run_case(seed: int, number: int, targets: tuple[str, ...], timeout: float, max_rss_mb: float) -> dict[str, Counter[str] | list[str]]:
+    """Run one case through ``targets``; returns the outcome counts and any failures."""
+    counts: dict[str, Counter[str]] = {t: Counter() for t in targets}
+    failures: list[str] = []
+    case = make_case(seed, number)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scanned = None
+    for target in targets:
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            with tempfile.TemporaryDirectory(prefix="fuzz-") as folder:
+                if target == "scan":
+                    scanned = run_scan(case, counts[target])
+                elif target == "index":
+                    run_index(case, counts[target], Path(folder))
+                else:
+                    if "scan" not in targets:
+                        with contextlib.suppress(Exception):
+                            scanned = run_scan(case, Counter())
+                    run_stream(case, counts[target], scanned)
+        except CaseTimeout:
+            counts[target]["FAILED: hang"] += 1
+            failures.append(f"{seed}:{number}:{target} hang over {timeout} s ({'; '.join(case.mutations)})")
+        except CaseFailure as e:
+            counts[target]["FAILED: wrong result"] += 1
+            failures.append(f"{seed}:{number}:{target} {e} ({'; '.join(case.mutations)})")
+        except Exception as e:  # noqa: BLE001 - exactly what the fuzzer is looking for
+            counts[target][f"FAILED: {type(e).__name__}"] += 1
+            failures.append(
+                f"{seed}:{number}:{target} {type(e).__name__}: {e} ({'; '.join(case.mutations)})\n"
+                + "".join(traceback.format_exc(limit=-3))
+            )
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    if grown_mb > max_rss_mb:
+        counts[targets[0]]["FAILED: memory"] += 1
+        failures.append(f"{seed}:{number} peak RSS grew by {grown_mb:.0f} MB")
+    return {"counts": counts, "failures": failures}  # type: ignore[dict-item]
+
+
+def _worker_init(memory_limit_mb: int) -> None:
+    signal.signal(signal.SIGALRM, _alarm)
+    if memory_limit_mb:
+        limit = memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    import indextar  # noqa: F401 - import before the first deadline starts
+
+
+def _run_chunk(args: tuple[int, list[int], tuple[str, ...], float, float]) -> dict[str, object]:
+    seed, numbers, targets, timeout, max_rss_mb = args
+    total: dict[str, Counter[str]] = {t: Counter() for t in targets}
+    failures: list[str] = []
+    for number in numbers:
+        result = run_case(seed, number, targets, timeout, max_rss_mb)
+        for target, counter in result["counts"].items():  # type: ignore[union-attr]
+            total[target].update(counter)
+        failures.extend(result["failures"])  # type: ignore[arg-type]
+    return {"counts": total, "failures": failures, "cases": len(numbers)}
+
+
+@dataclass
+class FuzzResult:
+    cases: int
+    counts: dict[str, Counter[str]]
+    failures: list[str]
+    seconds: float
+
+
+def fuzz(
+    *,
+    seed: int = 0,
+    cases: int | None = None,
+    seconds: float | None = None,
+    targets: tuple[str, ...] = TARGETS,
+    jobs: int = 1,
+    timeout: float = 10.0,
+    max_rss_mb: float = 200.0,
+    memory_limit_mb: int = 4096,
+) -> FuzzResult:
+    """Run cases ``0, 1, ...`` of ``seed`` until ``cases`` are done or ``seconds`` pass."""
+    import multiprocessing
+
+    start = time.monotonic()
+    total: dict[str, Counter[str]] = {t: Counter() for t in targets}
+    failures: list[str] = []
+    chunk = 25
+    done = 0
+
+    def chunks() -> Iterator[tuple[int, list[int], tuple[str, ...], float, float]]:
+        number = 0
+        while (cases is None or number < cases) and (seconds is None or time.monotonic() - start < seconds):
+            stop = number + chunk if cases is None else min(cases, number + chunk)
+            yield seed, list(range(number, stop)), targets, timeout, max_rss_mb
+            number = stop
+
+    # A fresh process per run: RLIMIT_AS and SIGALRM stay out of the caller.
+    ctx = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
+    with ctx.Pool(jobs, initializer=_worker_init, initargs=(memory_limit_mb,), maxtasksperchild=40) as pool:
+        for result in pool.imap(_run_chunk, chunks()):
+            for target, counter in result["counts"].items():  # type: ignore[attr-defined]
+                total[target].update(counter)
+            failures.extend(result["failures"])  # type: ignore[arg-type]
+            done += result["cases"]  # type: ignore[operator]
+    return FuzzResult(done, total, failures, time.monotonic() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--cases", type=int, help="number of cases (default 500)")
+    budget.add_argument("--seconds", type=float, help="run for this long instead")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", choices=(*TARGETS, "all"), default="all")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per case and target")
+    parser.add_argument("--max-rss-mb", type=float, default=200.0, help="peak RSS growth allowed per case")
+    parser.add_argument("--memory-limit-mb", type=int, default=4096, help="RLIMIT_AS of the workers")
+    parser.add_argument("--replay", metavar="SEED:CASE[:TARGET]", help="run one case and show it")
+    parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    args = parser.parse_args(argv)
+    targets = TARGETS if args.target == "all" else (args.target,)
+    if args.replay:
+        seed, number, *rest = args.replay.split(":")
+        case = make_case(int(seed), int(number))
+        print(f"case {seed}:{number} ({case.fmt}, {len(case.data)} bytes): {case.mutations}")
+        signal.signal(signal.SIGALRM, _alarm)
+        result = run_case(int(seed), int(number), tuple(rest) or targets, args.timeout, args.max_rss_mb)
+        print({t: dict(c) for t, c in result["counts"].items()})  # type: ignore[union-attr]
+        print("\n".join(result["failures"]))  # type: ignore[arg-type]
+        return 1 if result["failures"] else 0
+    result = fuzz(
+        seed=args.seed,
+        cases=args.cases if args.cases is not None or args.seconds is not None else 500,
+        seconds=args.seconds,
+        targets=targets,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        max_rss_mb=args.max_rss_mb,
+        memory_limit_mb=args.memory_limit_mb,
+    )
+    if args.json:
+        print(json.dumps({"cases": result.cases, "seconds": round(result.seconds, 1),
+                          "counts": {t: dict(c) for t, c in result.counts.items()},
+                          "failures": len(result.failures)}))
+    else:
+        print(f"{result.cases} cases (seed {args.seed}) in {result.seconds:.1f} s")
+        for target, counter in result.counts.items():
+            print(f"  {target}:")
+            for outcome, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
+                print(f"    {n:7d}  {outcome}")
+    for failure in result.failures[:20]:
+        print("FAIL", failure, file=sys.stderr)
+    if len(result.failures) > 20:
+        print(f"... and {len(result.failures) - 20} more failures", file=sys.stderr)
+    return 1 if result.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
