@@ -75,14 +75,18 @@ def accuracy(model: torch.nn.Module, data: Path) -> float:
     return correct / len(test)
 
 
-def train(data: Path, run: Path, *, epochs: int, workers: int, stop_after: int | None) -> float | None:
+def train(
+    data: Path, run: Path, *, epochs: int, workers: int, stop_after: int | None
+) -> float | None:
     """Train, resuming from ``run/checkpoint.pt`` if it exists; return the test accuracy.
 
     With ``stop_after``, stop after that many optimiser steps of this run, checkpoint and
     return ``None``, as a preempted job would.
     """
     run.mkdir(parents=True, exist_ok=True)
-    ds = indextar.IndexedTarDataset(data / "train.json", decode="torchl", keys=("png", "cls", "__key__"))
+    ds = indextar.IndexedTarDataset(
+        data / "train.json", decode="torchl", keys=("png", "cls", "__key__")
+    )
     model = make_model()
     optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
     sampler = indextar.ResumableSampler(ds, seed=SEED)
@@ -121,20 +125,26 @@ def train(data: Path, run: Path, *, epochs: int, workers: int, stop_after: int |
     return result
 
 
-def save(path: Path, model: torch.nn.Module, optimiser: torch.optim.Optimizer, sampler: dict) -> None:
+def save(
+    path: Path, model: torch.nn.Module, optimiser: torch.optim.Optimizer, sampler: dict
+) -> None:
     """Write the checkpoint to a temporary file and rename it: a crash never leaves half of one."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimiser": optimiser.state_dict(), "sampler": sampler}, tmp)
+    torch.save(
+        {"model": model.state_dict(), "optimiser": optimiser.state_dict(), "sampler": sampler}, tmp
+    )
     os.replace(tmp, path)
 
 
 def compare(first: Path, second: Path) -> None:
-    """Check that two finished runs trained on the same samples in the same order, to the same model."""
+    """Check that two finished runs trained on the same samples in the same order, to one model."""
     order_a, order_b = (run.joinpath("order.txt").read_text().split() for run in (first, second))
     assert order_a == order_b, "the runs trained on different samples or in another order"
     weights_a, weights_b = (torch.load(run / "checkpoint.pt")["model"] for run in (first, second))
     assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)
-    accuracies = [json.loads(run.joinpath("result.json").read_text())["accuracy"] for run in (first, second)]
+    accuracies = [
+        json.loads(run.joinpath("result.json").read_text())["accuracy"] for run in (first, second)
+    ]
     print(
         f"{first.name} and {second.name}: the same {len(order_a)} samples in the same order, "
         f"identical weights, test accuracy {accuracies[0]:.3f} and {accuracies[1]:.3f}"
@@ -159,7 +169,13 @@ def main(argv: list[str] | None = None) -> None:
         counts = write_tree(args.dir)
         print(f"wrote {counts['train']} training and {counts['test']} test digits to {args.dir}/")
     elif args.command == "train":
-        train(args.data, args.run, epochs=args.epochs, workers=args.workers, stop_after=args.stop_after)
+        train(
+            args.data,
+            args.run,
+            epochs=args.epochs,
+            workers=args.workers,
+            stop_after=args.stop_after,
+        )
     else:
         compare(*args.runs)
 

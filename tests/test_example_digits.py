@@ -10,10 +10,12 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from indextar import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-BATCH_STEPS_PER_EPOCH = -(-1437 // 32)  # 1437 training digits in batches of 32
+STEPS_PER_EPOCH = -(-1437 // 32)  # 1437 training digits in batches of 32
 
 
 def load_example() -> ModuleType:
@@ -28,34 +30,31 @@ def test_digits_trains_stops_and_resumes_in_the_same_order(tmp_path: Path) -> No
     digits = load_example()
     digits.main(["images", str(tmp_path / "images")])
     for split in ("train", "test"):
-        assert cli.main(["create", str(tmp_path / "images" / split), str(tmp_path / f"{split}-%06d.tar"),
-                         "--maxcount", "400", "-q"]) == 0
-        assert cli.main(["index", str(tmp_path / f"{split}-*.tar"), "--manifest",
-                         str(tmp_path / f"{split}.json"), "-q"]) == 0
+        images, shards = tmp_path / "images" / split, tmp_path / f"{split}-%06d.tar"
+        assert cli.main(["create", str(images), str(shards), "--maxcount", "400", "-q"]) == 0
+        made, manifest = str(tmp_path / f"{split}-*.tar"), str(tmp_path / f"{split}.json")
+        assert cli.main(["index", made, "--manifest", manifest, "-q"]) == 0
     assert len(list(tmp_path.glob("train-*.tar"))) == 4
 
-    full = digits.train(tmp_path, tmp_path / "full", epochs=2, workers=1, stop_after=None)
-    stop = BATCH_STEPS_PER_EPOCH + 15  # in the middle of the second epoch
-    assert digits.train(tmp_path, tmp_path / "resumed", epochs=2, workers=1, stop_after=stop) is None
-    assert len((tmp_path / "resumed" / "order.txt").read_text().splitlines()) == stop
-    resumed = digits.train(tmp_path, tmp_path / "resumed", epochs=2, workers=0, stop_after=None)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    full_accuracy = digits.train(tmp_path, full, epochs=2, workers=1, stop_after=None)
+    stop = STEPS_PER_EPOCH + 15  # in the middle of the second epoch
+    assert digits.train(tmp_path, resumed, epochs=2, workers=1, stop_after=stop) is None
+    assert len((resumed / "order.txt").read_text().splitlines()) == stop
+    resumed_accuracy = digits.train(tmp_path, resumed, epochs=2, workers=0, stop_after=None)
 
-    assert full is not None and full > 0.85  # a 64-64-10 MLP after two epochs; chance is 0.1
-    assert resumed == full
-    digits.compare(tmp_path / "full", tmp_path / "resumed")  # same order, identical weights
+    assert full_accuracy is not None and full_accuracy > 0.85  # 2 epochs of an MLP; chance is 0.1
+    assert resumed_accuracy == full_accuracy
+    digits.compare(full, resumed)  # same order, identical weights
 
-    steps = (tmp_path / "full" / "order.txt").read_text().splitlines()
-    assert len(steps) == 2 * BATCH_STEPS_PER_EPOCH
-    for epoch in range(2):
-        keys = " ".join(steps[epoch * BATCH_STEPS_PER_EPOCH : (epoch + 1) * BATCH_STEPS_PER_EPOCH]).split()
+    steps = (full / "order.txt").read_text().splitlines()
+    assert len(steps) == 2 * STEPS_PER_EPOCH
+    for epoch in (steps[:STEPS_PER_EPOCH], steps[STEPS_PER_EPOCH:]):
+        keys = " ".join(epoch).split()
         assert len(keys) == len(set(keys)) == 1437  # every training digit once per epoch
-    assert steps[0] != steps[BATCH_STEPS_PER_EPOCH]  # a new order in the next epoch
+    assert steps[0] != steps[STEPS_PER_EPOCH]  # a new order in the next epoch
 
     # compare() does fail on runs that differ.
-    (tmp_path / "resumed" / "order.txt").write_text("\n".join(steps[1:] + steps[:1]) + "\n")
-    try:
-        digits.compare(tmp_path / "full", tmp_path / "resumed")
-    except AssertionError:
-        pass
-    else:
-        raise AssertionError("compare() accepted runs with different orders")
+    (resumed / "order.txt").write_text("\n".join(steps[1:] + steps[:1]) + "\n")
+    with pytest.raises(AssertionError, match="different samples or in another order"):
+        digits.compare(full, resumed)

@@ -56,7 +56,9 @@ def test_public_name_has_docstrings(name: str) -> None:
 def test_public_names_are_mentioned_in_the_docs() -> None:
     text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
     unmentioned = [name for name in PUBLIC if not re.search(rf"\b{re.escape(name)}\b", text)]
-    assert not unmentioned, f"public names that no page of README.md or docs/ mentions: {unmentioned}"
+    assert not unmentioned, (
+        f"public names that no page of README.md or docs/ mentions: {unmentioned}"
+    )
 
 
 def test_the_check_catches_an_undocumented_method() -> None:
@@ -66,9 +68,9 @@ def test_the_check_catches_an_undocumented_method() -> None:
         def method(self) -> None:
             pass
 
-    assert _own_doc(Documented) and [m for m, fn in _public_members(Documented) if not _own_doc(fn)] == [
-        "method"
-    ]
+    assert _own_doc(Documented) and [
+        m for m, fn in _public_members(Documented) if not _own_doc(fn)
+    ] == ["method"]
 
 
 def _resolves(dotted: str) -> bool:
