@@ -12,6 +12,7 @@ again on first read. No open file, mmap or SQLite connection crosses into a work
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import operator
 import os
@@ -34,8 +35,8 @@ from .errors import (
 from .index import PathLike, ShardIndex, index_path, open_index, open_index_at
 from .manifest import ManifestShard, is_manifest, read_manifest
 from .patterns import expand_shards, is_url
-from .shardreader import OpenShard
 from .remote_options import RemoteOptions, fetch_ranges
+from .shardreader import OpenShard
 from .sources import LRUCache, open_source
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
@@ -119,7 +120,11 @@ class IndexedTarDataset:
         self._index_dir = None if index_dir is None else os.fspath(index_dir)
         self._build_missing = build_missing
         self._remote = RemoteOptions.make(
-            remote, index_dir, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options
+            remote,
+            index_dir,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            storage_options=storage_options,
         )
         self.max_open_shards = max_open_shards
         self.manifest: Path | None = None
@@ -147,6 +152,8 @@ class IndexedTarDataset:
         # The same boundaries as Python ints, for bisect in __getitem__ (O(shards)).
         self._starts_list: list[int] = self._starts.tolist()
         self._len = int(self._starts[-1])
+        # Whether a batch may need remote spans fetched together (checked per batch if so).
+        self._has_ranges = self._remote.strategy == "ranges" and any(map(is_url, self.shards))
         self._reset_process_state()
 
     # -- per-process state ----------------------------------------------------------
@@ -182,7 +189,9 @@ class IndexedTarDataset:
         entry = self._entries[shard_no]
         try:
             if is_url(entry.url):
-                index = self._remote.index(entry.url, entry.index, build_missing=self._build_missing)
+                index = self._remote.index(
+                    entry.url, entry.index, build_missing=self._build_missing
+                )
             elif entry.index is not None:
                 index = open_index_at(entry.url, entry.index)
             else:
@@ -216,7 +225,9 @@ class IndexedTarDataset:
         if position < 0:
             position += self._len
         if not 0 <= position < self._len:
-            raise SampleIndexError(f"index {index} is out of range for a dataset of {self._len} samples")
+            raise SampleIndexError(
+                f"index {index} is out of range for a dataset of {self._len} samples"
+            )
         return position
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -227,17 +238,19 @@ class IndexedTarDataset:
 
     def __getitem__(self, index: int) -> Any:
         # The common case first: a plain int in range skips operator.index and wrapping.
-        position = index if type(index) is int and 0 <= index < self._len else self._normalize(index)
+        position = (
+            index if type(index) is int and 0 <= index < self._len else self._normalize(index)
+        )
         shard_no = bisect.bisect_right(self._starts_list, position) - 1
         return self._sample(shard_no, position - self._starts_list[shard_no], position)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of samples (the DataLoader calls this with each batch's indices)."""
-        positions = np.fromiter((self._normalize(i) for i in indices), np.int64, len(indices))
+        positions = self._positions(indices)
         shard_nos = self._starts.searchsorted(positions, side="right") - 1
         locals_ = positions - self._starts[shard_nos]
         sample = self._sample
-        if self._remote.strategy == "ranges" and any(is_url(self.shards[n]) for n in set(shard_nos.tolist())):
+        if self._has_ranges and any(is_url(self.shards[n]) for n in set(shard_nos.tolist())):
             spans = self._fetch_spans(shard_nos.tolist(), locals_.tolist())
             return [
                 sample(shard_no, local, position, span)
@@ -247,8 +260,19 @@ class IndexedTarDataset:
             ]
         return [
             sample(shard_no, local, position)
-            for shard_no, local, position in zip(shard_nos.tolist(), locals_.tolist(), positions.tolist())
+            for shard_no, local, position in zip(
+                shard_nos.tolist(), locals_.tolist(), positions.tolist()
+            )
         ]
+
+    def _positions(self, indices: Sequence[int]) -> npt.NDArray[np.int64]:
+        """A batch's indices as positions, wrapped and checked as ``ds[i]`` does."""
+        # operator.index refuses floats, which np.fromiter would truncate.
+        with contextlib.suppress(OverflowError):
+            positions = np.fromiter(map(operator.index, indices), np.int64, len(indices))
+            if not len(positions) or (positions.min() >= 0 and positions.max() < self._len):
+                return positions
+        return np.fromiter(map(self._normalize, indices), np.int64, len(indices))
 
     def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
         """The remote samples' bytes, all requests in flight at once; ``None`` for local ones."""
@@ -287,12 +311,15 @@ class IndexedTarDataset:
             if name in sample:
                 value = sample[name]
                 if self._decoder is not None and not name.startswith("__"):
-                    value = self._decoder.decode_member(name, value, shard=sample["__shard__"], key=sample["__key__"])
+                    value = self._decoder.decode_member(
+                        name, value, shard=sample["__shard__"], key=sample["__key__"]
+                    )
                 return value
         present = sorted(name for name in sample if not name.startswith("__"))
         raise SampleKeyError(
-            f"sample {sample['__key__']!r} (index {sample['__index__']}) in shard {sample['__shard__']!r} "
-            f"has no {' or '.join(repr(a) for a in alternatives)} member; it has {present}"
+            f"sample {sample['__key__']!r} (index {sample['__index__']}) in shard "
+            f"{sample['__shard__']!r} has no {' or '.join(repr(a) for a in alternatives)} "
+            f"member; it has {present}"
         )
 
     def index_of(self, key: str) -> int:
@@ -315,7 +342,11 @@ class IndexedTarDataset:
         raise SampleKeyError(f"no sample has the key {key!r} in {len(self.shards)} shards")
 
     def __repr__(self) -> str:
-        source = f"manifest={str(self.manifest)!r}" if self.manifest is not None else f"{len(self.shards)} shards"
+        source = (
+            f"manifest={str(self.manifest)!r}"
+            if self.manifest is not None
+            else f"{len(self.shards)} shards"
+        )
         return f"IndexedTarDataset({source}, {self._len} samples)"
 
 
@@ -324,7 +355,9 @@ def _parse_keys(keys: str | Sequence[str] | None) -> tuple[tuple[str, ...], ...]
         return None
     fields = keys.split() if isinstance(keys, str) else list(keys)
     if not fields or not all(isinstance(field, str) and field for field in fields):
-        raise ValueError(f"keys= must be non-empty member names such as ('jpg;png', 'cls'); got {keys!r}")
+        raise ValueError(
+            f"keys= must be non-empty member names such as ('jpg;png', 'cls'); got {keys!r}"
+        )
     return tuple(tuple(field.split(";")) for field in fields)
 
 
@@ -337,7 +370,11 @@ def _open_indexes(
     workers: int | None,
     remote: RemoteOptions,
 ) -> list[ShardIndex]:
-    urls = {shard: remote.index(shard, None, build_missing=build_missing) for shard in shards if is_url(shard)}
+    urls = {
+        shard: remote.index(shard, None, build_missing=build_missing)
+        for shard in shards
+        if is_url(shard)
+    }
     if urls:
         local = [shard for shard in shards if shard not in urls]
         opened = {}
@@ -368,7 +405,10 @@ def _open_indexes(
         log.info("building %d missing indexes", len(missing))
         indexes = build_indexes(missing, index_dir=index_dir, workers=workers, progress=progress)
         built = dict(zip(missing, indexes))
-    return [built[shard] if shard in built else open_index(shard, index_dir=index_dir) for shard in shards]
+    return [
+        built[shard] if shard in built else open_index(shard, index_dir=index_dir)
+        for shard in shards
+    ]
 
 
 def _entries_from_indexes(indexes: list[ShardIndex]) -> list[ManifestShard]:
@@ -382,4 +422,3 @@ def _entries_from_indexes(indexes: list[ShardIndex]) -> list[ManifestShard]:
         )
         for index in indexes
     ]
-

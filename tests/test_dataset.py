@@ -197,6 +197,12 @@ def test_getitems_matches_getitem(shards: list[Path]) -> None:
     assert ds.__getitems__([]) == []
     with pytest.raises(IndexError):
         ds.__getitems__([0, 24])
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, 2**70])
+    with pytest.raises(TypeError):
+        ds.__getitems__([0, 1.5])  # type: ignore[list-item]
+    keys = [s["__key__"] for s in ds.__getitems__(np.array([3, -2]))]  # type: ignore[arg-type]
+    assert keys == [ds[3]["__key__"], ds[22]["__key__"]]
 
 
 def test_index_of(shards: list[Path]) -> None:
