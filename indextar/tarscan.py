@@ -36,7 +36,6 @@ The result is a :class:`TarScan`: parallel numpy arrays plus the member names.
 
 from __future__ import annotations
 
-import functools
 import logging
 import mmap
 import os
@@ -53,11 +52,21 @@ from .errors import (
     TruncatedShardError,
     UnsupportedMemberError,
 )
+from .tarfields import (
+    FIELDS as _FIELDS,
+)
+from .tarfields import cached_octal as _cached_octal
+from .tarfields import canonical_numbers as _canonical_numbers
+from .tarfields import checksums_ok as _checksums_ok
+from .tarfields import decode_names as _decode_names
+from .tarfields import names_at as _names_at
+from .tarfields import parse_numeric as _parse_numeric
+from .tarfields import parse_octal as _parse_octal
 
 try:  # the common case of the walk, in C; optional (see _tarwalk.c)
     from . import _tarwalk
 except ImportError:  # pragma: no cover - only where the extension did not compile
-    _tarwalk = None
+    _tarwalk = None  # type: ignore[assignment]
 
 #: Set this environment variable to use only the numpy scanner (the reference).
 PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
@@ -110,16 +119,6 @@ _COMPRESSION_MAGIC = (
     (b"\x28\xb5\x2f\xfd", "zstd", "zstd", (".zst", ".zstd")),
     (b"\x04\x22\x4d\x18", "lz4", "lz4", (".lz4",)),
 )
-
-# Numeric header fields: (offset, width). All must be valid octal or base-256.
-_FIELDS = {
-    "mode": (100, 8),
-    "uid": (108, 8),
-    "gid": (116, 8),
-    "size": (124, 12),
-    "mtime": (136, 12),
-    "chksum": (148, 8),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,15 +217,9 @@ class _Scanner:
 
     def scan(self) -> TarScan:
         self.check_start()
-        if _tarwalk is not None and not os.environ.get(PURE_PYTHON_ENV):
-            status, end, offsets, sizes, types = _tarwalk.walk(self.buf)
-            if status == 0:  # plain headers only, every checksum and field valid
-                return self.resolve_plain(
-                    np.frombuffer(offsets, np.int64),
-                    np.frombuffer(sizes, np.int64),
-                    np.frombuffer(types, np.uint8).copy(),
-                    end,
-                )
+        plain = self.walk_c()
+        if plain is not None:
+            return self.resolve_plain(*plain)
         try:
             offsets, end = self.walk_fast()
             return self.resolve(offsets, end)
@@ -467,6 +460,22 @@ class _Scanner:
             file_size=self.size,
         )
 
+    def walk_c(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8], int] | None:
+        """The C walker's chain, if it could walk the whole shard (plain headers only)."""
+        if _tarwalk is None or os.environ.get(PURE_PYTHON_ENV):
+            return None
+        status, end, offsets, sizes, types = _tarwalk.walk(self.buf)
+        if status != 0 or offsets is None or sizes is None or types is None:
+            return None  # something unusual: the numpy scanner takes over
+        return (
+            np.frombuffer(offsets, np.int64),
+            np.frombuffer(sizes, np.int64),
+            np.frombuffer(types, np.uint8).copy(),
+            end,
+        )
+
     def resolve_plain(
         self,
         offsets: npt.NDArray[np.int64],
@@ -662,85 +671,12 @@ class _Scanner:
         )
 
 
-@functools.lru_cache(maxsize=4096)
-def _cached_octal(field: bytes) -> int | None:
-    """:func:`_parse_octal`, memoised: a shard's size fields repeat a lot."""
-    return _parse_octal(field)
-
-
 class _ChainMismatch(Exception):
     """The walk's chain disagrees with the decoded sizes; walk again sequentially."""
 
     def __init__(self, offset: int):
         super().__init__(offset)
         self.offset = offset
-
-
-def _checksums_ok(
-    rows: npt.NDArray[np.uint8],
-    parsed: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None = None,
-) -> npt.NDArray[np.bool_]:
-    """Which header rows carry a valid checksum (unsigned, or signed as old tars wrote)."""
-    if parsed is None:
-        _, stored, canonical = _canonical_numbers(rows)
-    else:
-        stored, canonical = parsed[0].copy(), parsed[1]
-    for i in np.flatnonzero(~canonical):  # rare: the general parser, -1 if not octal
-        value = _parse_octal(rows[i, 148:156].tobytes())
-        stored[i] = -1 if value is None else value
-    field_sum = rows[:, 148:156].sum(axis=1, dtype=np.int64)
-    # uint32 accumulation is twice as fast as int64 and cannot overflow (512 * 255).
-    unsigned = rows.sum(axis=1, dtype=np.uint32).astype(np.int64) - field_sum + 8 * ord(" ")
-    good: npt.NDArray[np.bool_] = stored == unsigned
-    retry = np.flatnonzero(~good & (stored >= 0))
-    if retry.size:  # rare: only headers with bytes >= 128 can differ when signed
-        signed = rows[retry].astype(np.int8).sum(axis=1, dtype=np.int64)
-        signed -= rows[retry, 148:156].astype(np.int8).sum(axis=1, dtype=np.int64) - 8 * ord(" ")
-        good[retry] = stored[retry] == signed
-    return good
-
-
-# Byte classes for the canonical numeric layout: 1 = octal digit, 2 = NUL or space.
-_BYTE_CLASS = np.zeros(256, np.uint8)
-_BYTE_CLASS[ord("0") : ord("8")] = 1
-_BYTE_CLASS[[0, ord(" ")]] = 2
-# The numeric fields mode..chksum are contiguous (bytes 100-155). In the canonical
-# layout every writer emits, a field of width w is w-2 digits, then a digit or a pad,
-# then a pad: "0000644\0", or "012345\0 " for checksums.
-_NUMERIC = slice(100, 156)
-_TEMPLATE = np.zeros(56, np.uint8)
-for _start, _width in _FIELDS.values():
-    _col = _start - 100
-    _TEMPLATE[_col : _col + _width - 2] = 1
-    _TEMPLATE[_col + _width - 2] = 3
-    _TEMPLATE[_col + _width - 1] = 2
-
-
-def _canonical_numbers(
-    rows: npt.NDArray[np.uint8],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-    """Sizes and stored checksums of header rows in one vectorised pass.
-
-    Returns ``(sizes, checksums, canonical)``: values are valid only where
-    ``canonical`` is true, i.e. where all six numeric fields have the canonical
-    layout. Other rows (unusual padding, base-256, corrupt) need the general parser.
-    """
-    classes = _BYTE_CLASS[rows[:, _NUMERIC]]
-    # 56 flags a row, compared as 7 machine words rather than 56 bytes.
-    fits = ((classes & _TEMPLATE) != 0).view(np.uint64)
-    canonical = (fits == np.uint64(0x0101010101010101)).all(axis=1)
-    return _octal_column(rows, classes, 124, 12), _octal_column(rows, classes, 148, 8), canonical
-
-
-def _octal_column(
-    rows: npt.NDArray[np.uint8], classes: npt.NDArray[np.uint8], start: int, width: int
-) -> npt.NDArray[np.int64]:
-    """Values of one canonical octal field: ``width - 1`` or ``width - 2`` digits."""
-    digits = rows[:, start : start + width - 1].astype(np.int64) - ord("0")
-    long_form = digits @ (8 ** np.arange(width - 2, -1, -1, dtype=np.int64))
-    short_form = digits[:, :-1] @ (8 ** np.arange(width - 3, -1, -1, dtype=np.int64))
-    last_is_digit = classes[:, start - 100 + width - 2] == 1
-    return np.where(last_is_digit, long_form, short_form)
 
 
 def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str:
@@ -756,51 +692,6 @@ def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str
             return f"{tool} -dc {quote(shard)} > {quote(plain)}"
     tmp = shard + ".tmp"
     return f"{tool} -dc {quote(shard)} > {quote(tmp)} && mv {quote(tmp)} {quote(shard)}"
-
-
-# -- field parsing helpers ------------------------------------------------------
-
-
-def _parse_numeric(
-    fields: npt.NDArray[np.uint8], *, values: bool = True
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-    """Parse octal fields row-wise, as strict tar readers do.
-
-    A field is: optional spaces, octal digits, then a NUL or spaces; anything after
-    the first NUL is ignored, an empty field is 0. Returns the values (zeros unless
-    ``values``) and a mask of rows that parsed; base-256 rows do not parse here.
-    """
-    n, width = fields.shape
-    result = np.zeros(n, dtype=np.int64)
-    canonical = np.zeros(n, dtype=bool)
-    # Fast path: the canonical forms every common writer emits, a run of digits
-    # padded with a NUL or space ("0000644\0"), or with two (checksums, "012345\0 ").
-    is_digit = (fields - ord("0")) < 8
-    is_pad = (fields == 0) | (fields == ord(" "))
-    for ndigits in (width - 1, width - 2):
-        form = is_digit[:, :ndigits].all(axis=1) & is_pad[:, ndigits:].all(axis=1) & ~canonical
-        if values and form.any():
-            powers = 8 ** np.arange(ndigits - 1, -1, -1, dtype=np.int64)
-            parsed = (fields[:, :ndigits].astype(np.int64) - ord("0")) @ powers
-            result = np.where(form, parsed, result)
-        canonical |= form
-    ok = canonical.copy()
-    for i in np.flatnonzero(~canonical):  # rare: other layouts take the general parser
-        parsed = _parse_octal(fields[i].tobytes())
-        if parsed is not None:
-            ok[i] = True
-            result[i] = parsed
-    return result, ok
-
-
-def _parse_octal(raw: bytes) -> int | None:
-    """General octal field parser: ``None`` unless the field is valid octal."""
-    text = raw.split(b"\0", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    if not all(48 <= c <= 55 for c in text):
-        return None
-    return int(text, 8)
 
 
 def _base256(raw: bytes, scanner: _Scanner, where: int, name: str) -> int:
@@ -823,36 +714,6 @@ def _check_size(value: int, scanner: _Scanner, where: int) -> int:
             where,
         )
     return value
-
-
-def _decode_names(rows: npt.NDArray[np.uint8], types: npt.NDArray[np.uint8]) -> list[bytes]:
-    """Raw names from the name and (POSIX ustar) prefix fields of header ``rows``."""
-    return _names_at(rows, np.arange(len(rows)), types)
-
-
-def _names_at(
-    blocks: npt.NDArray[np.uint8], rows: npt.NDArray[np.int64], types: npt.NDArray[np.uint8]
-) -> list[bytes]:
-    """Raw names of the headers ``blocks[rows]``; reads only the fields it needs.
-
-    Old V7 tars mark a directory as a regular file whose name ends in '/': such
-    entries get type ``'5'`` in ``types``.
-    """
-    name_field = blocks[rows, :100]
-    names: list[bytes] = name_field.view("S100").ravel().tolist()  # trailing NULs dropped
-    # A name ends at its first NUL, whatever follows: find rows with bytes after a NUL.
-    lengths = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
-    for i in np.flatnonzero(np.count_nonzero(name_field, axis=1) != lengths):
-        names[i] = names[i].split(b"\0", 1)[0]
-    magic = blocks[rows, _MAGIC_OFFSET : _MAGIC_OFFSET + 8]
-    posix = (magic == np.frombuffer(_POSIX_MAGIC, np.uint8)).all(axis=1)
-    for i in np.flatnonzero(posix & (blocks[rows, 345] != 0)):
-        prefix = blocks[rows[i], 345:500].tobytes().split(b"\0", 1)[0]
-        names[i] = prefix + b"/" + names[i]
-    for i in np.flatnonzero(types == 0):
-        if names[i].endswith(b"/"):
-            types[i] = ord("5")
-    return names
 
 
 def _decode_name(raw: bytes, where: int, scanner: _Scanner) -> str:
