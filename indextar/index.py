@@ -84,6 +84,35 @@ class IndexMeta:
     """The remote object's ETag when it was indexed; empty for local shards."""
 
     @classmethod
+    def describe(
+        cls,
+        scan: TarScan,
+        grouping: Grouping,
+        *,
+        shard_name: str,
+        shard_size: int,
+        shard_mtime_ns: int,
+        fingerprint: str,
+        etag: str = "",
+    ) -> IndexMeta:
+        """The metadata of an index built now from ``scan`` and ``grouping``."""
+        return cls(
+            format_version=FORMAT_VERSION,
+            indextar_version=__version__,
+            shard_name=shard_name,
+            shard_size=shard_size,
+            shard_mtime_ns=shard_mtime_ns,
+            fingerprint=fingerprint,
+            end_offset=scan.end_offset,
+            num_members=len(grouping.entries),
+            num_samples=len(grouping.keys),
+            num_skipped=len(grouping.skipped),
+            naming=NAMING,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            etag=etag,
+        )
+
+    @classmethod
     def from_rows(cls, rows: dict[str, str], path: Path) -> IndexMeta:
         """The ``meta`` table's ``key``/``value`` rows of the index at ``path``, parsed."""
         try:
@@ -402,19 +431,13 @@ def build_index(
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
-    meta = IndexMeta(
-        format_version=FORMAT_VERSION,
-        indextar_version=__version__,
+    meta = IndexMeta.describe(
+        scan,
+        grouping,
         shard_name=shard_path.name,
         shard_size=st.st_size,
         shard_mtime_ns=st.st_mtime_ns,
         fingerprint=content_fingerprint,
-        end_offset=scan.end_offset,
-        num_members=len(grouping.entries),
-        num_samples=len(grouping.keys),
-        num_skipped=len(grouping.skipped),
-        naming=NAMING,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     write_index(path, meta, scan, grouping)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)

@@ -12,7 +12,6 @@ server gives no ETag, the content fingerprint (two ranged reads of 64 KiB).
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import logging
 import mmap
@@ -23,13 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
 from .errors import IndexFormatError, MissingIndexError, StaleIndexError
 from .index import (
     _FINGERPRINT_SPAN,
-    FORMAT_VERSION,
     INDEX_SUFFIX,
-    NAMING,
     IndexMeta,
     ShardIndex,
     _read_meta,
@@ -176,19 +172,13 @@ def build_remote_index(
         grouping = group_members(scan, shard=url)
     finally:
         tmp.unlink(missing_ok=True)
-    meta = IndexMeta(
-        format_version=FORMAT_VERSION,
-        indextar_version=__version__,
+    meta = IndexMeta.describe(
+        scan,
+        grouping,
         shard_name=url,
         shard_size=stat.size,
         shard_mtime_ns=0,
         fingerprint=content_fingerprint,
-        end_offset=scan.end_offset,
-        num_members=len(grouping.entries),
-        num_samples=len(grouping.keys),
-        num_skipped=len(grouping.skipped),
-        naming=NAMING,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         etag=stat.etag,
     )
     write_index(local, meta, scan, grouping)

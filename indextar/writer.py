@@ -19,7 +19,6 @@ Both differ from webdataset's writers of the same names in four ways:
 
 from __future__ import annotations
 
-import datetime
 import logging
 import mmap
 import os
@@ -32,12 +31,9 @@ from typing import IO, Any, Union
 
 import numpy as np
 
-from ._version import __version__
 from .encode import encode_value
 from .errors import EncodeError, WriterError
 from .index import (
-    FORMAT_VERSION,
-    NAMING,
     IndexMeta,
     ShardIndex,
     fingerprint,
@@ -420,19 +416,13 @@ class TarWriter:
             file_size=st.st_size,
         )
         grouping = group_members(scan, shard=str(path))
-        meta = IndexMeta(
-            format_version=FORMAT_VERSION,
-            indextar_version=__version__,
+        meta = IndexMeta.describe(
+            scan,
+            grouping,
             shard_name=path.name,
             shard_size=st.st_size,
             shard_mtime_ns=st.st_mtime_ns,
             fingerprint=content_fingerprint,
-            end_offset=scan.end_offset,
-            num_members=len(grouping.entries),
-            num_samples=len(grouping.keys),
-            num_skipped=len(grouping.skipped),
-            naming=NAMING,
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
         target = index_path(path)
         write_index(target, meta, scan, grouping)
