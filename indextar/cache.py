@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import CacheFullError, TruncatedShardError
+from .errors import CacheFullError, IndextarError, TruncatedShardError
 from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RetryPolicy
 from .sources import ByteSource, LocalFileSource
 
@@ -148,7 +148,7 @@ class ShardCache:
                     batch = ranges[start : start + _CHUNKS_IN_FLIGHT]
                     datas = source.read_many([o for o, _ in batch], [n for _, n in batch])
                     for (offset, _), data in zip(batch, datas):
-                        os.pwrite(fd, data, offset)
+                        _pwrite_all(fd, data, offset)
                 os.fsync(fd)
                 if os.fstat(fd).st_size != expected.size:
                     raise TruncatedShardError(
@@ -156,8 +156,10 @@ class ShardCache:
                         shard=url,
                     )
             os.replace(part, path)
-        except BaseException:
+        except BaseException as e:
             part.unlink(missing_ok=True)
+            if isinstance(e, OSError) and not isinstance(e, IndextarError):
+                raise self._disk_error(e, url, expected.size) from e
             raise
         finally:
             source.close()
@@ -189,8 +191,20 @@ class ShardCache:
                     f"{str(self.directory)!r}: {used} of {self.limit} bytes are in shards that are "
                     "open or downloading; raise cache_limit= or open fewer shards at once"
                 )
-            with open(part, "wb") as f:
-                f.truncate(size)
+            try:
+                with open(part, "wb") as f:
+                    f.truncate(size)
+            except OSError as e:
+                part.unlink(missing_ok=True)
+                raise self._disk_error(e, url, size) from e
+
+    def _disk_error(self, error: OSError, url: str, size: int) -> CacheFullError:
+        """The error for a disk that is full (or refuses the file) under the cache folder."""
+        return CacheFullError(
+            f"cannot store shard {url!r} ({size} bytes) in the shard cache "
+            f"{str(self.directory)!r}: {error.strerror or error}; free space there, or choose "
+            "another folder with cache_dir= or read the shard with remote='ranges'"
+        )
 
     def _entries(self) -> list[tuple[Path, int, bool]]:
         """``(path, size, is_download)`` of every cached shard and download."""
@@ -224,6 +238,16 @@ class ShardCache:
 
     def __repr__(self) -> str:
         return f"ShardCache({str(self.directory)!r}, limit={self.limit})"
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset``: on a full disk ``pwrite`` may write only part of
+    it without an error (the file is pre-sized, so the rest would read as zeros); the
+    retry of the rest then raises ``ENOSPC``."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 class CachedSource(ByteSource):
