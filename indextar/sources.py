@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import abc
 import importlib
+import itertools
 import mmap
 import os
+import resource
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -79,10 +81,14 @@ class ByteSource(abc.ABC):
 class LocalFileSource(ByteSource):
     """A local file, memory-mapped on first read: a range is one slice, no system call.
 
-    The mapping is made in the process that reads and replaced after a fork. Shards
-    must not be truncated in place while they are read (replace them with a new file
-    instead, as for their indexes): reading a mapped page past a shrunken end of file
-    kills the process with ``SIGBUS``.
+    The mapping is made in the process that reads and replaced after a fork.
+
+    Each read first asks the file's current size (one ``fstat``, about 0.5 us): a
+    shard truncated in place while mapped raises :class:`TruncatedShardError` instead
+    of touching pages past its new end, which would kill the process with ``SIGBUS``.
+    Only a truncation landing between that check and the copy can still do so;
+    replace shards with a new file (rename) rather than rewriting them in place. A
+    deleted or replaced shard keeps its old bytes for as long as it stays mapped.
     """
 
     __slots__ = ("url", "_map", "_generation", "_size")
@@ -98,12 +104,13 @@ class LocalFileSource(ByteSource):
             # Inherited through fork: unmapping the child's copy leaves the parent's.
             self._map.close()
             self._map = None
+        _make_room_for_a_map(self)
         try:
             with open(self.url, "rb") as f:
                 self._size = os.fstat(f.fileno()).st_size
                 if self._size:
                     self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                    _mapped.add(self)
+                    _mapped[self] = next(_map_counter)
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
         self._generation = _fork_generation
@@ -124,12 +131,23 @@ class LocalFileSource(ByteSource):
                 shard=self.url,
                 offset=offset,
             )
-        return self._map[offset : offset + length] if self._map is not None else b""
+        if self._map is None:
+            return b""
+        if offset + length > self._map.size():  # fstat of the mapped file: did it shrink?
+            raise TruncatedShardError(
+                f"wanted bytes {offset}..{offset + length} but the shard now has "
+                f"{self._map.size()}; it was truncated while open (indexed at {self._size} "
+                "bytes)",
+                shard=self.url,
+                offset=offset,
+            )
+        return self._map[offset : offset + length]
 
     def close(self) -> None:
         if self._map is not None:
             self._map.close()
             self._map = None
+        _mapped.pop(self, None)
         self._generation = -1
 
     def __getstate__(self) -> dict[str, Any]:
@@ -145,9 +163,27 @@ class LocalFileSource(ByteSource):
 # Incremented in every forked child: objects that opened something compare it with the
 # value they opened under, which is cheaper than os.getpid() (a system call) per read.
 _fork_generation = 0
-# Sources with a live mapping: a forked child unmaps its copies at once, so that nothing
-# opened by the parent lives on in DataLoader workers.
-_mapped: weakref.WeakSet[LocalFileSource] = weakref.WeakSet()
+# Sources with a live mapping, and when each was mapped: a forked child unmaps its copies
+# at once, so that nothing opened by the parent lives on in DataLoader workers.
+_mapped: weakref.WeakKeyDictionary[LocalFileSource, int] = weakref.WeakKeyDictionary()
+_map_counter = itertools.count()
+
+
+def _make_room_for_a_map(opening: LocalFileSource) -> None:
+    """Unmap the longest-mapped sources while maps hold half the process's fd limit.
+
+    Each map keeps a file descriptor; under ``ulimit -n 64`` a dataset's 64 open
+    shards would leave none for index files. An unmapped source maps again on its
+    next read.
+    """
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or len(_mapped) < soft // 2:
+        return
+    for source, _ in sorted(_mapped.items(), key=lambda item: item[1]):
+        if len(_mapped) < max(1, soft // 2):
+            break
+        if source is not opening:
+            source.close()
 
 
 def _after_fork_in_child() -> None:
