@@ -450,15 +450,7 @@ class _Scanner:
         if extension.any():
             return self.apply_extensions(offsets, types, sizes, names, extension, end)
         self.check_chain(offsets, sizes, end)
-        return TarScan(
-            names=_decode_all(names, offsets, self),
-            types=types,
-            header_offsets=offsets,
-            data_offsets=offsets + BLOCK,
-            sizes=sizes,
-            end_offset=end,
-            file_size=self.size,
-        )
+        return self.plain_scan(names, types, offsets, sizes, end)
 
     def walk_c(
         self,
@@ -487,8 +479,19 @@ class _Scanner:
         self.check_end(end, int(offsets[-1]) if len(offsets) else 0)
         blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
         names = _names_at(blocks, offsets // BLOCK, types)
+        return self.plain_scan(names, types, offsets, sizes, end)
+
+    def plain_scan(
+        self,
+        raw_names: list[bytes],
+        types: npt.NDArray[np.uint8],
+        offsets: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        end: int,
+    ) -> TarScan:
+        """The scan of a shard without extension headers: one header per entry."""
         return TarScan(
-            names=_decode_all(names, offsets, self),
+            names=_decode_all(raw_names, offsets, self),
             types=types,
             header_offsets=offsets,
             data_offsets=offsets + BLOCK,
