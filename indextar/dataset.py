@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .build import build_indexes
-from .decode import DecodeArg, Decoder, make_decoder
+from .decode import DecodeArg, Decoder, make_decoder, select_field
 from .errors import (
     MissingIndexError,
     SampleIndexError,
@@ -307,20 +307,7 @@ class IndexedTarDataset:
         return result if self._transform is None else self._transform(result)
 
     def _field(self, sample: Sample, alternatives: tuple[str, ...]) -> Any:
-        for name in alternatives:
-            if name in sample:
-                value = sample[name]
-                if self._decoder is not None and not name.startswith("__"):
-                    value = self._decoder.decode_member(
-                        name, value, shard=sample["__shard__"], key=sample["__key__"]
-                    )
-                return value
-        present = sorted(name for name in sample if not name.startswith("__"))
-        raise SampleKeyError(
-            f"sample {sample['__key__']!r} (index {sample['__index__']}) in shard "
-            f"{sample['__shard__']!r} has no {' or '.join(repr(a) for a in alternatives)} "
-            f"member; it has {present}"
-        )
+        return select_field(sample, alternatives, self._decoder)
 
     def index_of(self, key: str) -> int:
         """The dataset index of the first sample whose ``__key__`` is ``key``.

@@ -26,9 +26,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from .errors import DecodeError, DecodeSpecError, UnsafeMemberError
+from .errors import DecodeError, DecodeSpecError, SampleKeyError, UnsafeMemberError
 
 __all__ = [
+    "select_field",
     "Handler",
     "DecodeArg",
     "Decoder",
@@ -42,7 +43,7 @@ __all__ = [
 Handler = Callable[[str, bytes], Any]
 """``handler(key, data)``: a decoded value, or ``None`` to let the next handler try."""
 
-DecodeArg = Union[None, str, Handler, Sequence[Union[str, Handler]]]
+DecodeArg = Union[None, str, Handler, Sequence[str | Handler]]
 """What ``decode=`` accepts: ``None`` (bytes), a spec string, a handler, or a list of them."""
 
 # (array type, element type, mode), as webdataset's ``autodecode.imagespecs``.
@@ -178,7 +179,9 @@ def _msgpack_loads(data: bytes) -> Any:
     try:
         import msgpack
     except ImportError as e:
-        raise ImportError("decoding msgpack members needs the msgpack package (pip install msgpack)") from e
+        raise ImportError(
+            "decoding msgpack members needs the msgpack package (pip install msgpack)"
+        ) from e
     return msgpack.unpackb(data)
 
 
@@ -210,7 +213,10 @@ class Decoder:
             raise UnsafeMemberError(str(e), shard=shard, key=key, ext=ext) from None
         except Exception as e:
             raise DecodeError(
-                f"cannot decode {len(data)} bytes ({type(e).__name__}: {e})", shard=shard, key=key, ext=ext
+                f"cannot decode {len(data)} bytes ({type(e).__name__}: {e})",
+                shard=shard,
+                key=key,
+                ext=ext,
             ) from e
 
 
@@ -237,7 +243,9 @@ def make_decoder(decode: DecodeArg, *, allow_unsafe: bool = False) -> Decoder | 
     elif isinstance(decode, (list, tuple)):
         items = decode
     else:
-        raise DecodeSpecError(f"decode= must be a spec string, a callable or a list of them; got {decode!r}")
+        raise DecodeSpecError(
+            f"decode= must be a spec string, a callable or a list of them; got {decode!r}"
+        )
     handlers: list[Handler] = []
     for item in items:
         if isinstance(item, str):
@@ -250,3 +258,29 @@ def make_decoder(decode: DecodeArg, *, allow_unsafe: bool = False) -> Decoder | 
             )
     handlers.append(BasicHandler(allow_unsafe=allow_unsafe))
     return Decoder(tuple(handlers))
+
+
+def select_field(
+    sample: dict[str, Any], alternatives: tuple[str, ...], decoder: Decoder | None
+) -> Any:
+    """The first of ``alternatives`` (as in ``"jpg;png"``) that ``sample`` has, decoded.
+
+    Raises
+    ------
+    SampleKeyError
+        Naming the sample, its shard and the members it does have.
+    """
+    for name in alternatives:
+        if name in sample:
+            value = sample[name]
+            if decoder is not None and not name.startswith("__"):
+                value = decoder.decode_member(
+                    name, value, shard=sample["__shard__"], key=sample["__key__"]
+                )
+            return value
+    present = sorted(name for name in sample if not name.startswith("__"))
+    index = f" (index {sample['__index__']})" if "__index__" in sample else ""
+    raise SampleKeyError(
+        f"sample {sample['__key__']!r}{index} in shard {sample['__shard__']!r} has no "
+        f"{' or '.join(repr(a) for a in alternatives)} member; it has {present}"
+    )

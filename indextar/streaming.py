@@ -18,8 +18,8 @@ from typing import Any, Literal
 import torch.utils.data
 
 from .dataset import _parse_keys
-from .decode import DecodeArg, Decoder, make_decoder
-from .errors import IndextarError, SampleFormatError, SampleKeyError
+from .decode import DecodeArg, Decoder, make_decoder, select_field
+from .errors import IndextarError, SampleFormatError
 from .naming import skip_reason, split_name
 from .patterns import expand_shards
 from .remote import check_pipe_allowed
@@ -214,19 +214,7 @@ class StreamingTarDataset(torch.utils.data.IterableDataset[Any]):
         return sample
 
     def _field(self, sample: Sample, alternatives: tuple[str, ...]) -> Any:
-        for name in alternatives:
-            if name in sample:
-                value = sample[name]
-                if self._decoder is not None and not name.startswith("__"):
-                    value = self._decoder.decode_member(
-                        name, value, shard=sample["__shard__"], key=sample["__key__"]
-                    )
-                return value
-        present = sorted(name for name in sample if not name.startswith("__"))
-        raise SampleKeyError(
-            f"sample {sample['__key__']!r} in shard {sample['__shard__']!r} has no "
-            f"{' or '.join(repr(a) for a in alternatives)} member; it has {present}"
-        )
+        return select_field(sample, alternatives, self._decoder)
 
     def __repr__(self) -> str:
         return f"StreamingTarDataset({len(self.urls)} shards, shuffle={self.shuffle}, resampled={self.resampled})"
