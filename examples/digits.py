@@ -121,7 +121,7 @@ def train(
     save(checkpoint_path, model, optimiser, {"epoch": epochs, "consumed": 0})
     result = accuracy(model, data)
     (run / "result.json").write_text(json.dumps({"accuracy": result, "epochs": epochs}))
-    print(f"test accuracy after {epochs} epochs: {result:.3f}")
+    print(f"test accuracy: {result:.3f} (epochs: {epochs})")
     return result
 
 
