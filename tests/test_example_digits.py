@@ -7,6 +7,7 @@ start-ups) with small settings; docs/walkthrough.md runs the same commands from 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -37,15 +38,23 @@ def test_digits_trains_stops_and_resumes_in_the_same_order(tmp_path: Path) -> No
     assert len(list(tmp_path.glob("train-*.tar"))) == 4
 
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    full_accuracy = digits.train(tmp_path, full, epochs=2, workers=1, stop_after=None)
-    stop = STEPS_PER_EPOCH + 15  # in the middle of the second epoch
-    assert digits.train(tmp_path, resumed, epochs=2, workers=1, stop_after=stop) is None
-    assert len((resumed / "order.txt").read_text().splitlines()) == stop
-    resumed_accuracy = digits.train(tmp_path, resumed, epochs=2, workers=0, stop_after=None)
 
-    assert full_accuracy is not None and full_accuracy > 0.85  # 2 epochs of an MLP; chance is 0.1
-    assert resumed_accuracy == full_accuracy
-    digits.compare(full, resumed)  # same order, identical weights
+    def train(run: Path, *options: str) -> None:
+        digits.main(["train", str(tmp_path), "--run", str(run), "--epochs", "2", *options])
+
+    train(full, "--workers", "1")
+    stop = STEPS_PER_EPOCH + 15  # in the middle of the second epoch
+    train(resumed, "--workers", "1", "--stop-after", str(stop))
+    assert len((resumed / "order.txt").read_text().splitlines()) == stop
+    assert not (resumed / "result.json").exists()
+    train(resumed, "--workers", "0")
+
+    accuracy = [
+        json.loads((run / "result.json").read_text())["accuracy"] for run in (full, resumed)
+    ]
+    assert accuracy[0] > 0.85  # a small MLP after two epochs; chance is 0.1
+    assert accuracy[1] == accuracy[0]
+    digits.main(["compare", str(full), str(resumed)])  # same order, identical weights
 
     steps = (full / "order.txt").read_text().splitlines()
     assert len(steps) == 2 * STEPS_PER_EPOCH
@@ -57,4 +66,4 @@ def test_digits_trains_stops_and_resumes_in_the_same_order(tmp_path: Path) -> No
     # compare() does fail on runs that differ.
     (resumed / "order.txt").write_text("\n".join(steps[1:] + steps[:1]) + "\n")
     with pytest.raises(AssertionError, match="different samples or in another order"):
-        digits.compare(full, resumed)
+        digits.main(["compare", str(full), str(resumed)])
