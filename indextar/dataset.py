@@ -258,12 +258,18 @@ class IndexedTarDataset:
                     shard_nos.tolist(), locals_.tolist(), positions.tolist(), spans
                 )
             ]
-        return [
-            sample(shard_no, local, position)
-            for shard_no, local, position in zip(
-                shard_nos.tolist(), locals_.tolist(), positions.tolist()
-            )
-        ]
+        # Shard by shard: one read_many, so one size check of a local file, per shard.
+        groups: dict[int, list[int]] = {}
+        for at, shard_no in enumerate(shard_nos.tolist()):
+            groups.setdefault(shard_no, []).append(at)
+        results: list[Any] = [None] * len(positions)
+        local_list, position_list = locals_.tolist(), positions.tolist()
+        for shard_no, group in groups.items():
+            shard = self._shard(shard_no)
+            read = shard.read_many([local_list[at] for at in group])
+            for at, (key, members) in zip(group, read):
+                results[at] = self._build(shard, key, members, position_list[at])
+        return results
 
     def _positions(self, indices: Sequence[int]) -> npt.NDArray[np.int64]:
         """A batch's indices as positions, wrapped and checked as ``ds[i]`` does."""
@@ -292,6 +298,12 @@ class IndexedTarDataset:
     def _sample(self, shard_no: int, local: int, position: int, span: bytes | None = None) -> Any:
         shard = self._shard(shard_no)
         key, members = shard.read(local, span)
+        return self._build(shard, key, members, position)
+
+    def _build(
+        self, shard: OpenShard, key: str, members: list[tuple[str, bytes]], position: int
+    ) -> Any:
+        """The sample (dict or tuple, decoded and transformed) from a shard's members."""
         sample: Sample = {"__key__": key, "__shard__": shard.shard, "__index__": position}
         decoder = self._decoder
         if self._fields is not None:

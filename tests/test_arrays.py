@@ -41,9 +41,7 @@ def test_stored_arrays_equal_the_tables(shard: Path) -> None:
         derived = arrays_from_tables(conn)
     assert stored is not None and stored.equals(derived)
     assert stored.ext_names == ("", "cls", "jpg", "json", "seg.png")
-    keys = [
-        stored.key_blob[start:end].decode() for start, end in stored.samples[:, 4:6].tolist()
-    ]
+    keys = [stored.key_blob[start:end].decode() for start, end in stored.samples[:, 4:6].tolist()]
     assert keys == index.keys()
 
 

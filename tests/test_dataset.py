@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from wds_shards import jpeg, sample, write_shards
 
 from indextar import (
     DecodeError,
@@ -26,10 +27,7 @@ from indextar import (
     build_index,
     index_path,
 )
-from indextar.errors import IndextarError, SampleIndexError, SampleKeyError
-from wds_shards import jpeg, sample, write_shards
-
-import webdataset
+from indextar.errors import IndextarError, SampleIndexError, SampleKeyError, TruncatedShardError
 
 
 @pytest.fixture
@@ -180,7 +178,9 @@ def test_transform_and_custom_handlers(shards: list[Path]) -> None:
     def upper_txt(key: str, data: bytes) -> Any:
         return data.decode().upper() if key == ".txt" else None
 
-    ds = IndexedTarDataset(shards, decode=[upper_txt, "l8"], transform=lambda s: (s["txt"], s["jpg"].shape))
+    ds = IndexedTarDataset(
+        shards, decode=[upper_txt, "l8"], transform=lambda s: (s["txt"], s["jpg"].shape)
+    )
     assert ds[0] == ("CAPTION 0", (6, 8))
     tuples = IndexedTarDataset(shards, keys=("cls",), transform=lambda t: int(t[0]) * 10)
     assert tuples[3] == 30
@@ -193,7 +193,9 @@ def test_getitems_matches_getitem(shards: list[Path]) -> None:
     for got, i in zip(batch, indices):
         expected = ds[i]
         assert got.keys() == expected.keys() and got["__index__"] == i % 24
-        assert np.array_equal(got["jpg" if "jpg" in got else "png"], expected["jpg" if "jpg" in got else "png"])
+        assert np.array_equal(
+            got["jpg" if "jpg" in got else "png"], expected["jpg" if "jpg" in got else "png"]
+        )
     assert ds.__getitems__([]) == []
     with pytest.raises(IndexError):
         ds.__getitems__([0, 24])
@@ -203,6 +205,20 @@ def test_getitems_matches_getitem(shards: list[Path]) -> None:
         ds.__getitems__([0, 1.5])  # type: ignore[list-item]
     keys = [s["__key__"] for s in ds.__getitems__(np.array([3, -2]))]  # type: ignore[arg-type]
     assert keys == [ds[3]["__key__"], ds[22]["__key__"]]
+
+
+def test_a_batch_from_a_shard_truncated_while_open_is_an_error(
+    make_tar: Callable[..., Path],
+) -> None:
+    path = make_tar({f"s{i:03d}.txt": b"x" * 700 for i in range(40)}, name="t.tar")
+    ds = IndexedTarDataset(path)
+    first = ds.__getitems__([0, 1])
+    with open(path, "r+b") as f:  # in place: one size check per shard and batch sees it
+        f.truncate(path.stat().st_size // 2)
+    with pytest.raises(TruncatedShardError, match="truncated while open"):
+        ds.__getitems__([0, 39, 1])
+    assert ds.__getitems__([0, 1]) == first
+    ds.close()
 
 
 def test_index_of(shards: list[Path]) -> None:
@@ -269,7 +285,9 @@ def test_build_missing_false_names_every_shard(tmp_path: Path) -> None:
     assert isinstance(info.value, FileNotFoundError)
 
 
-def test_missing_indexes_are_built_in_parallel(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_missing_indexes_are_built_in_parallel(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     paths = write_shards(tmp_path / "raw", 3, 4, images=False)
     index_dir = tmp_path / "indexes"
     ds = IndexedTarDataset(paths, index_dir=index_dir, build_workers=2)
@@ -281,7 +299,9 @@ def test_missing_indexes_are_built_in_parallel(tmp_path: Path, capfd: pytest.Cap
     assert len(again) == 12
 
 
-def test_progress_bar_is_opt_in(tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+def test_progress_bar_is_opt_in(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     paths = write_shards(tmp_path / "raw", 2, 2, images=False)
     with caplog.at_level(logging.INFO, logger="indextar"):
         IndexedTarDataset(paths, progress=True, build_workers=1)
@@ -342,7 +362,9 @@ def test_deleted_shard_names_its_index(shards: list[Path]) -> None:
 
 
 def test_corrupt_jpeg_names_shard_key_and_extension(make_tar: Callable[..., Path]) -> None:
-    path = make_tar({"good.jpg": jpeg(1), "bad.jpg": jpeg(2)[:50], "bad.cls": b"1"}, name="imgs.tar")
+    path = make_tar(
+        {"good.jpg": jpeg(1), "bad.jpg": jpeg(2)[:50], "bad.cls": b"1"}, name="imgs.tar"
+    )
     ds = IndexedTarDataset(path, decode="rgb8")
     assert ds[0]["jpg"].shape == (6, 8, 3)
     with pytest.raises(DecodeError) as info:
