@@ -620,6 +620,10 @@ class _Scanner:
                     first_header = pos
                 payload = self.read_data(pos, int(sizes[i]))
                 if t == _GNU_LONGNAME:
+                    # As GNU tar: the name runs to its NUL, even past the size into the
+                    # padding (the chain guarantees the padded blocks are in the file).
+                    padded = -(-int(sizes[i]) // BLOCK) * BLOCK
+                    payload = self.read_data(pos, padded) + b"\0"
                     pending_name = _decode_name(payload.split(b"\0", 1)[0], pos, self)
                 elif t == _PAX_LOCAL:
                     pending.update(_parse_pax(payload, self, pos))
@@ -771,5 +775,7 @@ def _parse_pax(payload: bytes, scanner: _Scanner, where: int) -> dict[str, str]:
             raise scanner.error(
                 ShardFormatError, f"PAX record {key!r} is not valid UTF-8", where
             ) from None
+        if key == b"size":  # every size record must be valid, not only the last one
+            scanner.pax_size(records["size"], where)
         pos += length
     return records

@@ -98,6 +98,8 @@ def _number(field: bytes, shard: str, offset: int, name: str) -> int:
 def _pax_size(value: str, shard: str, offset: int) -> int:
     if not (value.isascii() and value.isdigit()):
         raise ShardFormatError(f"PAX header has an invalid size {value!r}", shard=shard, offset=offset)
+    if len(value) > 19 or int(value) > 1 << 62:  # as the scanner: more than any shard holds
+        raise ShardFormatError(f"PAX header has a size of {value[:30]}... bytes", shard=shard, offset=offset)
     return int(value)
 
 
@@ -134,6 +136,8 @@ def _pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
             )
         keyword, _, value = record[:-1].partition(b"=")
         records[keyword.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        if keyword == b"size":  # every size record must be valid, as in the scanner
+            _pax_size(records["size"], shard, offset)
         pos += length
     return records
 
@@ -194,13 +198,14 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
             typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL)
             or typeflag[0] in _REGULAR
         ):
-            payload = _read_exact(stream, padded, shard, data_offset, "a member's data")[:size]
+            padded_payload = _read_exact(stream, padded, shard, data_offset, "a member's data")
+            payload = padded_payload[:size]
         else:
             _read_exact(stream, padded, shard, data_offset, "a member's data")
             payload = b""
         offset = data_offset + padded
-        if typeflag == _GNU_LONGNAME:
-            long_name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if typeflag == _GNU_LONGNAME:  # to its NUL, padding included, as the scanner
+            long_name = padded_payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
         if typeflag == _GNU_LONGLINK:
             continue
