@@ -27,8 +27,9 @@ from indextar import build_index, open_index
 from indextar.index import INDEX_SUFFIX
 from indextar.verify import verify_index
 
-KILLS = 50
-SEED = 7
+# INDEXTAR_CRASH_KILLS / INDEXTAR_CRASH_SEED run longer or other series (docs/reliability.md).
+KILLS = int(os.environ.get("INDEXTAR_CRASH_KILLS", "50"))
+SEED = int(os.environ.get("INDEXTAR_CRASH_SEED", "7"))
 # For each line (a shard path) forks a child running `indextar index --force SHARD` and
 # prints its pid; on the next line ("reap") prints the child's wait status. A child is
 # reaped only after the test has killed it, so its pid cannot be reused by then.
