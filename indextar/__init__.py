@@ -8,6 +8,7 @@ from ._version import __version__
 from .build import build_indexes
 from .dataset import IndexedTarDataset
 from .errors import (
+    CacheFullError,
     CompressedShardError,
     DecodeError,
     DecodeSpecError,
@@ -18,6 +19,8 @@ from .errors import (
     IndexWriteError,
     ManifestError,
     MissingIndexError,
+    PipeRefusedError,
+    RemoteReadError,
     SampleFormatError,
     SampleIndexError,
     SampleKeyError,
@@ -84,6 +87,9 @@ __all__ = [
     "WriterError",
     "EncodeError",
     "ExportError",
+    "RemoteReadError",
+    "PipeRefusedError",
+    "CacheFullError",
 ]
 
 
