@@ -174,7 +174,7 @@ FEW_FDS = """
     shards = sys.argv[1:]
     ds = IndexedTarDataset(shards)
     rng = random.Random(3)
-    for _ in range(3000):
+    for _ in range(1500):
         i = rng.randrange(len(ds))
         sample = ds[i]
         n = int(sample["__shard__"].rsplit("-", 1)[1].split(".")[0])
