@@ -84,7 +84,7 @@ class LocalFileSource(ByteSource):
 
     The mapping is made in the process that reads and replaced after a fork.
 
-    Each read first asks the file's current size (one ``fstat``, about 0.5 us): a
+    Each read first asks the file's current size (one ``fstat``, about 0.7 us): a
     shard truncated in place while mapped raises :class:`TruncatedShardError` instead
     of touching pages past its new end, which would kill the process with ``SIGBUS``.
     Only a truncation landing between that check and the copy can still do so;
