@@ -369,19 +369,27 @@ NOTES = """
 ## Reading the numbers
 
 - The machine is shared (2 cores, other jobs running): rates move by ±30% between
-  runs, so each row is the best of 3 (raw) or of 3 interleaved runs (DataLoader). Over
-  five runs on the same data, cold `ds[i]` measured 72k-119k samples/s, 2.5-5.3× wids
-  and 26-49% of the pread floor; the DataLoader 82-103% of the decode-only limit, and
-  1.4-1.5× webdataset every time.
-- A cold pass pays for loading each shard's offset table from SQLite on first touch:
-  about 7.5 ms per 2,000-sample shard (6,000 member rows), i.e. ~3.7 µs per sample in
-  a single pass, more than the floor's whole 3.2 µs per sample. With the tables
-  loaded (a second epoch, or workers forked after the parent touched the shards)
-  `ds[i]` is 60% of the floor. The floor is one `os.pread` per sample from a Python
-  list of precomputed offsets: no lookup, no key, no split into members.
-- indextar reads through `mmap` (one slice per sample span, no system call); the
-  span is then split into members. `__getitems__` adds a per-batch remote check and
-  is about as fast as `ds[i]` locally.
+  runs, so each raw row is the best of 5 passes and each DataLoader row the best of 3
+  runs, interleaved across readers so that passing load hits them alike. Over three
+  runs on the same data, cold `ds[i]` measured 53-55% of the pread floor and 4.8-4.9×
+  wids, `__getitems__` 59-65% and 5.2-6.0×; the DataLoader 91-97% of the decode-only
+  limit and 1.34-1.39× webdataset. Runs while tests used both cores went as low as
+  42% of the floor and 67% of the limit.
+- Opening a shard reads its reader arrays from the index's `arrays` table (one query,
+  `np.frombuffer`): about 0.15 ms for a 2,000-sample shard, where converting the
+  `samples` and `members` rows took 6-7.5 ms, more than reading all of its samples.
+  Checking the index against the shard on first open (size, mtime, fingerprint of
+  the first and last 64 KiB) adds about 0.3 ms.
+- The floor is one `os.pread` per sample from a Python list of precomputed offsets:
+  no lookup, no key, no split into members. What a cold `ds[i]` adds, in CPU time
+  per sample: the first touch of each mapped page (about 1.3 µs here, in a
+  virtual machine where populating page tables costs as much as faulting them); an
+  `fstat` per read that turns a shard truncated in place into `TruncatedShardError`
+  instead of `SIGBUS` (about 0.6 µs: 68% of the floor with pages mapped, 81%
+  without it); locating the shard, splitting the span into members and building the
+  dict (about 2 µs).
+- `__getitems__` reads a batch shard by shard: one `fstat` per shard and batch, not
+  per sample.
 - "anon RSS" is resident memory not backed by files (statm resident - shared). Mapped
   shard pages are page cache and show up in plain RSS as the file is read; they are
   shared between workers and released when a shard leaves the LRU.
