@@ -30,16 +30,9 @@ class OpenShard:
         The shard's path or URL.
     source
         Where its bytes are read from.
-    samples
-        ``(num_samples, 6)`` int64, columns :data:`SAMPLE_COLUMNS`.
-    members
-        ``(num_members, 3)`` int64, columns :data:`MEMBER_COLUMNS`; ``span_offset`` is
-        the member's data offset minus its sample's ``start_offset``.
-    key_blob
-        Every sample's key, UTF-8, concatenated; sample ``i`` is
-        ``key_blob[key_start[i]:key_end[i]]``.
-    ext_names
-        Extension of each ``ext_code``.
+    samples, members, key_blob, ext_names
+        The shard's :class:`~indextar.arrays.ShardArrays`, unpacked: a read then looks
+        up one attribute, not two.
     """
 
     shard: str
