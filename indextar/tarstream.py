@@ -97,9 +97,13 @@ def _number(field: bytes, shard: str, offset: int, name: str) -> int:
 
 def _pax_size(value: str, shard: str, offset: int) -> int:
     if not (value.isascii() and value.isdigit()):
-        raise ShardFormatError(f"PAX header has an invalid size {value!r}", shard=shard, offset=offset)
+        raise ShardFormatError(
+            f"PAX header has an invalid size {value!r}", shard=shard, offset=offset
+        )
     if len(value) > 19 or int(value) > 1 << 62:  # as the scanner: more than any shard holds
-        raise ShardFormatError(f"PAX header has a size of {value[:30]}... bytes", shard=shard, offset=offset)
+        raise ShardFormatError(
+            f"PAX header has a size of {value[:30]}... bytes", shard=shard, offset=offset
+        )
     return int(value)
 
 
@@ -219,7 +223,9 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         # long name, then the header's own name.
         name = pax.get("path", globals_.get("path", long_name))
         if name is not None and "\0" in name:
-            raise ShardFormatError(f"PAX path {name!r} contains a NUL byte", shard=shard, offset=first_header)
+            raise ShardFormatError(
+                f"PAX path {name!r} contains a NUL byte", shard=shard, offset=first_header
+            )
         if name is None:
             name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""

@@ -27,7 +27,9 @@ def index_digest(shard: str) -> str:
         for table in ("members", "samples", "skipped"):
             for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2"):
                 h.update(repr(row).encode())
-        for row in conn.execute("SELECT key, value FROM meta WHERE key NOT IN ('created') ORDER BY key"):
+        for row in conn.execute(
+            "SELECT key, value FROM meta WHERE key NOT IN ('created') ORDER BY key"
+        ):
             h.update(repr(row).encode())
     conn.close()
     return h.hexdigest()
@@ -48,7 +50,9 @@ def test_eight_processes_index_the_same_twenty_shards(tmp_path: Path) -> None:
     shards = []
     for n in range(SHARDS):
         path = tmp_path / f"shard-{n:02d}.tar"
-        path.write_bytes(tar_bytes(sample_members(100, prefix=f"p{n}_"), ("ustar", "gnu", "pax")[n % 3]))
+        path.write_bytes(
+            tar_bytes(sample_members(100, prefix=f"p{n}_"), ("ustar", "gnu", "pax")[n % 3])
+        )
         shards.append(str(path))
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["indextar"])
@@ -59,7 +63,9 @@ def test_eight_processes_index_the_same_twenty_shards(tmp_path: Path) -> None:
     final = {shard: index_digest(shard) for shard in shards}
     assert all(result == final for result in results)  # all 8 x 20 builds identical
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == sorted([Path(s).name for s in shards] + [Path(s).name + INDEX_SUFFIX for s in shards])
+    assert names == sorted(
+        [Path(s).name for s in shards] + [Path(s).name + INDEX_SUFFIX for s in shards]
+    )
 
 
 def _rebuild_until_stopped(shards: list[str], stop: object, started: object) -> int:
@@ -98,7 +104,10 @@ def test_dataloader_workers_read_correct_bytes_while_indexes_are_rebuilt(tmp_pat
             for batch in loader:
                 for sample in batch:
                     key = sample["__key__"]
-                    assert sample["jpg"] == expected[key + ".jpg"] and sample["cls"] == expected[key + ".cls"]
+                    assert (
+                        sample["jpg"] == expected[key + ".jpg"]
+                        and sample["cls"] == expected[key + ".cls"]
+                    )
                     checked += 1
         stop.set()
         rebuilds = job.get(timeout=60)

@@ -31,7 +31,7 @@ from loopback_servers import HttpServer  # noqa: E402
 
 def run_child(code: str, *args: str, unshare: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter; ``unshare`` gives it a private mount namespace."""
-    prelude = "import sys; sys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO / "tools"))
+    prelude = f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(REPO / 'tools')!r}]\n"
     command = [sys.executable, "-c", prelude + textwrap.dedent(code), *args]
     if unshare:
         command = ["unshare", "-m", "--propagation", "private", *command]
@@ -90,7 +90,7 @@ def test_disk_full_while_writing_an_index(how: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     error, left = done.stdout.splitlines()
     assert error.startswith("IndexWriteError cannot write the index"), error
-    assert ("No space left" in error or "full" in error), error
+    assert "No space left" in error or "full" in error, error
     assert "data.tar" in error and ".idx.sqlite" in error
     # Nothing half-written is kept: not the index, not its temporary file.
     assert left == ("left: []" if mount else "left: ['data.tar']"), left
@@ -127,8 +127,12 @@ def test_disk_full_while_downloading_into_the_shard_cache(how: str, tmp_path: Pa
     shard_file(served, samples=2000)
     with HttpServer(served) as http:
         done = run_child(
-            CACHE_DISK_FULL, http.url("data.tar"), str(tmp_path / "cache"), str(256 * 1024),
-            "1" if how == "tmpfs" else "", unshare=how == "tmpfs",
+            CACHE_DISK_FULL,
+            http.url("data.tar"),
+            str(tmp_path / "cache"),
+            str(256 * 1024),
+            "1" if how == "tmpfs" else "",
+            unshare=how == "tmpfs",
         )
     assert done.returncode == 0, done.stderr
     error, left = done.stdout.splitlines()

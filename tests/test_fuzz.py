@@ -102,17 +102,23 @@ def test_stacked_extension_headers_follow_gnu_tar() -> None:
     member = header("plain.txt", 3) + blocks(b"abc")
     path, mtime = pax_records({"path": "first.txt"}), pax_records({"mtime": "1"})
     data = (
-        header("././@PaxHeader", len(path), typeflag=b"x") + blocks(path)
-        + header("././@PaxHeader", len(mtime), typeflag=b"x") + blocks(mtime)
-        + member + bytes(1024)
+        header("././@PaxHeader", len(path), typeflag=b"x")
+        + blocks(path)
+        + header("././@PaxHeader", len(mtime), typeflag=b"x")
+        + blocks(mtime)
+        + member
+        + bytes(1024)
     )
     assert scan_tar(data).names == ["first.txt"]
     assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == ["first.txt"]  # type: ignore[arg-type]
     long1, long2 = b"one.txt\0", b"two.txt\0"
     data = (
-        header("././@LongLink", len(long1), typeflag=b"L") + blocks(long1)
-        + header("././@LongLink", len(long2), typeflag=b"L") + blocks(long2)
-        + member + bytes(1024)
+        header("././@LongLink", len(long1), typeflag=b"L")
+        + blocks(long1)
+        + header("././@LongLink", len(long2), typeflag=b"L")
+        + blocks(long2)
+        + member
+        + bytes(1024)
     )
     assert scan_tar(data).names == ["two.txt"] == fuzz.gnu_tar_names(data)
     assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == ["two.txt"]  # type: ignore[arg-type]
@@ -124,7 +130,11 @@ name_part = st.text(alphabet=st.sampled_from("abcxyz019_-é日Ω"), min_size=1, 
 # A key: folders and a stem (no dots, not hidden, not a webdataset meta name), or one
 # long enough to need the ustar prefix field or an extension header.
 key = st.one_of(
-    st.builds(lambda folders, stem: "/".join([*folders, "k" + stem]), st.lists(name_part, max_size=3), name_part),
+    st.builds(
+        lambda folders, stem: "/".join([*folders, "k" + stem]),
+        st.lists(name_part, max_size=3),
+        name_part,
+    ),
     st.builds(lambda n, stem: "long" * n + "/k" + stem, st.integers(20, 60), name_part),
 )
 extension = st.sampled_from(["jpg", "cls", "seg.png", "json", "TXT"])
@@ -137,7 +147,8 @@ def shards(draw: st.DrawFn) -> tuple[str, list[tuple[str, str, bytes]]]:
     keys = draw(st.lists(key, min_size=1, max_size=8, unique=True))
     if fmt == "ustar":  # ustar holds ASCII names of 100 bytes (+155 of prefix) only
         keys = [
-            k for k in keys
+            k
+            for k in keys
             if k.isascii() and len(k.rsplit("/", 1)[-1]) <= 90 and len(k.rpartition("/")[0]) <= 155
         ]
     size = st.one_of(st.sampled_from([0, 1, 511, 512, 513]), st.integers(0, 3 * 512))
@@ -159,8 +170,12 @@ def written(fmt: str, members: list[tuple[str, str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
-@settings(max_examples=100, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(shards())
 def test_any_member_set_round_trips_through_the_dataset(
     tmp_path: Path, shard: tuple[str, list[tuple[str, str, bytes]]]
@@ -173,7 +188,12 @@ def test_any_member_set_round_trips_through_the_dataset(
     path.write_bytes(data)
     build_index(path, force=True)
     ds = IndexedTarDataset(path)
-    got = [(s["__key__"], ext, v) for s in (ds[i] for i in range(len(ds))) for ext, v in s.items() if not ext.startswith("__")]
+    got = [
+        (s["__key__"], ext, v)
+        for s in (ds[i] for i in range(len(ds)))
+        for ext, v in s.items()
+        if not ext.startswith("__")
+    ]
     ds.close()
     # Extensions are lowercased by the naming rules; the bytes are exactly those written.
     assert got == [(k, ext.lower(), d) for k, ext, d in members]

@@ -102,13 +102,20 @@ def hostile_shard() -> bytes:
     long_name = b"../../" + b"d/" * 60 + b"evil.jpg\0"
     pax = pax_records({"path": "../../pax-evil.jpg"})
     return (
-        header("../../up-evil.jpg", 3) + blocks(b"one")
-        + header("/abs/evil.jpg", 3) + blocks(b"two")
-        + header("././@PaxHeader", len(pax), typeflag=b"x") + blocks(pax)
-        + header("placeholder.jpg", 5) + blocks(b"three")
-        + header("././@LongLink", len(long_name), typeflag=b"L") + blocks(long_name)
-        + header("placeholder2.jpg", 4) + blocks(b"four")
-        + header("ok.jpg", 2) + blocks(b"ok")
+        header("../../up-evil.jpg", 3)
+        + blocks(b"one")
+        + header("/abs/evil.jpg", 3)
+        + blocks(b"two")
+        + header("././@PaxHeader", len(pax), typeflag=b"x")
+        + blocks(pax)
+        + header("placeholder.jpg", 5)
+        + blocks(b"three")
+        + header("././@LongLink", len(long_name), typeflag=b"L")
+        + blocks(long_name)
+        + header("placeholder2.jpg", 4)
+        + blocks(b"four")
+        + header("ok.jpg", 2)
+        + blocks(b"ok")
         + bytes(1024)
     )
 
@@ -125,7 +132,9 @@ def test_reshard_of_hostile_names_writes_only_its_output_shards(tmp_path: Path) 
     except IndextarError:
         pass  # refusing the names is fine too: what matters is where files went
     created = sorted(set(tree_snapshot(tmp_path)) - set(before))
-    assert all(name.startswith("deep/out/r-") or name.startswith("in/evil.tar") for name in created), created
+    assert all(
+        name.startswith("deep/out/r-") or name.startswith("in/evil.tar") for name in created
+    ), created
 
 
 def test_cat_of_hostile_names_writes_to_stdout_only(tmp_path: Path) -> None:
@@ -135,7 +144,9 @@ def test_cat_of_hostile_names_writes_to_stdout_only(tmp_path: Path) -> None:
     before = tree_snapshot(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "indextar", "cat", str(source), "../../up-evil.jpg"],
-        capture_output=True, cwd=tmp_path, timeout=60,
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"one"
@@ -145,7 +156,15 @@ def test_cat_of_hostile_names_writes_to_stdout_only(tmp_path: Path) -> None:
 def test_create_from_a_tree_with_hostile_file_names_stays_in_its_folder(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "sub").mkdir(parents=True)
-    names = ["a.jpg", "sub/b.jpg", "new\nline.jpg", "back\\slash.jpg", "-dash.jpg", "..dots.jpg", "sp ace.jpg"]
+    names = [
+        "a.jpg",
+        "sub/b.jpg",
+        "new\nline.jpg",
+        "back\\slash.jpg",
+        "-dash.jpg",
+        "..dots.jpg",
+        "sp ace.jpg",
+    ]
     for name in names:
         (tree / name).write_bytes(name.encode())
     out = tmp_path / "out"
@@ -190,11 +209,17 @@ def interpolations(expr: ast.expr) -> list[str]:
     for node in ast.walk(expr):
         if isinstance(node, ast.FormattedValue):
             found.append(ast.unparse(node.value))
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)) and (
-            isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)
+        elif (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, (ast.Mod, ast.Add))
+            and (isinstance(node.left, ast.Constant) and isinstance(node.left.value, str))
         ):
             found.append(ast.unparse(node.right))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "format"
+        ):
             found.extend(ast.unparse(a) for a in node.args)
     return found
 
@@ -207,10 +232,14 @@ def test_sql_is_built_only_from_constants() -> None:
             assert value in SQL_INTERPOLATIONS, f"{file}:{line} formats {value!r} into SQL"
         # A SQL argument that is a bare name must be a constant string or built as above.
         if isinstance(expr, ast.Name):
-            assert expr.id in {"sql", "tables", "indexes", "query"}, f"{file}:{line} runs SQL from {expr.id!r}"
+            assert expr.id in {"sql", "tables", "indexes", "query"}, (
+                f"{file}:{line} runs SQL from {expr.id!r}"
+            )
 
 
-@pytest.mark.parametrize("key", ["a'; DROP TABLE samples; --", 'q"uote', "x' OR '1'='1", "back\\slash%_"])
+@pytest.mark.parametrize(
+    "key", ["a'; DROP TABLE samples; --", 'q"uote', "x' OR '1'='1", "back\\slash%_"]
+)
 def test_keys_that_look_like_sql_are_only_data(key: str, tmp_path: Path) -> None:
     shard = tmp_path / "sql.tar"
     shard.write_bytes(tar_bytes({f"{key}.txt": b"payload", "other.txt": b"x"}))

@@ -13,9 +13,22 @@ SOAK = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 
 def test_soak_slice_reads_every_byte_right_with_flat_memory(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(SOAK), "--samples", "20000", "--shards", "4", "--per-shard", "1000",
-         "--data-dir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(SOAK),
+            "--samples",
+            "20000",
+            "--shards",
+            "4",
+            "--per-shard",
+            "1000",
+            "--data-dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)

@@ -227,7 +227,10 @@ def mutate_pax(rng: random.Random, buf: bytearray) -> str:
         ("size", "9" * rng.randint(19, 400)),
         ("size", rng.choice(["-1", "", "0x10", "²", "١٢", " 7", "1e3"])),
         ("size", str(rng.randint(0, 4 * BLOCK))),
-        ("path", rng.choice(["../../etc/passwd", "/abs/x.jpg", "a\0b.jpg", "", "é.txt", "x" * 5000])),
+        (
+            "path",
+            rng.choice(["../../etc/passwd", "/abs/x.jpg", "a\0b.jpg", "", "é.txt", "x" * 5000]),
+        ),
         ("GNU.sparse.major", "1"),
         ("linkpath", "y"),
         ("mtime", "nan"),
@@ -259,7 +262,9 @@ def mutate_longname(rng: random.Random, buf: bytearray) -> str:
     """GNU L/K headers: chains of them, a huge one, one with no member after it."""
     at = _pick_header(rng, buf)
     count = rng.choice([1, 2, 5, 50])
-    payload = rng.choice([b"x" * 300 + b".jpg\0", b"\xff\xfe.jpg\0", b"", b"a" * 3000, b"../up.jpg\0"])
+    payload = rng.choice(
+        [b"x" * 300 + b".jpg\0", b"\xff\xfe.jpg\0", b"", b"a" * 3000, b"../up.jpg\0"]
+    )
     chain = b"".join(gnu_block(payload, rng.choice([b"L", b"K"])) for _ in range(count))
     if rng.random() < 0.2:
         chain = bytearray(chain)
@@ -284,7 +289,9 @@ MUTATORS: dict[str, Callable[[random.Random, bytearray], str]] = {
 # -- a catalogue of bad inputs, each with the error it gets -----------------------------
 
 
-def _member(name: str, data: bytes = b"", *, typeflag: bytes = b"0", encoding: str = "utf-8") -> bytes:
+def _member(
+    name: str, data: bytes = b"", *, typeflag: bytes = b"0", encoding: str = "utf-8"
+) -> bytes:
     info = tarfile.TarInfo(name)
     info.size, info.type, info.mtime = len(data), typeflag, 1_700_000_000
     return info.tobuf(tarfile.USTAR_FORMAT, encoding=encoding) + data + bytes(-len(data) % BLOCK)
@@ -321,14 +328,22 @@ def forged_inputs() -> dict[str, bytes]:
         "cut at a member boundary (no end marker)": good,
         "a header with a wrong checksum": bytes(bad_checksum) + end,
         "a size field that is not octal": bytes(non_octal) + end,
-        "a base-256 size of 8 EiB": _with_size_field(_member("s.jpg"), b"\x80" + (1 << 63).to_bytes(11, "big")) + end,
-        "a base-256 size of 2**88 - 1": _with_size_field(_member("s.jpg"), b"\x80" + b"\xff" * 11) + end,
+        "a base-256 size of 8 EiB": _with_size_field(
+            _member("s.jpg"), b"\x80" + (1 << 63).to_bytes(11, "big")
+        )
+        + end,
+        "a base-256 size of 2**88 - 1": _with_size_field(_member("s.jpg"), b"\x80" + b"\xff" * 11)
+        + end,
         "a negative base-256 size": _with_size_field(_member("s.jpg"), b"\xff" * 12) + end,
-        "an octal size of 8 GiB with 1 KiB present": _with_size_field(_member("s.jpg"), b"77777777777\0") + end,
+        "an octal size of 8 GiB with 1 KiB present": _with_size_field(
+            _member("s.jpg"), b"77777777777\0"
+        )
+        + end,
         "a PAX size of 8 EiB": _pax(pax_record("size", str(1 << 63)), _member("s.jpg")) + end,
         "a PAX size of 400 digits": _pax(pax_record("size", "9" * 400), _member("s.jpg")) + end,
         "a PAX size in Arabic-Indic digits": _pax(pax_record("size", "١٢"), _member("s.jpg")) + end,
-        "a global PAX size of 8 EiB": _pax(pax_record("size", str(1 << 63)), _member("s.jpg"), b"g") + end,
+        "a global PAX size of 8 EiB": _pax(pax_record("size", str(1 << 63)), _member("s.jpg"), b"g")
+        + end,
         "a PAX path with a NUL byte": _pax(pax_record("path", "a\0b.jpg"), _member("s.jpg")) + end,
         "a malformed PAX record": _pax(b"99 path=x\n", _member("s.jpg")) + end,
         "a GNU long name with no member after it": gnu_block(b"x.jpg\0", b"L") + end,
@@ -405,7 +420,10 @@ def check_scan(scan, data: bytes) -> list[tuple[str, bytes]]:  # type: ignore[no
 
     n = len(scan)
     check(scan.file_size == len(data), "file_size differs from the input")
-    check(0 <= scan.end_offset and scan.end_offset + BLOCK <= len(data), f"end {scan.end_offset} outside")
+    check(
+        0 <= scan.end_offset and scan.end_offset + BLOCK <= len(data),
+        f"end {scan.end_offset} outside",
+    )
     check(not any(data[scan.end_offset :]), "non-zero bytes after the end marker were accepted")
     h, d, s = scan.header_offsets, scan.data_offsets, scan.sizes
     check(len(h) == len(d) == len(s) == len(scan.types) == n, "array lengths differ")
@@ -417,9 +435,7 @@ def check_scan(scan, data: bytes) -> list[tuple[str, bytes]]:  # type: ignore[no
         check(bool((d[:-1] + s[:-1] <= h[1:]).all()), "member data overlaps the next header")
     check(all(isinstance(name, str) for name in scan.names), "a name is not a str")
     regular = scan.is_regular()
-    return [
-        (scan.names[i], data[int(d[i]) : int(d[i] + s[i])]) for i in range(n) if regular[i]
-    ]
+    return [(scan.names[i], data[int(d[i]) : int(d[i] + s[i])]) for i in range(n) if regular[i]]
 
 
 def tarfile_files(data: bytes) -> list[tuple[str, bytes]] | None:
@@ -442,7 +458,9 @@ def gnu_tar_names(data: bytes) -> list[str] | None:
         path.write_bytes(data)
         done = subprocess.run(
             ["tar", "--quoting-style=escape", "--numeric-owner", "-tvf", str(path)],
-            capture_output=True, timeout=30, env={**os.environ, "LC_ALL": "C"},
+            capture_output=True,
+            timeout=30,
+            env={**os.environ, "LC_ALL": "C"},
         )
     # Exit status 2 also comes with warnings (an invalid PAX mtime, an empty name)
     # after which GNU tar lists on: its listing is the reference either way.
@@ -471,7 +489,9 @@ def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | Non
         return None
     files = check_scan(scan, case.data)
     again = scan_tar(bytearray(case.data))
-    check(again.names == scan.names and again.sizes.tolist() == scan.sizes.tolist(), "re-scan differs")
+    check(
+        again.names == scan.names and again.sizes.tolist() == scan.sizes.tolist(), "re-scan differs"
+    )
     # A regular file whose name ends in "/" is never indexed (no extension), and GNU
     # tar lists it as a folder: compare the others.
     files = [(n, b) for n, b in files if not n.endswith("/")]
@@ -502,8 +522,8 @@ def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | Non
 
 def run_index(case: Case, outcome: Counter[str], folder: Path) -> None:
     from indextar import IndexedTarDataset, IndextarError, build_index, scan_tar
-    from indextar.verify import verify_index
     from indextar.naming import group_members
+    from indextar.verify import verify_index
 
     shard = folder / "fuzz.tar"
     shard.write_bytes(case.data)
@@ -531,7 +551,11 @@ def run_index(case: Case, outcome: Counter[str], folder: Path) -> None:
             got.extend(v for k, v in sample.items() if not k.startswith("__"))
     entries = grouping.entries.tolist()
     wanted = [
-        case.data[int(expected_scan.data_offsets[i]) : int(expected_scan.data_offsets[i] + expected_scan.sizes[i])]
+        case.data[
+            int(expected_scan.data_offsets[i]) : int(
+                expected_scan.data_offsets[i] + expected_scan.sizes[i]
+            )
+        ]
         for i in entries
     ]
     check(sorted(got) == sorted(wanted), "dataset bytes differ from the scan's members")
@@ -543,13 +567,19 @@ def run_stream(case: Case, outcome: Counter[str], scanned: list[tuple[str, bytes
     from indextar.tarstream import iter_members
 
     try:
-        got = [(m.name, m.data) for m in iter_members(io.BufferedReader(io.BytesIO(case.data)), shard="fuzz.tar")]  # type: ignore[arg-type]
+        got = [
+            (m.name, m.data)
+            for m in iter_members(io.BufferedReader(io.BytesIO(case.data)), shard="fuzz.tar")
+        ]  # type: ignore[arg-type]
     except IndextarError as e:
         outcome[f"refused: {type(e).__name__}"] += 1
         return
     got = [(n, b) for n, b in got if not n.endswith("/")]  # as in run_scan
     if scanned is not None:
-        check(got == scanned, f"stream and scan disagree: {[n for n, _ in got][:5]} vs {[n for n, _ in scanned][:5]}")
+        check(
+            got == scanned,
+            f"stream and scan disagree: {[n for n, _ in got][:5]} vs {[n for n, _ in scanned][:5]}",
+        )
         outcome["streamed, equals scan"] += 1
     else:
         # The stream stops at the first zero block and does not look further, so it
@@ -564,7 +594,9 @@ def _alarm(signum: int, frame: object) -> None:
     raise CaseTimeout()
 
 
-def run_case(seed: int, number: int, targets: tuple[str, ...], timeout: float, max_rss_mb: float) -> dict[str, Counter[str] | list[str]]:
+def run_case(
+    seed: int, number: int, targets: tuple[str, ...], timeout: float, max_rss_mb: float
+) -> dict[str, Counter[str] | list[str]]:
     """Run one case through ``targets``; returns the outcome counts and any failures."""
     counts: dict[str, Counter[str]] = {t: Counter() for t in targets}
     failures: list[str] = []
@@ -586,7 +618,9 @@ def run_case(seed: int, number: int, targets: tuple[str, ...], timeout: float, m
                     run_stream(case, counts[target], scanned)
         except CaseTimeout:
             counts[target]["FAILED: hang"] += 1
-            failures.append(f"{seed}:{number}:{target} hang over {timeout} s ({'; '.join(case.mutations)})")
+            failures.append(
+                f"{seed}:{number}:{target} hang over {timeout} s ({'; '.join(case.mutations)})"
+            )
         except CaseFailure as e:
             counts[target]["FAILED: wrong result"] += 1
             failures.append(f"{seed}:{number}:{target} {e} ({'; '.join(case.mutations)})")
@@ -655,14 +689,18 @@ def fuzz(
 
     def chunks() -> Iterator[tuple[int, list[int], tuple[str, ...], float, float]]:
         number = 0
-        while (cases is None or number < cases) and (seconds is None or time.monotonic() - start < seconds):
+        while (cases is None or number < cases) and (
+            seconds is None or time.monotonic() - start < seconds
+        ):
             stop = number + chunk if cases is None else min(cases, number + chunk)
             yield seed, list(range(number, stop)), targets, timeout, max_rss_mb
             number = stop
 
     # A fresh process per run: RLIMIT_AS and SIGALRM stay out of the caller.
     ctx = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    with ctx.Pool(jobs, initializer=_worker_init, initargs=(memory_limit_mb,), maxtasksperchild=40) as pool:
+    with ctx.Pool(
+        jobs, initializer=_worker_init, initargs=(memory_limit_mb,), maxtasksperchild=40
+    ) as pool:
         for result in pool.imap(_run_chunk, chunks()):
             for target, counter in result["counts"].items():  # type: ignore[attr-defined]
                 total[target].update(counter)
@@ -680,11 +718,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", choices=(*TARGETS, "all"), default="all")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per case and target")
-    parser.add_argument("--max-rss-mb", type=float, default=200.0, help="peak RSS growth allowed per case")
-    parser.add_argument("--memory-limit-mb", type=int, default=4096, help="RLIMIT_AS of the workers")
+    parser.add_argument(
+        "--max-rss-mb", type=float, default=200.0, help="peak RSS growth allowed per case"
+    )
+    parser.add_argument(
+        "--memory-limit-mb", type=int, default=4096, help="RLIMIT_AS of the workers"
+    )
     parser.add_argument("--replay", metavar="SEED:CASE[:TARGET]", help="run one case and show it")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
-    parser.add_argument("--forged", action="store_true", help="print the catalogue of bad inputs and their errors")
+    parser.add_argument(
+        "--forged", action="store_true", help="print the catalogue of bad inputs and their errors"
+    )
     args = parser.parse_args(argv)
     if args.forged:
         print(forged_table())
@@ -695,7 +739,9 @@ def main(argv: list[str] | None = None) -> int:
         case = make_case(int(seed), int(number))
         print(f"case {seed}:{number} ({case.fmt}, {len(case.data)} bytes): {case.mutations}")
         signal.signal(signal.SIGALRM, _alarm)
-        result = run_case(int(seed), int(number), tuple(rest) or targets, args.timeout, args.max_rss_mb)
+        result = run_case(
+            int(seed), int(number), tuple(rest) or targets, args.timeout, args.max_rss_mb
+        )
         print({t: dict(c) for t, c in result["counts"].items()})  # type: ignore[union-attr]
         print("\n".join(result["failures"]))  # type: ignore[arg-type]
         return 1 if result["failures"] else 0
@@ -710,9 +756,16 @@ def main(argv: list[str] | None = None) -> int:
         memory_limit_mb=args.memory_limit_mb,
     )
     if args.json:
-        print(json.dumps({"cases": result.cases, "seconds": round(result.seconds, 1),
-                          "counts": {t: dict(c) for t, c in result.counts.items()},
-                          "failures": len(result.failures)}))
+        print(
+            json.dumps(
+                {
+                    "cases": result.cases,
+                    "seconds": round(result.seconds, 1),
+                    "counts": {t: dict(c) for t, c in result.counts.items()},
+                    "failures": len(result.failures),
+                }
+            )
+        )
     else:
         print(f"{result.cases} cases (seed {args.seed}) in {result.seconds:.1f} s")
         for target, counter in result.counts.items():

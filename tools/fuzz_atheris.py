@@ -47,8 +47,14 @@ def main() -> None:
     for number in range(30):
         case = fuzz.make_case(0, number)
         (corpus / f"seed-{number}.tar").write_bytes(fuzz.tar_bytes(case.members, case.fmt))
-    argv = [sys.argv[0], str(corpus), f"-max_total_time={args.seconds}", "-rss_limit_mb=2048",
-            "-max_len=65536", *rest]
+    argv = [
+        sys.argv[0],
+        str(corpus),
+        f"-max_total_time={args.seconds}",
+        "-rss_limit_mb=2048",
+        "-max_len=65536",
+        *rest,
+    ]
     atheris.Setup(argv, one_input)
     atheris.Fuzz()
 

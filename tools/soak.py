@@ -58,7 +58,11 @@ def write_shards(folder: Path, *, shards: int, per_shard: int, seed: int) -> dic
             key = f"s{i:08d}" if i % 97 else f"long/{'d' * 120}/s{i:08d}"
             sample: dict[str, Any] = {"__key__": key}
             for ext in ("bin", "cls"):
-                size = rng.choice([0, 1, 511, 512, 513, rng.randrange(1, 20_000)]) if ext == "bin" else 4
+                size = (
+                    rng.choice([0, 1, 511, 512, 513, rng.randrange(1, 20_000)])
+                    if ext == "bin"
+                    else 4
+                )
                 data = rng.randbytes(size)
                 sample[ext] = data
                 digests[f"{key}.{ext}"] = hashlib.sha1(data).hexdigest()
@@ -81,10 +85,17 @@ def soak(
     shards = sorted(str(p) for p in folder.glob("soak-*.tar"))
     dataset = IndexedTarDataset(shards)
     sampler = torch.utils.data.RandomSampler(
-        dataset, replacement=True, num_samples=samples, generator=torch.Generator().manual_seed(seed)
+        dataset,
+        replacement=True,
+        num_samples=samples,
+        generator=torch.Generator().manual_seed(seed),
     )
     loader = torch.utils.data.DataLoader(
-        dataset, sampler=sampler, batch_size=batch_size, num_workers=workers, collate_fn=collate,
+        dataset,
+        sampler=sampler,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=collate,
         persistent_workers=False,
     )
     checked = mismatches = members = 0
@@ -101,12 +112,14 @@ def soak(
             checked += 1
         if checked >= next_report:
             me = os.getpid()
-            rss.append({
-                "samples": checked,
-                "seconds": round(time.perf_counter() - started, 1),
-                "main_mb": round(rss_mb(me), 1),
-                "workers_mb": round(sum(rss_mb(p) for p in child_pids(me)), 1),
-            })
+            rss.append(
+                {
+                    "samples": checked,
+                    "seconds": round(time.perf_counter() - started, 1),
+                    "main_mb": round(rss_mb(me), 1),
+                    "workers_mb": round(sum(rss_mb(p) for p in child_pids(me)), 1),
+                }
+            )
             next_report += report_every
     seconds = time.perf_counter() - started
     return {
@@ -129,31 +142,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--per-shard", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", type=Path, help="keep the shards here (default: a temporary folder)")
+    parser.add_argument(
+        "--data-dir", type=Path, help="keep the shards here (default: a temporary folder)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="indextar-soak-") as temporary:
         folder = args.data_dir or Path(temporary)
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / "sha1.json").exists():
-            digests = write_shards(folder, shards=args.shards, per_shard=args.per_shard, seed=args.seed)
+            digests = write_shards(
+                folder, shards=args.shards, per_shard=args.per_shard, seed=args.seed
+            )
             (folder / "sha1.json").write_text(json.dumps(digests))
         result = soak(
-            folder, samples=args.samples, workers=args.workers, batch_size=args.batch_size,
-            seed=args.seed, report_every=max(1, args.samples // 10),
+            folder,
+            samples=args.samples,
+            workers=args.workers,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            report_every=max(1, args.samples // 10),
         )
     if args.json:
         print(json.dumps(result))
     else:
         print(
             f"{result['samples']:,} random samples ({result['members']:,} members) from "
-            f"{result['shards']} shards of {result['dataset_samples']:,} samples, {args.workers} workers: "
+            f"{result['shards']} shards of {result['dataset_samples']:,} samples, "
+            f"{args.workers} workers: "
             f"{result['mismatches']} mismatches, {result['samples_per_second']:,} samples/s"
         )
         print("| samples read | seconds | main RSS (MB) | workers RSS (MB) |")
         print("|---:|---:|---:|---:|")
         for row in result["rss"]:
-            print(f"| {row['samples']:,} | {row['seconds']} | {row['main_mb']} | {row['workers_mb']} |")
+            cells = (f"{row['samples']:,}", row["seconds"], row["main_mb"], row["workers_mb"])
+            print("| " + " | ".join(map(str, cells)) + " |")
     return 1 if result["mismatches"] else 0
 
 
