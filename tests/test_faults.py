@@ -250,3 +250,26 @@ def test_random_truncations_under_a_reader_never_give_wrong_bytes(tmp_path: Path
         ds.close()
         shard.write_bytes(tar_bytes(expected))
         build_index(shard, force=True)
+
+
+def test_short_writes_into_the_cache_are_finished_not_left_as_holes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A nearly full disk makes pwrite write part of a chunk without an error; the
+    # pre-sized file would keep zeros where the rest should be.
+    from indextar import cache
+
+    real_pwrite = os.pwrite
+    calls = []
+
+    def half_pwrite(fd: int, data: bytes, offset: int) -> int:
+        calls.append(len(data))
+        return real_pwrite(fd, bytes(data[: max(1, len(data) // 2)]), offset)
+
+    monkeypatch.setattr(cache.os, "pwrite", half_pwrite)
+    path = tmp_path / "part"
+    payload = os.urandom(10_000)
+    with open(path, "wb") as f:
+        f.truncate(len(payload))
+        cache._pwrite_all(f.fileno(), payload, 0)
+    assert path.read_bytes() == payload and len(calls) > 10
