@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from .errors import ShardNotFoundError, TruncatedShardError
+from .errors import ShardNotFoundError, StaleIndexError, TruncatedShardError
 from .patterns import is_url
 
 __all__ = [
@@ -92,13 +92,14 @@ class LocalFileSource(ByteSource):
     deleted or replaced shard keeps its old bytes for as long as it stays mapped.
     """
 
-    __slots__ = ("url", "_map", "_generation", "_size")
+    __slots__ = ("url", "_map", "_generation", "_size", "_identity")
 
     def __init__(self, path: str | os.PathLike[str]):
         self.url = os.fspath(path)
         self._map: mmap.mmap | None = None
         self._generation = -1
         self._size = -1
+        self._identity: tuple[int, ...] | None = None
 
     def _open(self) -> None:
         if self._map is not None:
@@ -108,7 +109,17 @@ class LocalFileSource(ByteSource):
         _make_room_for_a_map(self)
         try:
             with open(self.url, "rb") as f:
-                self._size = os.fstat(f.fileno()).st_size
+                st = os.fstat(f.fileno())
+                identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                if self._identity is not None and identity != self._identity:
+                    # Mapped again (after a fork, or to free descriptors): the bytes
+                    # must be those the caller's index describes.
+                    raise StaleIndexError(
+                        f"shard {self.url!r} was replaced or rewritten since it was first "
+                        "opened; open the dataset again to use the new file"
+                    )
+                self._identity = identity
+                self._size = st.st_size
                 if self._size:
                     self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                     _mapped[self] = next(_map_counter)

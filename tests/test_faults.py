@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import sample_members, tar_bytes
 
-from indextar import IndexedTarDataset, TruncatedShardError, build_index
+from indextar import IndexedTarDataset, StaleIndexError, TruncatedShardError, build_index, sources
 from indextar.build import build_indexes
 from indextar.errors import ShardNotFoundError
 
@@ -273,3 +273,21 @@ def test_short_writes_into_the_cache_are_finished_not_left_as_holes(
         f.truncate(len(payload))
         cache._pwrite_all(f.fileno(), payload, 0)
     assert path.read_bytes() == payload and len(calls) > 10
+
+
+def test_a_shard_replaced_while_open_is_not_read_through_its_old_index(tmp_path: Path) -> None:
+    # Under fd pressure an open shard's map is dropped and made again on the next read:
+    # a file replaced meanwhile must not be read with the old index's offsets.
+    shard = shard_file(tmp_path, samples=200)
+    build_index(shard)
+    ds = IndexedTarDataset(shard)
+    ds[0]
+    replacement = tmp_path / "new.tar"
+    replacement.write_bytes(tar_bytes(sample_members(150, prefix="other")))
+    replacement.replace(shard)
+    assert ds[1]["__key__"] == "s000001"  # still the old file's map
+    for source in list(sources._mapped):  # what _make_room_for_a_map does at the fd limit
+        source.close()
+    with pytest.raises(StaleIndexError, match="replaced or rewritten"):
+        ds[1]
+    ds.close()
