@@ -87,10 +87,14 @@ def test_opening_a_manifest_opens_no_index(
 
 def test_wids_reads_our_manifest(indexed: list[Path], tmp_path: Path) -> None:
     import wids
+
     target = tmp_path / "data" / "m.json"
     write_manifest(target, [build_index(p) for p in indexed])
     with contextlib.redirect_stderr(io.StringIO()):  # wids prints its configuration
-        theirs = wids.ShardListDataset(str(target), transformations=[])
+        # A cache folder of the test's own: wids copies even local shards into it.
+        theirs = wids.ShardListDataset(
+            str(target), cache_dir=str(tmp_path / "wids-cache"), transformations=[]
+        )
     ours = IndexedTarDataset(target)
     assert len(theirs) == len(ours)
     for i in (0, 5, 11):
