@@ -11,6 +11,7 @@ BENCH = Path(__file__).resolve().parent.parent / "tools" / "bench.py"
 TOOLS = (
     "indextar build_index",
     "indextar scan only",
+    "indextar scan + grouping",
     "tarfile getmembers",
     "ratarmountcore SQLiteIndexedTar",
     "bare header walk (floor)",
