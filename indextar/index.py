@@ -251,10 +251,17 @@ def index_path(shard: PathLike, *, index_dir: PathLike | None = None) -> Path:
 
 def fingerprint(buf: mmap.mmap | bytes, size: int) -> str:
     """A cheap content fingerprint: blake2b-128 of the size, first and last 64 KiB."""
+    return fingerprint_parts(
+        size, buf[:_FINGERPRINT_SPAN], buf[max(0, size - _FINGERPRINT_SPAN) : size]
+    )
+
+
+def fingerprint_parts(size: int, head: bytes, tail: bytes) -> str:
+    """:func:`fingerprint` from the size and the first and last 64 KiB, however read."""
     h = hashlib.blake2b(digest_size=16)
     h.update(size.to_bytes(8, "little"))
-    h.update(buf[:_FINGERPRINT_SPAN])
-    h.update(buf[max(0, size - _FINGERPRINT_SPAN) : size])
+    h.update(head)
+    h.update(tail)
     return h.hexdigest()
 
 
@@ -263,11 +270,7 @@ def _file_fingerprint(path: Path, size: int) -> str:
         head = f.read(_FINGERPRINT_SPAN)
         f.seek(max(0, size - _FINGERPRINT_SPAN))
         tail = f.read(_FINGERPRINT_SPAN)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(size.to_bytes(8, "little"))
-    h.update(head)
-    h.update(tail)
-    return h.hexdigest()
+    return fingerprint_parts(size, head, tail)
 
 
 def _connect_ro(path: Path) -> sqlite3.Connection:

@@ -30,6 +30,7 @@ from .index import (
     ShardIndex,
     _read_meta,
     fingerprint,
+    fingerprint_parts,
     write_index,
 )
 from .naming import group_members
@@ -64,8 +65,9 @@ def _check(meta: IndexMeta, source: RangeSource, path: Path) -> None:
         problems.append("its content fingerprint (first and last 64 KiB) changed")
     if problems:
         raise StaleIndexError(
-            f"index {str(path)!r} does not match remote shard {source.url!r}: {'; '.join(problems)} "
-            "since it was indexed; rebuild it (build_missing=True rebuilds stale remote indexes)"
+            f"index {str(path)!r} does not match remote shard {source.url!r}: "
+            f"{'; '.join(problems)} since it was indexed; rebuild it "
+            "(build_missing=True rebuilds stale remote indexes)"
         )
 
 
@@ -74,11 +76,7 @@ def _remote_fingerprint(source: RangeSource, size: int) -> str:
     head, tail = source.read_many(
         [0, tail_start], [min(size, _FINGERPRINT_SPAN), size - tail_start]
     )
-    h = hashlib.blake2b(digest_size=16)
-    h.update(size.to_bytes(8, "little"))
-    h.update(head)
-    h.update(tail)
-    return h.hexdigest()
+    return fingerprint_parts(size, head, tail)
 
 
 def open_remote_index(
@@ -113,7 +111,8 @@ def open_remote_index(
             log.warning("rebuilding the index of %s: %s", url, e)
     if not build_missing:
         raise MissingIndexError(
-            f"remote shard {url!r} has no index (looked in {str(local)!r} and at {url + INDEX_SUFFIX!r}); "
+            f"remote shard {url!r} has no index (looked in {str(local)!r} and at "
+            f"{url + INDEX_SUFFIX!r}); "
             "build it with build_missing=True or `indextar index`"
         )
     return build_remote_index(
