@@ -6,13 +6,15 @@ import logging
 import multiprocessing
 import os
 import warnings
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
 
 from .index import PathLike, ShardIndex, build_index
 
-__all__ = ["build_indexes"]
+__all__ = ["build_indexes", "parallel_map"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +40,7 @@ def build_indexes(
         Folder for the indexes instead of next to each shard.
     workers
         Processes to build in; default: the number of CPUs, at most one per shard.
-        ``1`` builds in this process. Workers are forked where the platform can, so
-        that a script without an ``if __name__ == "__main__":`` guard works; they only
-        scan and write files, which is safe to do in a fork.
+        ``1`` builds in this process (see :func:`parallel_map`).
     progress
         Show a tqdm progress bar on stderr.
 
@@ -50,38 +50,49 @@ def build_indexes(
         As :func:`~indextar.build_index`, for the first shard that fails.
     """
     folder = None if index_dir is None else os.fspath(index_dir)
-    if workers is None:
-        workers = os.cpu_count() or 1
-    workers = max(1, min(workers, len(shards)))
-    log.info("building %d shard indexes in %d process(es)", len(shards), workers)
+    log.info("building %d shard indexes", len(shards))
     bar = _progress_bar(len(shards)) if progress else None
-    results: dict[int, ShardIndex] = {}
+    results: list[ShardIndex] = []
     try:
-        if workers == 1:
-            for position, shard in enumerate(shards):
-                results[position] = _build_one(shard, folder)
-                if bar is not None:
-                    bar.update()
-        else:
-            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            context = multiprocessing.get_context(method)
-            with warnings.catch_warnings(), ProcessPoolExecutor(workers, mp_context=context) as pool:
-                # Python >= 3.12 warns about fork in a process with threads; the
-                # children never touch the parent's threads or their locks.
-                warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
-                futures = {pool.submit(_build_one, shard, folder): n for n, shard in enumerate(shards)}
-                try:
-                    for future in as_completed(futures):
-                        results[futures[future]] = future.result()
-                        if bar is not None:
-                            bar.update()
-                except BaseException:
-                    pool.shutdown(cancel_futures=True)
-                    raise
+        for index in parallel_map(_build_one, shards, (folder,), workers=workers):
+            results.append(index)
+            if bar is not None:
+                bar.update()
     finally:
         if bar is not None:
             bar.close()
-    return [results[n] for n in range(len(shards))]
+    return results
+
+
+def parallel_map(
+    fn: Callable[..., T], items: Sequence[str], args: tuple[Any, ...] = (), *, workers: int | None
+) -> Iterator[T]:
+    """``fn(item, *args)`` for every item, yielded in order, from up to ``workers`` processes.
+
+    ``workers=None`` means the number of CPUs, and never more than one per item; ``1``
+    runs in this process. Workers are forked where the platform can, so that a script
+    without an ``if __name__ == "__main__":`` guard works; ``fn`` must only scan and
+    write files, which is safe in a fork. If ``fn`` raises, the items not yet started
+    are cancelled and the error propagates.
+    """
+    workers = max(1, min(workers or os.cpu_count() or 1, len(items)))
+    if workers == 1:
+        for item in items:
+            yield fn(item, *args)
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    with warnings.catch_warnings(), ProcessPoolExecutor(workers, mp_context=context) as pool:
+        # Python >= 3.12 warns about fork in a process with threads; the children
+        # never touch the parent's threads or their locks.
+        warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+        futures = [pool.submit(fn, item, *args) for item in items]
+        try:
+            for future in futures:
+                yield future.result()
+        except BaseException:  # an error, or the caller stopped iterating
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def _progress_bar(total: int) -> Any:

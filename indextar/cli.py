@@ -10,14 +10,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tqdm import tqdm
 
 from ._version import __version__
+from .build import parallel_map
 from .cli_tools import add_tool_commands
 from .errors import IndextarError, StaleIndexError
 from .index import ShardIndex, build_index, index_path, open_index
@@ -29,7 +29,6 @@ from .verify import verify_index
 
 __all__ = ["main", "build_parser"]
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,19 +150,11 @@ def _run(
     desc: str,
     quiet: bool,
 ) -> Iterator[Outcome]:
-    jobs = max(1, min(jobs, len(shards)))
     bar = tqdm(total=len(shards), desc=desc, unit="shard", disable=quiet or None, file=sys.stderr)
     try:
-        if jobs == 1:
-            for shard in shards:
-                yield fn(shard, *args)
-                bar.update()
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(fn, shard, *args) for shard in shards]
-                for future in futures:
-                    yield future.result()
-                    bar.update()
+        for outcome in parallel_map(fn, shards, args, workers=jobs):
+            yield outcome
+            bar.update()
     finally:
         bar.close()
 
