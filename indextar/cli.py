@@ -30,7 +30,6 @@ from .verify import verify_index
 __all__ = ["main", "build_parser"]
 
 
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What happened to one shard, as sent back from a worker process."""
