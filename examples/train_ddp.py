@@ -101,19 +101,22 @@ def main() -> None:
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
     checkpoint = args.run / "checkpoint.pt"
 
-    epoch = 0
+    start_epoch = 0
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=True)
         model.module.load_state_dict(state["model"])
         optimiser.load_state_dict(state["optimiser"])
         sampler.load_state_dict(state["sampler"])
-        epoch = state["sampler"]["epoch"]
+        start_epoch = state["sampler"]["epoch"]
         if rank == 0:
-            print(f"resumed at epoch {epoch}, position {state['sampler']['consumed']}", flush=True)
+            print(
+                f"resumed at epoch {start_epoch}, position {state['sampler']['consumed']}",
+                flush=True,
+            )
 
     global_batch = args.batch_size * world
     log = open(args.run / f"seen-rank{rank}.txt", "a", buffering=1)
-    for epoch in range(epoch, args.epochs):
+    for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # keeps a restored position within the same epoch
         start = sampler.consumed
         correct = total = 0

@@ -169,8 +169,9 @@ class ShardCache:
         """Create ``part`` at ``size`` bytes (sparse) once that fits, evicting LRU shards."""
         if size > self.limit:
             raise CacheFullError(
-                f"shard {url!r} has {size} bytes, more than the whole shard cache ({self.limit} bytes "
-                f"in {str(self.directory)!r}); raise cache_limit= or read it with remote='ranges'"
+                f"shard {url!r} has {size} bytes, more than the whole shard cache "
+                f"({self.limit} bytes in {str(self.directory)!r}); "
+                "raise cache_limit= or read it with remote='ranges'"
             )
         from filelock import FileLock
 

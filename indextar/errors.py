@@ -115,7 +115,12 @@ class DecodeError(IndextarError, ValueError):
     """
 
     def __init__(
-        self, message: str, *, shard: str | None = None, key: str | None = None, ext: str | None = None
+        self,
+        message: str,
+        *,
+        shard: str | None = None,
+        key: str | None = None,
+        ext: str | None = None,
     ):
         self.shard = shard
         self.key = key
@@ -183,10 +188,17 @@ class EncodeError(WriterError):
     """
 
     def __init__(
-        self, message: str, *, shard: str | None = None, key: str | None = None, ext: str | None = None
+        self,
+        message: str,
+        *,
+        shard: str | None = None,
+        key: str | None = None,
+        ext: str | None = None,
     ):
         self.ext = ext
-        super().__init__(f"member {ext!r}: {message}" if ext is not None else message, shard=shard, key=key)
+        super().__init__(
+            f"member {ext!r}: {message}" if ext is not None else message, shard=shard, key=key
+        )
 
 
 class RemoteReadError(IndextarError, OSError):

@@ -28,6 +28,7 @@ from typing import Any, Union
 import numpy as np
 import numpy.typing as npt
 
+from . import native
 from ._version import __version__
 from .arrays import ShardArrays, arrays_from_tables, read_arrays, write_arrays
 from .errors import (
@@ -471,10 +472,40 @@ def write_index(path: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) 
         raise
 
 
-def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
+def _schema() -> tuple[str, str]:
+    """schema.sql's tables and, apart, its indexes (created after the bulk insert)."""
     tables, indexes = (
         resources.files("indextar").joinpath("schema.sql").read_text().split("-- @indexes")
     )
+    return tables, indexes
+
+
+def _insert_rows_python(
+    conn: sqlite3.Connection, members: tuple[Any, ...], samples: tuple[Any, ...]
+) -> None:
+    """What ``_sqlitebulk.insert_rows`` does, through executemany (the reference)."""
+    sample_id, member_names, ext_names, ext_codes, header_offsets, data_offsets, sizes = members
+    conn.executemany(
+        "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)",
+        zip(
+            range(len(member_names)),
+            sample_id.tolist(),
+            member_names,
+            [ext_names[code] for code in ext_codes.tolist()],
+            header_offsets.tolist(),
+            data_offsets.tolist(),
+            sizes.tolist(),
+        ),
+    )
+    keys, first, count, start, end = samples
+    conn.executemany(
+        "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+        zip(range(len(keys)), keys, first.tolist(), count.tolist(), start.tolist(), end.tolist()),
+    )
+
+
+def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
+    tables, indexes = _schema()
     entries = grouping.entries
     header_offsets = scan.header_offsets[entries]
     data_offsets = scan.data_offsets[entries]
@@ -486,33 +517,28 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
     end = (data_offsets[last] + (sizes[last] + BLOCK - 1) // BLOCK * BLOCK) if len(first) else start
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
+        conn.execute("PRAGMA page_size = 16384")
         conn.execute("PRAGMA journal_mode = OFF")
         conn.execute("PRAGMA synchronous = OFF")
         conn.executescript(tables)
-        conn.execute("BEGIN")
-        conn.executemany(
-            "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)",
-            zip(
-                range(len(entries)),
-                grouping.sample_of_member.tolist(),
-                [names[i] for i in entries.tolist()],
-                grouping.exts,
-                header_offsets.tolist(),
-                data_offsets.tolist(),
-                sizes.tolist(),
-            ),
+        member_names = [names[i] for i in entries.tolist()]
+        member_rows = (
+            grouping.sample_of_member,
+            member_names,
+            list(grouping.ext_names),
+            grouping.ext_codes,
+            header_offsets,
+            data_offsets,
+            sizes,
         )
-        conn.executemany(
-            "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
-            zip(
-                range(len(first)),
-                grouping.keys,
-                first.tolist(),
-                grouping.member_count.tolist(),
-                start.tolist(),
-                end.tolist(),
-            ),
-        )
+        sample_rows = (grouping.keys, first, grouping.member_count, start, end)
+        bulk = native.sqlitebulk()
+        if bulk is not None:
+            bulk.insert_rows(os.fspath(tmp), member_rows, sample_rows)
+            conn.execute("BEGIN")
+        else:
+            conn.execute("BEGIN")
+            _insert_rows_python(conn, member_rows, sample_rows)
         conn.executemany(
             "INSERT INTO skipped VALUES (?, ?, ?, ?)",
             (

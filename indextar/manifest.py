@@ -36,7 +36,14 @@ from .errors import ManifestError
 from .index import ShardIndex
 from .patterns import is_url
 
-__all__ = ["MANIFEST_VERSION", "ManifestShard", "Manifest", "read_manifest", "write_manifest", "is_manifest"]
+__all__ = [
+    "MANIFEST_VERSION",
+    "ManifestShard",
+    "Manifest",
+    "read_manifest",
+    "write_manifest",
+    "is_manifest",
+]
 
 MANIFEST_VERSION = 1
 
@@ -152,7 +159,9 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     if not isinstance(document, dict) or "shardlist" not in document:
         raise ManifestError(f"manifest {str(source)!r} has no 'shardlist'")
     if document.get("datasets"):
-        raise ManifestError(f"manifest {str(source)!r} nests 'datasets'; indextar reads flat shard lists only")
+        raise ManifestError(
+            f"manifest {str(source)!r} nests 'datasets'; indextar reads flat shard lists only"
+        )
     version = document.get("indextar_manifest_version", MANIFEST_VERSION)
     if version != MANIFEST_VERSION:
         raise ManifestError(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from . import native
 from .errors import SampleFormatError
 from .tarscan import TarScan
 
@@ -115,14 +116,12 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     regular = scan.is_regular()
     rows = np.flatnonzero(regular)
     skipped = [(row, scan.kind(row)) for row in np.flatnonzero(~regular).tolist()]
-    split = _split_vectorised(scan.names, rows)
-    if split is None:  # names the fast path cannot decide: webdataset's regex, per name
-        split = _split_python(scan.names, rows, skipped)
-        skipped.sort()
-    rows, keys, raw_exts = split
+    fast = _group_c(scan.names, rows)
+    if fast is None:
+        fast = _group_numpy(scan.names, rows, skipped)
+    rows, first, sample_keys, distinct, raw_codes = fast
 
     # Extensions as codes into a short table of distinct, lowercased extensions.
-    distinct, raw_codes = _distinct(raw_exts)
     ext_names = sorted({ext.lower() for ext in distinct})
     lower_code = np.array([ext_names.index(ext.lower()) for ext in distinct], dtype=np.int64)
     codes = lower_code[raw_codes] if len(raw_codes) else raw_codes
@@ -130,11 +129,7 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     if _RESERVED_EXTS.intersection(ext_names):
         _raise_reserved_extension(exts, rows.tolist(), scan, shard)
 
-    boundary = np.ones(len(keys), dtype=bool)
-    boundary[1:] = keys[1:] != keys[:-1]
-    first = np.flatnonzero(boundary).astype(np.int64)
     count = np.diff(np.append(first, len(rows))).astype(np.int64)
-    sample_keys: list[str] = keys[first].tolist()
     grouping = Grouping(
         entries=np.asarray(rows, dtype=np.int64),
         exts=exts,
@@ -155,6 +150,47 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
         repeated = sorted(key for key, n in Counter(sample_keys).items() if n > 1)
         grouping = dataclasses.replace(grouping, scattered_keys=repeated)
     return grouping
+
+
+# Member rows, each sample's first position in them and its key, the distinct raw
+# extensions and each member's code into them.
+_Groups = tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], list[str], list[str], npt.NDArray[np.int64]
+]
+
+
+def _group_c(names: list[str], rows: npt.NDArray[np.int64]) -> _Groups | None:
+    """The C walker's grouping of the common case (``None`` where it does not apply)."""
+    walker = native.tarwalk()
+    if walker is None:
+        return None
+    grouped = walker.group(names, np.ascontiguousarray(rows, dtype=np.int64))
+    if grouped is None:
+        return None
+    first, keys, codes, exts = grouped
+    return (
+        np.asarray(rows, dtype=np.int64),
+        np.frombuffer(first, np.int64),
+        keys,
+        exts,
+        np.frombuffer(codes, np.int64),
+    )
+
+
+def _group_numpy(
+    names: list[str], rows: npt.NDArray[np.int64], skipped: list[tuple[int, str]]
+) -> _Groups:
+    """The reference grouping: array operations, or webdataset's regex name by name."""
+    split = _split_vectorised(names, rows)
+    if split is None:  # names the fast path cannot decide: webdataset's regex, per name
+        split = _split_python(names, rows, skipped)
+        skipped.sort()
+    rows, keys, raw_exts = split
+    distinct, raw_codes = _distinct(raw_exts)
+    boundary = np.ones(len(keys), dtype=bool)
+    boundary[1:] = keys[1:] != keys[:-1]
+    first = np.flatnonzero(boundary).astype(np.int64)
+    return rows, first, keys[first].tolist(), distinct, raw_codes
 
 
 def _distinct(strings: npt.NDArray[np.str_]) -> tuple[list[str], npt.NDArray[np.int64]]:

@@ -281,7 +281,8 @@ class RangeSource(ByteSource):
             problems.append(f"its ETag changed from {self.expected.etag!r} to {now.etag!r}")
         if problems:
             raise StaleIndexError(
-                f"remote shard {self.url!r} was replaced after it was indexed: {'; '.join(problems)}; "
+                f"remote shard {self.url!r} was replaced after it was indexed: "
+                f"{'; '.join(problems)}; "
                 "rebuild its index (build_index(url, index_dir=..., force=True))"
             )
 

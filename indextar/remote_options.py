@@ -79,7 +79,8 @@ class RemoteOptions:
         )
 
     def index(self, url: str, path: str | None, *, build_missing: bool) -> ShardIndex:
-        """The index of remote shard ``url``: at ``path`` if known (no request), else found or built."""
+        """The index of remote shard ``url``: at ``path`` if known (no request), else found
+        or built."""
         if path is not None and Path(path).exists():
             return ShardIndex(shard=url, path=Path(path), meta=_read_meta(Path(path)))
         return open_remote_index(

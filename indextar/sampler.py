@@ -49,7 +49,15 @@ _CHUNK = 1 << 16
 Order = Literal["global", "blocks"]
 
 # Fields that must match between a saved state and the sampler it is loaded into.
-_CONFIG_FIELDS = ("num_samples", "seed", "shuffle", "order", "drop_last", "block_size", "window_blocks")
+_CONFIG_FIELDS = (
+    "num_samples",
+    "seed",
+    "shuffle",
+    "order",
+    "drop_last",
+    "block_size",
+    "window_blocks",
+)
 _REQUIRED_FIELDS = ("epoch", "consumed")
 _INFO_FIELDS = ("version", "num_replicas")
 _KNOWN_FIELDS = frozenset(_CONFIG_FIELDS + _REQUIRED_FIELDS + _INFO_FIELDS)
@@ -446,9 +454,7 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
     """Fill in world size and rank from torch.distributed, without importing torch."""
     distributed = sys.modules.get("torch.distributed")
     initialised = bool(
-        distributed is not None
-        and distributed.is_available()
-        and distributed.is_initialized()
+        distributed is not None and distributed.is_available() and distributed.is_initialized()
     )
     if num_replicas is None:
         num_replicas = distributed.get_world_size() if initialised and distributed else 1
@@ -460,4 +466,3 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
     if not 0 <= rank < num_replicas:
         raise ValueError(f"rank must be in [0, {num_replicas}); got {rank}")
     return num_replicas, rank
-

@@ -217,7 +217,10 @@ class StreamingTarDataset(torch.utils.data.IterableDataset[Any]):
         return select_field(sample, alternatives, self._decoder)
 
     def __repr__(self) -> str:
-        return f"StreamingTarDataset({len(self.urls)} shards, shuffle={self.shuffle}, resampled={self.resampled})"
+        return (
+            f"StreamingTarDataset({len(self.urls)} shards, shuffle={self.shuffle}, "
+            f"resampled={self.resampled})"
+        )
 
 
 def _group(members: Iterator[Any], url: str) -> Iterator[Sample | SampleFormatError]:

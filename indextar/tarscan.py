@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import native
 from .errors import (
     CompressedShardError,
     ShardFormatError,
@@ -62,14 +62,6 @@ from .tarfields import decode_names as _decode_names
 from .tarfields import names_at as _names_at
 from .tarfields import parse_numeric as _parse_numeric
 from .tarfields import parse_octal as _parse_octal
-
-try:  # the common case of the walk, in C; optional (see _tarwalk.c)
-    from . import _tarwalk
-except ImportError:  # pragma: no cover - only where the extension did not compile
-    _tarwalk = None  # type: ignore[assignment]
-
-#: Set this environment variable to use only the numpy scanner (the reference).
-PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
 
 __all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
 
@@ -450,15 +442,16 @@ class _Scanner:
         if extension.any():
             return self.apply_extensions(offsets, types, sizes, names, extension, end)
         self.check_chain(offsets, sizes, end)
-        return self.plain_scan(names, types, offsets, sizes, end)
+        return self.plain_scan(_decode_all(names, offsets, self), types, offsets, sizes, end)
 
     def walk_c(
         self,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8], int] | None:
         """The C walker's chain, if it could walk the whole shard (plain headers only)."""
-        if _tarwalk is None or os.environ.get(PURE_PYTHON_ENV):
+        walker = native.tarwalk()
+        if walker is None:
             return None
-        status, end, offsets, sizes, types = _tarwalk.walk(self.buf)
+        status, end, offsets, sizes, types = walker.walk(self.buf)
         if status != 0 or offsets is None or sizes is None or types is None:
             return None  # something unusual: the numpy scanner takes over
         return (
@@ -477,13 +470,20 @@ class _Scanner:
     ) -> TarScan:
         """A :class:`TarScan` from a chain the C walker checked (no extension headers)."""
         self.check_end(end, int(offsets[-1]) if len(offsets) else 0)
+        walker = native.tarwalk()
+        decoded = walker.names(self.buf, offsets) if walker is not None else None
+        if decoded is not None:  # all valid UTF-8: only V7 directories are left to mark
+            for i in np.flatnonzero(types == 0).tolist():
+                if decoded[i].endswith("/"):
+                    types[i] = ord("5")
+            return self.plain_scan(decoded, types, offsets, sizes, end)
         blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
         names = _names_at(blocks, offsets // BLOCK, types)
-        return self.plain_scan(names, types, offsets, sizes, end)
+        return self.plain_scan(_decode_all(names, offsets, self), types, offsets, sizes, end)
 
     def plain_scan(
         self,
-        raw_names: list[bytes],
+        names: list[str],
         types: npt.NDArray[np.uint8],
         offsets: npt.NDArray[np.int64],
         sizes: npt.NDArray[np.int64],
@@ -491,7 +491,7 @@ class _Scanner:
     ) -> TarScan:
         """The scan of a shard without extension headers: one header per entry."""
         return TarScan(
-            names=_decode_all(raw_names, offsets, self),
+            names=names,
             types=types,
             header_offsets=offsets,
             data_offsets=offsets + BLOCK,

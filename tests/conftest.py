@@ -70,10 +70,10 @@ def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     The C walker handles plain headers and hands anything else to the numpy scanner,
     which is the reference: both must give identical results and identical errors.
     """
-    from indextar import tarscan
+    from indextar import native
 
     if request.param == "numpy":
-        monkeypatch.setenv(tarscan.PURE_PYTHON_ENV, "1")
+        monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
     else:
-        assert tarscan._tarwalk is not None, "the C walker (indextar/_tarwalk.c) did not build"
+        assert native.built()["_tarwalk"], "the C walker (indextar/_tarwalk.c) did not build"
     return str(request.param)

@@ -31,10 +31,16 @@ def test_index_quick_prints_a_row_per_tool_and_data_set(tmp_path: Path) -> None:
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     for tool in TOOLS:
         assert sum(row.startswith(f"| {tool} |") for row in rows) == 2, (tool, done.stdout)
-    for target in ("scan only >= bare header walk", "build_index >= 10x ratarmountcore",
-                   "build_index >= 10x tarfile", "scan reads only the headers"):
-        assert any(target in line and line.startswith(("- PASS", "- FAIL"))
-                   for line in done.stdout.splitlines()), (target, done.stdout)
+    for target in (
+        "scan only >= bare header walk",
+        "build_index >= 10x ratarmountcore",
+        "build_index >= 10x tarfile",
+        "scan reads only the headers",
+    ):
+        assert any(
+            target in line and line.startswith(("- PASS", "- FAIL"))
+            for line in done.stdout.splitlines()
+        ), (target, done.stdout)
 
 
 def test_index_quick_json(tmp_path: Path) -> None:

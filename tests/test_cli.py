@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import sample_members, tar_bytes
+
 from indextar.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,16 +7,14 @@ import gc
 import io
 import os
 import tarfile
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-from indextar import IndexedTarDataset, ResumableSampler, build_index
-from wds_shards import write_shards
-
 import torch
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
+from wds_shards import write_shards
+
+from indextar import IndexedTarDataset, ResumableSampler, build_index
 
 SHARDS, PER_SHARD = 3, 10
 N = SHARDS * PER_SHARD
@@ -98,7 +96,11 @@ def test_distributed_sampler_every_rank(shards: list[str], rank: int) -> None:
         sampler.set_epoch(1)
         expected = list(sampler)
         loader = DataLoader(
-            ds, sampler=sampler, batch_size=4, num_workers=2 if r == rank else 0, collate_fn=lambda b: b
+            ds,
+            sampler=sampler,
+            batch_size=4,
+            num_workers=2 if r == rank else 0,
+            collate_fn=lambda b: b,
         )
         got = [sample for batch in loader for sample in batch]
         assert [index for index, _ in got] == expected
@@ -114,10 +116,13 @@ def test_resumable_sampler_uses_shard_sizes(shards: list[str]) -> None:
     order = list(sampler)
     assert sorted(order) == list(range(N))
     # shards are the blocks: each run of PER_SHARD consecutive picks stays in one shard
-    assert {tuple(sorted({i // PER_SHARD for i in order[k : k + PER_SHARD]})) for k in range(0, N, PER_SHARD)} <= {
-        (s,) for s in range(SHARDS)
-    }
-    assert sorted(indices_of(DataLoader(ds, sampler=sampler, batch_size=8, num_workers=2))) == list(range(N))
+    assert {
+        tuple(sorted({i // PER_SHARD for i in order[k : k + PER_SHARD]}))
+        for k in range(0, N, PER_SHARD)
+    } <= {(s,) for s in range(SHARDS)}
+    assert sorted(indices_of(DataLoader(ds, sampler=sampler, batch_size=8, num_workers=2))) == list(
+        range(N)
+    )
 
 
 # -- memory -----------------------------------------------------------------------
@@ -150,7 +155,12 @@ def reachable_objects(root: object) -> int:
     stack = [root]
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (type, type(os))) or callable(obj) and not hasattr(obj, "__dict__"):
+        if (
+            id(obj) in seen
+            or isinstance(obj, (type, type(os)))
+            or callable(obj)
+            and not hasattr(obj, "__dict__")
+        ):
             continue
         seen.add(id(obj))
         if not type(obj).__module__.startswith("numpy"):
@@ -177,7 +187,12 @@ def many_samples(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def test_worker_memory_stays_flat_over_an_epoch(many_samples: list[str]) -> None:
     ds = IndexedTarDataset(many_samples, keys=("__index__",), transform=with_memory)
     loader = DataLoader(
-        ds, batch_size=250, shuffle=True, num_workers=2, multiprocessing_context="fork", collate_fn=list
+        ds,
+        batch_size=250,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=list,
     )
     readings: dict[int, list[int]] = {0: [], 1: []}
     seen = 0

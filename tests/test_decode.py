@@ -12,12 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import webdataset.autodecode as wds_autodecode
 from PIL import Image
 
 from indextar.decode import IMAGE_SPECS, BasicHandler, ImageHandler, make_decoder
 from indextar.errors import DecodeError, DecodeSpecError, IndextarError, UnsafeMemberError
-
-import webdataset.autodecode as wds_autodecode
 
 
 def image_bytes(mode: str, fmt: str, size: tuple[int, int] = (7, 5), seed: int = 0) -> bytes:
@@ -42,7 +41,13 @@ def same(a: Any, b: Any) -> bool:
     return bool(type(a) is type(b) and a == b)
 
 
-IMAGES = [("RGB", "PNG", "png"), ("L", "PNG", "png"), ("RGBA", "PNG", "png"), ("RGB", "JPEG", "jpg"), ("L", "PPM", "pgm")]
+IMAGES = [
+    ("RGB", "PNG", "png"),
+    ("L", "PNG", "png"),
+    ("RGBA", "PNG", "png"),
+    ("RGB", "JPEG", "jpg"),
+    ("L", "PPM", "pgm"),
+]
 
 
 @pytest.mark.parametrize("spec", sorted(IMAGE_SPECS))
@@ -119,7 +124,10 @@ def test_custom_handlers_come_first_and_pass_with_none() -> None:
     assert only is not None and only("json", b"[1]") == [1]
 
 
-@pytest.mark.parametrize("ext,payload", [("pyd", pickle.dumps({"x": 1})), ("pickle", pickle.dumps([1])), ("pkl", pickle.dumps(2))])
+@pytest.mark.parametrize(
+    "ext,payload",
+    [("pyd", pickle.dumps({"x": 1})), ("pickle", pickle.dumps([1])), ("pkl", pickle.dumps(2))],
+)
 def test_pickles_are_refused_unless_allowed(ext: str, payload: bytes) -> None:
     decoder = make_decoder("rgb8")
     assert decoder is not None
@@ -133,6 +141,7 @@ def test_pickles_are_refused_unless_allowed(ext: str, payload: bytes) -> None:
 
 def test_pth_is_refused_unless_allowed() -> None:
     import torch
+
     buf = io.BytesIO()
     torch.save({"w": torch.arange(3)}, buf)
     with pytest.raises(UnsafeMemberError, match="torch.load"):

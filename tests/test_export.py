@@ -84,6 +84,7 @@ def test_wids_reads_the_shard_list(tmp_path: Path, shards: list[str]) -> None:
         ("data-002.tar", 2),
     ]
     import wids
+
     dataset = wids.ShardListDataset(
         str(path), cache_dir=str(tmp_path / "cache"), transformations=[]
     )

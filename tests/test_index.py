@@ -223,6 +223,71 @@ def test_inspectable_with_sqlite3_and_sqlite_utils(shard: Path) -> None:
         db.close()
 
 
+TABLES = ("members", "samples", "skipped", "arrays")
+
+
+def table_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in TABLES}
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_c_row_writer_writes_what_executemany_writes(
+    fmt: str,
+    make_tar,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from indextar import native
+
+    assert native.built()["_sqlitebulk"], "indextar/_sqlitebulk.c did not build"
+    members = {
+        **sample_members(40, ("jpg", "CLS", "seg.png")),
+        "ü/日本.JPEG": b"utf-8",
+        "d/": None,
+        "README": b"skipped",
+        "p" * 60 + "/" + "n" * 90 + ".txt": b"a prefix, GNU long name or PAX path",
+    }
+    shard = make_tar(members, fmt=fmt)
+    fast = build_index(shard, index_dir=tmp_path / "c").path
+    monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
+    reference = build_index(shard, index_dir=tmp_path / "py").path
+    rows = table_rows(fast)
+    assert rows == table_rows(reference)
+    assert len(rows["members"]) == 122 and len(rows["samples"]) == 42
+
+
+def test_the_c_row_writer_refuses_rows_that_do_not_line_up(tmp_path: Path) -> None:
+    from indextar import index, native
+
+    bulk = native.sqlitebulk()
+    assert bulk is not None, "indextar/_sqlitebulk.c did not build"
+    path = tmp_path / "x.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(index._schema()[0])
+    conn.close()
+    ints = np.zeros(2, np.int64)
+    samples = ([], ints[:0], ints[:0], ints[:0], ints[:0])
+    with pytest.raises(ValueError, match="ext_codes"):  # a code outside ext_names
+        bulk.insert_rows(
+            str(path), (ints, ["a.x", "b.x"], ["x"], ints + 1, ints, ints, ints), samples
+        )
+    with pytest.raises(ValueError, match="size"):  # a column shorter than names
+        bulk.insert_rows(
+            str(path), (ints, ["a.x", "b.x"], ["x"], ints, ints, ints, ints[:1]), samples
+        )
+    no_rows = (ints[:0], [], [], ints[:0], ints[:0], ints[:0], ints[:0])
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):  # no such file
+        bulk.insert_rows(str(tmp_path / "missing.sqlite"), no_rows, samples)
+    sqlite3.connect(tmp_path / "empty.sqlite").close()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        bulk.insert_rows(str(tmp_path / "empty.sqlite"), no_rows, samples)
+    assert table_rows(path)["members"] == []  # nothing of a failed call is kept
+
+
 # -- staleness -------------------------------------------------------------------------
 
 

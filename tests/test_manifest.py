@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from wds_shards import write_shards
 
 import indextar.dataset
 from indextar import (
@@ -21,7 +22,6 @@ from indextar import (
     read_manifest,
     write_manifest,
 )
-from wds_shards import write_shards
 
 
 @pytest.fixture
@@ -53,7 +53,9 @@ def test_shards_outside_the_folder_are_absolute(indexed: list[Path], tmp_path: P
     assert read_manifest(target).shards[0].url == str(indexed[0])
 
 
-def test_dataset_from_manifest_equals_dataset_from_shards(indexed: list[Path], tmp_path: Path) -> None:
+def test_dataset_from_manifest_equals_dataset_from_shards(
+    indexed: list[Path], tmp_path: Path
+) -> None:
     target = tmp_path / "data" / "m.json"
     write_manifest(target, [build_index(p) for p in indexed])
     direct = IndexedTarDataset(indexed)
@@ -98,14 +100,19 @@ def test_wids_reads_our_manifest(indexed: list[Path], tmp_path: Path) -> None:
     ours = IndexedTarDataset(target)
     assert len(theirs) == len(ours)
     for i in (0, 5, 11):
-        assert theirs[i][".cls"].getvalue() == ours[i]["cls"] and theirs[i]["__key__"] == ours[i]["__key__"]
+        assert (
+            theirs[i][".cls"].getvalue() == ours[i]["cls"]
+            and theirs[i]["__key__"] == ours[i]["__key__"]
+        )
     theirs.close()
 
 
 def test_a_wids_shard_list_without_our_fields(indexed: list[Path], tmp_path: Path) -> None:
     target = tmp_path / "data" / "wids.json"
     target.write_text(
-        json.dumps({"wids_version": 1, "shardlist": [{"url": p.name, "nsamples": 4} for p in indexed]})
+        json.dumps(
+            {"wids_version": 1, "shardlist": [{"url": p.name, "nsamples": 4} for p in indexed]}
+        )
     )
     ds = IndexedTarDataset(target)
     assert ds[11]["__key__"] == "sample000011"
@@ -114,7 +121,11 @@ def test_a_wids_shard_list_without_our_fields(indexed: list[Path], tmp_path: Pat
 def test_missing_index_is_built_lazily_for_wids_lists(tmp_path: Path) -> None:
     paths = write_shards(tmp_path / "raw", 2, 3, images=False)
     target = tmp_path / "raw" / "wids.json"
-    target.write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": p.name, "nsamples": 3} for p in paths]}))
+    target.write_text(
+        json.dumps(
+            {"wids_version": 1, "shardlist": [{"url": p.name, "nsamples": 3} for p in paths]}
+        )
+    )
     assert IndexedTarDataset(target)[4]["__key__"] == "sample000004"
     other = write_shards(tmp_path / "raw2", 1, 3, images=False)[0]
     (tmp_path / "raw2" / "w.json").write_text(
@@ -152,7 +163,10 @@ def test_shard_changed_since_the_manifest(indexed: list[Path], tmp_path: Path) -
         ("not json", "not valid JSON"),
         ('{"wids_version": 1}', "no 'shardlist'"),
         ('{"wids_version": 1, "shardlist": [{"url": "a.tar"}]}', "entry 0 is malformed"),
-        ('{"wids_version": 1, "shardlist": [], "datasets": [{"source_url": "x"}]}', "nests 'datasets'"),
+        (
+            '{"wids_version": 1, "shardlist": [], "datasets": [{"source_url": "x"}]}',
+            "nests 'datasets'",
+        ),
         ('{"wids_version": 1, "indextar_manifest_version": 9, "shardlist": []}', "version 9"),
     ],
 )

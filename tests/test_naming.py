@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 from conftest import FORMATS, sample_members, tar_bytes
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tarcraft import Crafter
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
 from indextar import SampleFormatError, build_index, scan_tar, split_name
 from indextar.naming import group_members, skip_reason
+
+# Every test here runs with the C walker and grouping, and with the numpy ones (conftest).
+pytestmark = pytest.mark.usefixtures("scanner")
 
 Sample = dict[str, object]
 
@@ -190,7 +193,12 @@ def test_skip_reason_is_webdatasets_filter(name: str) -> None:
     assert (skip_reason(name) is None) == kept_by_webdataset
 
 
-@settings(max_examples=100, derandomize=True, deadline=None)
+@settings(
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # the scanner env: per test
+)
 @given(
     fmt=st.sampled_from(sorted(FORMATS)),
     entries=st.lists(

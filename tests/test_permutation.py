@@ -63,16 +63,22 @@ def test_any_size_maps_distinct_positions_to_distinct_indices(
 
 def test_first_element_is_uniform_over_seeds_small_size() -> None:
     size, draws = 7, 7000
-    firsts = [KeyedPermutation.from_seed(size, seed).permute(np.zeros(1, np.int64))[0]
-              for seed in range(draws)]
+    firsts = [
+        KeyedPermutation.from_seed(size, seed).permute(np.zeros(1, np.int64))[0]
+        for seed in range(draws)
+    ]
     counts = np.bincount(firsts, minlength=size)
     assert chi_square(counts, draws / size) < chi_square_bound(size - 1)
 
 
 def test_first_element_is_uniform_over_seeds_large_size() -> None:
     size, draws, bins = 10**10 + 7, 4000, 20
-    firsts = np.array([KeyedPermutation.from_seed(size, seed, 5).permute(np.array([0]))[0]
-                       for seed in range(draws)])
+    firsts = np.array(
+        [
+            KeyedPermutation.from_seed(size, seed, 5).permute(np.array([0]))[0]
+            for seed in range(draws)
+        ]
+    )
     counts = np.bincount(firsts * bins // size, minlength=bins)
     assert chi_square(counts, draws / bins) < chi_square_bound(bins - 1)
 
@@ -99,8 +105,10 @@ def test_every_element_is_uniform_over_positions_for_a_mid_size() -> None:
 
 
 def test_different_tweaks_give_different_orders() -> None:
-    orders = {tuple(KeyedPermutation.from_seed(1000, 0, epoch).permute(np.arange(20)).tolist())
-              for epoch in range(50)}
+    orders = {
+        tuple(KeyedPermutation.from_seed(1000, 0, epoch).permute(np.arange(20)).tolist())
+        for epoch in range(50)
+    }
     assert len(orders) == 50
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-import indextar
-from conftest import tar_bytes
-
 import webdataset as wds
 import wids
+from conftest import tar_bytes
+
+import indextar
 
 SAMPLES = {f"s{i:03d}.{ext}": b"%d" % i for i in range(20) for ext in ("cls", "txt")}
 

@@ -18,7 +18,9 @@ from indextar.sampler import ResumableSampler, sampler_state_from_loader
 
 
 def ranks(size: int, world: int, **options: Any) -> list[ResumableSampler]:
-    return [ResumableSampler(size, num_replicas=world, rank=rank, **options) for rank in range(world)]
+    return [
+        ResumableSampler(size, num_replicas=world, rank=rank, **options) for rank in range(world)
+    ]
 
 
 def run_epoch(samplers: list[ResumableSampler]) -> list[list[int]]:
@@ -108,8 +110,10 @@ def test_blocks_with_a_block_size_shuffle_within_windows() -> None:
     assert sorted(order.tolist()) == list(range(1000))
     for window in order.reshape(5, 200):  # every window is two whole blocks
         blocks = np.unique(window // 100)
-        assert blocks.size == 2 and np.array_equal(np.sort(window), np.sort(
-            np.concatenate([np.arange(b * 100, b * 100 + 100) for b in blocks])))
+        assert blocks.size == 2 and np.array_equal(
+            np.sort(window),
+            np.sort(np.concatenate([np.arange(b * 100, b * 100 + 100) for b in blocks])),
+        )
     assert not np.array_equal(order[:100], np.sort(order[:100]))  # shuffled inside
 
 
@@ -161,7 +165,10 @@ def test_resume_on_another_world_sees_the_rest_once(
 
 def test_resume_far_into_a_huge_epoch_is_immediate() -> None:
     sampler = ResumableSampler(10**10, seed=1, num_replicas=4, rank=2)
-    reference = sampler.indices(9 * 10**8 + 2, 9 * 10**8 + 2 + 4 * 5, ).tolist()[::4]
+    reference = sampler.indices(
+        9 * 10**8 + 2,
+        9 * 10**8 + 2 + 4 * 5,
+    ).tolist()[::4]
     sampler.load_state_dict({"epoch": 0, "consumed": 9 * 10**8})
     iterator = iter(sampler)
     assert [next(iterator) for _ in range(5)] == reference
@@ -264,7 +271,9 @@ def test_torch_dataloader_accepts_it() -> None:
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize(("workers_before", "workers_after"), [(0, 0), (2, 2), (2, 0), (0, 2)])
-def test_torchdata_stateful_dataloader_resumes_exactly(workers_before: int, workers_after: int) -> None:
+def test_torchdata_stateful_dataloader_resumes_exactly(
+    workers_before: int, workers_after: int
+) -> None:
     import torch  # noqa: F401
     import torchdata.stateful_dataloader as stateful
 
@@ -293,7 +302,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
 
 
 @pytest.mark.parametrize(
-    "block", re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S) if DOCS.exists() else []
+    "block",
+    re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S) if DOCS.exists() else [],
 )
 def test_docs_examples_run(block: str) -> None:
     exec(compile(block, str(DOCS), "exec"), {})

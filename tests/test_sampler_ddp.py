@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed  # noqa: F401
 
 from indextar.sampler import ResumableSampler
-
-import torch.distributed  # noqa: F401
 
 WORKER = Path(__file__).with_name("_sampler_ddp_worker.py")
 SIZE, BATCH, EPOCH, SEED = 101, 4, 3, 1234
@@ -31,7 +30,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def launch(log_dir: Path, phase: str, world: int, workers: int, *extra: str) -> list[subprocess.Popen[bytes]]:
+def launch(
+    log_dir: Path, phase: str, world: int, workers: int, *extra: str
+) -> list[subprocess.Popen[bytes]]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     processes = []
@@ -68,8 +69,13 @@ def crash_after_ready(processes: list[subprocess.Popen[bytes]], log_dir: Path, p
         assert process.wait(timeout=30) == -signal.SIGKILL
 
 
-def batches(log_dir: Path, phase: str, rank: int, *, up_to_step: int | None = None) -> list[list[int]]:
-    records = [json.loads(line) for line in (log_dir / f"{phase}-rank{rank}.jsonl").read_text().splitlines()]
+def batches(
+    log_dir: Path, phase: str, rank: int, *, up_to_step: int | None = None
+) -> list[list[int]]:
+    records = [
+        json.loads(line)
+        for line in (log_dir / f"{phase}-rank{rank}.jsonl").read_text().splitlines()
+    ]
     return [r["indices"] for r in records if up_to_step is None or r["step"] <= up_to_step]
 
 

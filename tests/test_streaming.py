@@ -181,7 +181,8 @@ def test_import_indextar_stays_light() -> None:
     import sys
 
     code = (
-        "import sys, indextar; heavy = [m for m in ('torch', 'fsspec', 'aiohttp', 's3fs', 'filelock') "
-        "if m in sys.modules]; assert not heavy, heavy; indextar.StreamingTarDataset; assert 'torch' in sys.modules"
+        "import sys, indextar; heavy = [m for m in ('torch', 'fsspec', 'aiohttp', 's3fs', "
+        "'filelock') if m in sys.modules]; assert not heavy, heavy; "
+        "indextar.StreamingTarDataset; assert 'torch' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

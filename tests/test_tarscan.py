@@ -28,7 +28,7 @@ from tarcraft import (
     tarfile_members,
 )
 
-from indextar import ShardFormatError, scan_tar
+from indextar import ShardFormatError, native, scan_tar
 from indextar import tarscan as tarscan_module
 from indextar.tarscan import TarScan
 
@@ -55,7 +55,7 @@ def assert_placed(scan: TarScan, placed: list[Placed]) -> None:
 @pytest.fixture
 def windows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Start offsets of the windows the vectorised walker accepted (C walker off)."""
-    monkeypatch.setenv(tarscan_module.PURE_PYTHON_ENV, "1")
+    monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
     accepted: list[int] = []
     real = tarscan_module._Scanner.walk_window
 

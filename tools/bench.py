@@ -162,9 +162,11 @@ def ratarmount_index(shard: Path, scratch: Path) -> int:
     with archive:
         if not index_file.exists():
             raise RuntimeError(f"ratarmountcore wrote no index at {index_file}")
-        (count,) = archive.index.get_connection().execute(
-            'SELECT COUNT(*) FROM "files" WHERE (mode & 0xF000) == 0x8000'
-        ).fetchone()
+        (count,) = (
+            archive.index.get_connection()
+            .execute('SELECT COUNT(*) FROM "files" WHERE (mode & 0xF000) == 0x8000')
+            .fetchone()
+        )
     return int(count)
 
 
@@ -229,7 +231,9 @@ class Result:
         return self.file_bytes / 1e6 / self.best
 
 
-def time_once(tool: Callable[[Path, Path], int | None], shard: Path, scratch_root: Path) -> tuple[float, int | None]:
+def time_once(
+    tool: Callable[[Path, Path], int | None], shard: Path, scratch_root: Path
+) -> tuple[float, int | None]:
     """Run ``tool`` once in a fresh, empty scratch folder; return seconds and its count."""
     scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=scratch_root))
     try:
@@ -241,15 +245,15 @@ def time_once(tool: Callable[[Path, Path], int | None], shard: Path, scratch_roo
         shutil.rmtree(scratch)
 
 
-def measure_tools(data_set: DataSet, shard: Path, *, min_seconds: float, report: Report) -> list[Result]:
+def measure_tools(
+    data_set: DataSet, shard: Path, *, min_seconds: float, report: Report
+) -> list[Result]:
     """Time every tool, round-robin so that machine noise is shared between them.
 
     At least ``MIN_REPEATS`` rounds, more (up to ``MAX_REPEATS``) while the rounds so
     far took under ``min_seconds``: fast measurements get more tries.
     """
-    results = {
-        name: Result(name, [], data_set.members, shard.stat().st_size) for name in TOOLS
-    }
+    results = {name: Result(name, [], data_set.members, shard.stat().st_size) for name in TOOLS}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-", dir=shard.parent) as scratch_root:
         for repeat in range(MAX_REPEATS):
@@ -331,7 +335,9 @@ def _size(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
-def report_index_table(data_set: DataSet, shard: Path, results: list[Result], report: Report) -> None:
+def report_index_table(
+    data_set: DataSet, shard: Path, results: list[Result], report: Report
+) -> None:
     rate = {r.tool: r.members_per_s for r in results}
     size = results[0].file_bytes
     report(
@@ -340,8 +346,10 @@ def report_index_table(data_set: DataSet, shard: Path, results: list[Result], re
         f"{size / 1e6:,.1f} MB (`{shard.name}`)"
     )
     report("")
-    report("| tool | members/s | MB/s | seconds (best of %d) | speed vs indextar build "
-           "| speed vs header walk |" % len(results[0].seconds))
+    report(
+        f"| tool | members/s | MB/s | seconds (best of {len(results[0].seconds)}) "
+        "| speed vs indextar build | speed vs header walk |"
+    )
     report("|---|---:|---:|---:|---:|---:|")
     for r in results:
         report(
@@ -353,6 +361,7 @@ def report_index_table(data_set: DataSet, shard: Path, results: list[Result], re
 
 def indextar_revision() -> str:
     """indextar's version and git commit, marked when indextar/ has uncommitted changes."""
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
@@ -360,7 +369,11 @@ def indextar_revision() -> str:
     commit = git("rev-parse", "--short", "HEAD")
     if not commit:
         return __version__
-    modified = ", indextar/ modified" if git("status", "--porcelain", "--untracked-files=no", "--", "indextar") else ""
+    modified = (
+        ", indextar/ modified"
+        if git("status", "--porcelain", "--untracked-files=no", "--", "indextar")
+        else ""
+    )
     return f"{__version__} (commit {commit}{modified})"
 
 
@@ -395,8 +408,12 @@ def run_index(*, quick: bool, data_dir: Path, report: Report, log: Report) -> di
     for data_set in data_sets:
         shard = ensure_shard(data_set, data_dir, log)
         warm_page_cache(shard)
-        results = measure_tools(data_set, shard, min_seconds=0 if quick else MIN_SECONDS, report=log)
-        touched = bytes_touched_by_scan(shard) if data_set.member_bytes >= LARGE_MEMBER_BYTES else None
+        results = measure_tools(
+            data_set, shard, min_seconds=0 if quick else MIN_SECONDS, report=log
+        )
+        touched = (
+            bytes_touched_by_scan(shard) if data_set.member_bytes >= LARGE_MEMBER_BYTES else None
+        )
         report_index_table(data_set, shard, results, report)
         targets += index_targets(data_set, results, touched)
         out["data_sets"].append(
@@ -463,7 +480,9 @@ def run_module(name: str, *, quick: bool, report: Report) -> Any:
         report(f"tools/{name}.py has no quick mode; skipped (run it directly).")
         report("")
         return None
-    done = subprocess.run([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, check=True
+    )
     for line in done.stdout.splitlines():
         report(line)
     return None
@@ -472,11 +491,18 @@ def run_module(name: str, *, quick: bool, report: Report) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "what", nargs="?", default="all", choices=("index", "sampler", "dataset", "writer", "remote", "all")
+        "what",
+        nargs="?",
+        default="all",
+        choices=("index", "sampler", "dataset", "writer", "remote", "all"),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-    parser.add_argument("--data-dir", type=Path, default=REPO / "bench-data", help="cache of generated shards")
-    parser.add_argument("--json", action="store_true", help="print results as JSON instead of Markdown")
+    parser.add_argument(
+        "--data-dir", type=Path, default=REPO / "bench-data", help="cache of generated shards"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print results as JSON instead of Markdown"
+    )
     args = parser.parse_args(argv)
 
     def log(line: str) -> None:
@@ -485,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     report: Report = log if args.json else print
     results: dict[str, Any] = {}
     if args.what in ("index", "all"):
-        results["index"] = run_index(quick=args.quick, data_dir=args.data_dir, report=report, log=log)
+        results["index"] = run_index(
+            quick=args.quick, data_dir=args.data_dir, report=report, log=log
+        )
     if args.what in ("sampler", "all"):
         report("## Sampler")
         report("")

@@ -55,6 +55,11 @@ def rate(count: int, run: Callable[[], int]) -> float:
     return count / (time.perf_counter() - start)
 
 
+def row(what: str, rate: float, baseline: float, unit: str) -> tuple[str, str, str]:
+    """A table row: a rate in samples/s and its ratio to ``baseline``."""
+    return (what, f"{rate:,.0f} samples/s", f"{rate / baseline:.2f}{unit}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8)
@@ -130,11 +135,15 @@ def main() -> None:
             cache_rate = max(rate(total, lambda: batched(cache)) for _ in range(2))
             rows += [
                 ("random, local files (batches of 64)", f"{local_rate:,.0f} samples/s", "1.00x"),
-                ("random, ranges, 1 process", f"{ranges_rate:,.0f} samples/s", f"{ranges_rate / local_rate:.2f}x local"),
-                ("random, ranges, DataLoader 2 workers", f"{loader_rate:,.0f} samples/s", f"{loader_rate / local_rate:.2f}x local"),
-                ("random, cache (warm)", f"{cache_rate:,.0f} samples/s", f"{cache_rate / local_rate:.2f}x local"),
-                ("bytes fetched per sample (ranges)", f"{fetched / total:,.0f} B", f"{fetched / spans:.3f}x the sample's span"),
-            ]  # fmt: skip
+                row("random, ranges, 1 process", ranges_rate, local_rate, "x local"),
+                row("random, ranges, DataLoader 2 workers", loader_rate, local_rate, "x local"),
+                row("random, cache (warm)", cache_rate, local_rate, "x local"),
+                (
+                    "bytes fetched per sample (ranges)",
+                    f"{fetched / total:,.0f} B",
+                    f"{fetched / spans:.3f}x the sample's span",
+                ),
+            ]
 
             # -- 20 ms per response --------------------------------------------------
             delayed = IndexedTarDataset(
@@ -152,8 +161,12 @@ def main() -> None:
             )
             rows += [
                 ("20 ms delay: ranges, one request at a time", f"{single:,.1f} samples/s", "1.00x"),
-                ("20 ms delay: ranges, 64 in flight", f"{in_flight:,.1f} samples/s", f"{in_flight / single:.1f}x one at a time"),
-            ]  # fmt: skip
+                (
+                    "20 ms delay: ranges, 64 in flight",
+                    f"{in_flight:,.1f} samples/s",
+                    f"{in_flight / single:.1f}x one at a time",
+                ),
+            ]
 
     table = "\n".join(
         ["| case | rate | ratio |", "| --- | ---: | ---: |"]

@@ -118,8 +118,10 @@ def _report_table(rows: list[dict[str, Any]], resume: float, report: Callable[[s
         "blocks": "ResumableSampler (blocks, 1024)",
         "distributed": "DistributedSampler",
     }
-    report("| N | sampler | start-up | start-up memory | indices/s (iterating) "
-           "| indices/s (numpy) | start-up vs DistributedSampler |")
+    report(
+        "| N | sampler | start-up | start-up memory | indices/s (iterating) "
+        "| indices/s (numpy) | start-up vs DistributedSampler |"
+    )
     report("|---|---|---|---|---|---|---|")
     for row in rows:
         label = f"| {row['size']:.0e} | {names[row['kind']]} |"

@@ -1,7 +1,7 @@
 """Write docs/cli.md from the CLI's own argument parser, so the page cannot drift.
 
-    python tools/gen_cli_docs.py          # rewrite docs/cli.md
-    python tools/gen_cli_docs.py --check  # exit 1 if docs/cli.md is out of date
+python tools/gen_cli_docs.py          # rewrite docs/cli.md
+python tools/gen_cli_docs.py --check  # exit 1 if docs/cli.md is out of date
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def render() -> str:
     parser = build_parser()
     parts = [HEADER, "## indextar\n", "```text\n" + parser.format_help() + "```\n"]
     subparsers = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
+        a
+        for a in parser._actions
+        if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
     )
     for name, sub in subparsers.choices.items():
         parts.append(f"## indextar {name}\n")

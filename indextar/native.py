@@ -1,0 +1,51 @@
+"""The optional C extensions, and whether to use them.
+
+indextar's hot paths have small C versions, built by ``pip install`` where a
+compiler is present (``optional = true`` in pyproject.toml):
+
+* ``_tarwalk``: the common case of the tar walk, member names and their grouping;
+* ``_sqlitebulk``: an index's bulk rows through SQLite's C API.
+
+Each has a Python reference that gives identical results and handles every case,
+including the unusual ones the C code hands back. Setting the environment variable
+``INDEXTAR_PURE_PYTHON`` makes indextar use the references alone; the test suite
+runs both ways.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+try:
+    from . import _tarwalk
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _tarwalk = None  # type: ignore[assignment]
+try:
+    from . import _sqlitebulk
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _sqlitebulk = None  # type: ignore[assignment]
+
+__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "built"]
+
+#: Set this environment variable to use only the Python references.
+PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
+
+
+def _chosen(module: ModuleType | None) -> ModuleType | None:
+    return None if os.environ.get(PURE_PYTHON_ENV) else module
+
+
+def tarwalk() -> ModuleType | None:
+    """The C tar walker (``_tarwalk.c``), or ``None`` where the reference is to be used."""
+    return _chosen(_tarwalk)
+
+
+def sqlitebulk() -> ModuleType | None:
+    """The C index row writer (``_sqlitebulk.c``), or ``None`` for executemany."""
+    return _chosen(_sqlitebulk)
+
+
+def built() -> dict[str, bool]:
+    """Which C extensions this installation has."""
+    return {"_tarwalk": _tarwalk is not None, "_sqlitebulk": _sqlitebulk is not None}
