@@ -77,6 +77,16 @@ static int bind_str(sqlite3_stmt *stmt, int column, PyObject *s)
     return sqlite3_bind_text(stmt, column, utf8, (int)len, SQLITE_STATIC) == SQLITE_OK ? 0 : -2;
 }
 
+/* Row ids are 0, 1, 2, ...: the first one explicit, the rest NULL, which SQLite
+   numbers max + 1 and appends without a seek (explicit ids cost a b-tree search). */
+static void bind_row_id(sqlite3_stmt *stmt, Py_ssize_t i)
+{
+    if (i == 0)
+        sqlite3_bind_int64(stmt, 1, 0);
+    else if (i == 1)
+        sqlite3_bind_null(stmt, 1);
+}
+
 /* Step a bound statement and reset it; -2 on an SQLite error. */
 static int step(sqlite3_stmt *stmt)
 {
@@ -118,7 +128,7 @@ static int insert_members(sqlite3 *db, PyObject *members)
         goto done;
     }
     for (i = 0; i < n; i++) {
-        sqlite3_bind_int64(stmt, 1, (sqlite3_int64)i);
+        bind_row_id(stmt, i);
         sqlite3_bind_int64(stmt, 2, cols[0].data[i]);
         if ((rc = bind_str(stmt, 3, PyList_GET_ITEM(names, i))) < 0
             || (rc = bind_str(stmt, 4, PyList_GET_ITEM(ext_names, cols[1].data[i]))) < 0)
@@ -159,7 +169,7 @@ static int insert_samples(sqlite3 *db, PyObject *samples)
         goto done;
     }
     for (i = 0; i < n; i++) {
-        sqlite3_bind_int64(stmt, 1, (sqlite3_int64)i);
+        bind_row_id(stmt, i);
         if ((rc = bind_str(stmt, 2, PyList_GET_ITEM(keys, i))) < 0)
             goto done;
         sqlite3_bind_int64(stmt, 3, cols[0].data[i]);
@@ -185,7 +195,8 @@ static PyObject *insert_rows(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O&O!O!:insert_rows", PyUnicode_FSConverter, &path_obj,
                           &PyTuple_Type, &members, &PyTuple_Type, &samples))
         return NULL;
-    if (sqlite3_open_v2(PyBytes_AS_STRING(path_obj), &db, SQLITE_OPEN_READWRITE, NULL)
+    if (sqlite3_open_v2(PyBytes_AS_STRING(path_obj), &db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL)
         != SQLITE_OK) {
         raise_sqlite(db, "cannot open the index");
         sqlite3_close(db);

@@ -1,23 +1,31 @@
 /* The common case of tar scanning, in C: walk the header chain, checking every header.
  *
- * walk(buffer) -> (status, end, offsets, sizes, types)
+ * walk(buffer, fd=-1) -> (status, end, offsets, sizes, types, names)
  *
  * status 0: the chain ended cleanly at a zero block at offset `end`; `offsets` (int64),
  *           `sizes` (int64, 0 for entries without data) and `types` (uint8) describe
  *           every header, all of them plain ustar/GNU/v7 headers with valid checksums
- *           and octal numeric fields.
+ *           and octal numeric fields; `names` are their names as str (ustar prefix
+ *           joined), or None if one is not valid UTF-8. With `fd`, a descriptor of
+ *           the file whose bytes `buffer` maps, headers are read with pread instead.
+ * status 2: reading with `fd`, the file ended before the block at `end`: it shrank.
  * status 1: something this fast path does not handle: an extension header (PAX, GNU
  *           long name), a base-256 or unusual numeric field, a bad checksum, a sparse
  *           or multi-volume member, truncation. The caller then uses the Python
  *           scanner, which is the reference and reports errors precisely.
  *
  * The GIL is released during the walk. Only headers are read, never member data.
+ *
+ * group(names, rows) -> (first, keys, ext_codes, exts) | None: the naming rules' common
+ * case (see below).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 #define BLOCK 512
 
@@ -93,7 +101,10 @@ typedef struct {
     int64_t *offsets;
     int64_t *sizes;
     unsigned char *types;
+    int64_t *name_ends; /* end of each name in `names`; a name starts where the last ended */
+    char *names;
     Py_ssize_t count, capacity;
+    int64_t names_len, names_capacity;
 } Chain;
 
 static int chain_push(Chain *c, int64_t offset, int64_t size, unsigned char type)
@@ -112,6 +123,10 @@ static int chain_push(Chain *c, int64_t offset, int64_t size, unsigned char type
         if (!t)
             return -1;
         c->types = t;
+        int64_t *e = realloc(c->name_ends, cap * sizeof(int64_t));
+        if (!e)
+            return -1;
+        c->name_ends = e;
         c->capacity = cap;
     }
     c->offsets[c->count] = offset;
@@ -121,19 +136,106 @@ static int chain_push(Chain *c, int64_t offset, int64_t size, unsigned char type
     return 0;
 }
 
-/* 0: chain ended at a zero block (*end set); 1: hand over to Python; -1: out of memory. */
-static int walk_chain(const unsigned char *buf, int64_t size, Chain *chain, int64_t *end)
+/* Append a header's name: the name field up to its first NUL, after the ustar prefix
+   field and a '/' where a POSIX header has one. */
+static int chain_name(Chain *c, const unsigned char *h)
 {
-    int64_t pos = 0;
+    static const char posix_magic[8] = {'u', 's', 't', 'a', 'r', 0, '0', '0'};
+    int64_t len = (int64_t)strnlen((const char *)h, 100);
+    int64_t prefix = 0;
+    if (h[345] != 0 && memcmp(h + 257, posix_magic, 8) == 0)
+        prefix = (int64_t)strnlen((const char *)h + 345, 155);
+    if (c->names_len + len + prefix + 1 > c->names_capacity) {
+        int64_t cap = c->names_capacity ? c->names_capacity * 2 : 65536;
+        char *n = realloc(c->names, cap);
+        if (!n)
+            return -1;
+        c->names = n;
+        c->names_capacity = cap;
+    }
+    if (prefix) {
+        memcpy(c->names + c->names_len, h + 345, prefix);
+        c->names[c->names_len + prefix] = '/';
+        c->names_len += prefix + 1;
+    }
+    memcpy(c->names + c->names_len, h, len);
+    c->names_len += len;
+    c->name_ends[c->count - 1] = c->names_len;
+    return 0;
+}
+
+static void chain_free(Chain *c)
+{
+    free(c->offsets);
+    free(c->sizes);
+    free(c->types);
+    free(c->name_ends);
+    free(c->names);
+}
+
+/* Where headers come from: a buffer (bytes, mmap), or a file read with pread.
+ *
+ * Reading headers with pread instead of touching a memory map avoids a page fault per
+ * header, which on large members is most of the cost (several times a pread on some
+ * virtual machines). Dense headers are read in large windows, and after a large member
+ * only the next header's block is read, so the data is never copied. */
+#define WINDOW (256 * 1024)
+#define LARGE_MEMBER (64 * 1024)
+
+typedef struct {
+    const unsigned char *buf; /* the whole archive, or NULL to read from fd */
+    int fd;
+    int64_t size;
+    unsigned char *window;
+    int64_t window_start, window_len;
+} Source;
+
+/* The 512-byte block at pos, or NULL on a read error (errno set; 0 if the file ended
+   early, which means it shrank after it was mapped). */
+static const unsigned char *source_block(Source *src, int64_t pos, int64_t last_size)
+{
+    int64_t want, got = 0;
+    if (src->buf)
+        return src->buf + pos;
+    if (pos >= src->window_start && pos + BLOCK <= src->window_start + src->window_len)
+        return src->window + (pos - src->window_start);
+    want = last_size >= LARGE_MEMBER ? BLOCK : WINDOW;
+    if (want > src->size - pos)
+        want = src->size - pos;
+    while (got < want) {
+        ssize_t n = pread(src->fd, src->window + got, (size_t)(want - got), (off_t)(pos + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += n;
+    }
+    if (got < BLOCK)
+        return NULL;
+    src->window_start = pos;
+    src->window_len = got;
+    return src->window;
+}
+
+/* 0: chain ended at a zero block (*end set); 1: hand over to Python; 2: the file ends
+   before the block at *end (it shrank); -1: out of memory; -2: a read error (errno). */
+static int walk_chain(Source *src, Chain *chain, int64_t *end)
+{
+    int64_t pos = 0, size = src->size, member_size = 0;
     for (;;) {
         const unsigned char *h;
-        int64_t stored, field_value, member_size = 0;
+        int64_t stored, field_value;
         int64_t unsigned_sum = 0, signed_sum = 0;
         unsigned char type;
         int i;
         if (pos + BLOCK > size)
             return 1;
-        h = buf + pos;
+        errno = 0;
+        h = source_block(src, pos, member_size);
+        if (!h) {
+            *end = pos;
+            return errno ? -2 : 2;
+        }
         if (is_zero_block(h)) {
             *end = pos;
             return 0;
@@ -158,7 +260,7 @@ static int walk_chain(const unsigned char *buf, int64_t size, Chain *chain, int6
             return 1;
         if (type >= '1' && type <= '6')
             member_size = 0;
-        if (chain_push(chain, pos, member_size, type) != 0)
+        if (chain_push(chain, pos, member_size, type) != 0 || chain_name(chain, h) != 0)
             return -1;
         pos += BLOCK + (member_size + BLOCK - 1) / BLOCK * BLOCK;
         if (pos > size)
@@ -166,96 +268,73 @@ static int walk_chain(const unsigned char *buf, int64_t size, Chain *chain, int6
     }
 }
 
+/* The names as str, or None if one is not valid UTF-8 (the Python scanner then says
+   which). */
+static PyObject *chain_names(const Chain *c)
+{
+    PyObject *list = PyList_New(c->count);
+    int64_t start = 0;
+    Py_ssize_t i;
+    for (i = 0; list && i < c->count; i++) {
+        PyObject *s = PyUnicode_DecodeUTF8(c->names + start, c->name_ends[i] - start, "strict");
+        if (!s) {
+            Py_DECREF(list);
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                return NULL;
+            PyErr_Clear();
+            return Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(list, i, s);
+        start = c->name_ends[i];
+    }
+    return list;
+}
+
 static PyObject *walk(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    Chain chain = {NULL, NULL, NULL, 0, 0};
+    Chain chain = {0};
+    Source src = {0};
     int64_t end = 0;
-    int status;
-    PyObject *result = NULL;
+    int status, fd = -1;
+    PyObject *result = NULL, *names = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*", &view))
+    if (!PyArg_ParseTuple(args, "y*|i", &view, &fd))
         return NULL;
+    src.size = (int64_t)view.len;
+    src.fd = fd;
+    if (fd >= 0) {
+        src.window = malloc(WINDOW);
+        if (!src.window) {
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+    } else {
+        src.buf = (const unsigned char *)view.buf;
+    }
     Py_BEGIN_ALLOW_THREADS
-    status = walk_chain((const unsigned char *)view.buf, (int64_t)view.len, &chain, &end);
+    status = walk_chain(&src, &chain, &end);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    if (status < 0) {
+    free(src.window);
+    if (status == -1) {
         PyErr_NoMemory();
-    } else if (status == 1) {
-        result = Py_BuildValue("(iLOOO)", 1, (long long)0, Py_None, Py_None, Py_None);
-    } else {
+    } else if (status == -2) {
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else if (status == 1 || status == 2) {
+        result = Py_BuildValue("(iLOOOO)", status, (long long)end, Py_None, Py_None, Py_None,
+                               Py_None);
+    } else if ((names = chain_names(&chain)) != NULL) {
         static const char empty[1] = {0};
         result = Py_BuildValue(
-            "(iLy#y#y#)", 0, (long long)end,
+            "(iLy#y#y#N)", 0, (long long)end,
             chain.count ? (const char *)chain.offsets : empty,
             chain.count * (Py_ssize_t)sizeof(int64_t),
             chain.count ? (const char *)chain.sizes : empty,
             chain.count * (Py_ssize_t)sizeof(int64_t),
-            chain.count ? (const char *)chain.types : empty, chain.count);
+            chain.count ? (const char *)chain.types : empty, chain.count, names);
     }
-    free(chain.offsets);
-    free(chain.sizes);
-    free(chain.types);
-    return result;
-}
-
-/* names(buffer, offsets) -> list[str] | None
- *
- * The names of the plain headers at `offsets` (int64): the name field up to its first
- * NUL, after the ustar prefix field and a '/' where a POSIX header has one. None if a
- * name is not valid UTF-8: the Python scanner then reports which one.
- */
-static PyObject *names(PyObject *self, PyObject *args)
-{
-    static const char posix_magic[8] = {'u', 's', 't', 'a', 'r', 0, '0', '0'};
-    Py_buffer view, offsets_view;
-    PyObject *result = NULL;
-    Py_ssize_t n, i;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*", &view, &offsets_view))
-        return NULL;
-    n = offsets_view.len / (Py_ssize_t)sizeof(int64_t);
-    result = PyList_New(n);
-    for (i = 0; result && i < n; i++) {
-        int64_t offset;
-        const unsigned char *h;
-        char joined[256 + 100];
-        const char *name;
-        Py_ssize_t len, prefix_len;
-        PyObject *s;
-        memcpy(&offset, (const char *)offsets_view.buf + i * sizeof(int64_t), sizeof(int64_t));
-        if (offset < 0 || offset + BLOCK > view.len) {
-            PyErr_SetString(PyExc_ValueError, "a header offset is outside the buffer");
-            Py_CLEAR(result);
-            break;
-        }
-        h = (const unsigned char *)view.buf + offset;
-        name = (const char *)h;
-        len = (Py_ssize_t)strnlen(name, 100);
-        if (h[345] != 0 && memcmp(h + 257, posix_magic, 8) == 0) {
-            prefix_len = (Py_ssize_t)strnlen((const char *)h + 345, 155);
-            memcpy(joined, h + 345, prefix_len);
-            joined[prefix_len] = '/';
-            memcpy(joined + prefix_len + 1, name, len);
-            name = joined;
-            len += prefix_len + 1;
-        }
-        s = PyUnicode_DecodeUTF8(name, len, "strict");
-        if (!s) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                Py_CLEAR(result);
-                break;
-            }
-            PyErr_Clear();
-            Py_DECREF(result);
-            result = Py_NewRef(Py_None);
-            break;
-        }
-        PyList_SET_ITEM(result, i, s);
-    }
-    PyBuffer_Release(&view);
-    PyBuffer_Release(&offsets_view);
+    chain_free(&chain);
     return result;
 }
 
@@ -383,8 +462,7 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"walk", walk, METH_VARARGS, "walk(buffer) -> (status, end, offsets, sizes, types)"},
-    {"names", names, METH_VARARGS, "names(buffer, offsets) -> list[str] | None"},
+    {"walk", walk, METH_VARARGS, "walk(buffer, fd=-1) -> (status, end, offsets, sizes, types, names)"},
     {"group", group, METH_VARARGS, "group(names, rows) -> (first, keys, ext_codes, exts) | None"},
     {NULL, NULL, 0, NULL},
 };

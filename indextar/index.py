@@ -389,7 +389,7 @@ def scan_shard_file(shard: Path) -> tuple[TarScan, str]:
             scan_tar(b"", shard=str(shard))  # raises the empty-file error
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            return scan_tar(mm, shard=str(shard)), fingerprint(mm, size)
+            return scan_tar(mm, shard=str(shard), fd=f.fileno()), fingerprint(mm, size)
         finally:
             try:
                 mm.close()

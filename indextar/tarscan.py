@@ -48,6 +48,7 @@ import numpy.typing as npt
 from . import native
 from .errors import (
     CompressedShardError,
+    IndextarError,
     ShardFormatError,
     TruncatedShardError,
     UnsupportedMemberError,
@@ -170,7 +171,7 @@ def sniff_compression(head: bytes) -> str | None:
     return None
 
 
-def scan_tar(buf: Any, *, shard: str | None = None) -> TarScan:
+def scan_tar(buf: Any, *, shard: str | None = None, fd: int | None = None) -> TarScan:
     """Scan an uncompressed tar in ``buf`` (bytes, bytearray, memoryview or mmap).
 
     Parameters
@@ -179,6 +180,10 @@ def scan_tar(buf: Any, *, shard: str | None = None) -> TarScan:
         The whole archive, supporting the buffer protocol.
     shard
         Name used in error messages.
+    fd
+        Optionally, an open descriptor of the file that ``buf`` maps. Headers are then
+        read with ``pread`` rather than through the map: on large members a page
+        fault per header costs several times a read on some machines.
 
     Raises
     ------
@@ -187,13 +192,20 @@ def scan_tar(buf: Any, *, shard: str | None = None) -> TarScan:
         :class:`TruncatedShardError`, :class:`CompressedShardError`,
         :class:`UnsupportedMemberError` say more).
     """
-    scanner = _Scanner(buf, shard)
+    scanner = _Scanner(buf, shard, -1 if fd is None else fd)
     return scanner.scan()
 
 
+# The C walker's chain: offsets, sizes, types, the end marker's offset, decoded names.
+_Chain = tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8], int, "list[str] | None"
+]
+
+
 class _Scanner:
-    def __init__(self, buf: Any, shard: str | None):
+    def __init__(self, buf: Any, shard: str | None, fd: int = -1):
         self.buf = buf
+        self.fd = fd
         self.data = np.frombuffer(buf, dtype=np.uint8)
         # mmap and bytes slice to bytes cheaply; anything else through a memoryview.
         self.raw = buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
@@ -446,12 +458,20 @@ class _Scanner:
 
     def walk_c(
         self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8], int] | None:
+    ) -> _Chain | None:
         """The C walker's chain, if it could walk the whole shard (plain headers only)."""
         walker = native.tarwalk()
         if walker is None:
             return None
-        status, end, offsets, sizes, types = walker.walk(self.buf)
+        try:
+            status, end, offsets, sizes, types, names = walker.walk(self.buf, self.fd)
+        except OSError as e:
+            raise IndextarError(f"cannot read shard {self.shard!r}: {e.strerror}") from e
+        if status == 2:
+            raise IndextarError(
+                f"shard {self.shard!r} changed while it was being indexed: it now ends "
+                f"before byte {end + BLOCK}"
+            )
         if status != 0 or offsets is None or sizes is None or types is None:
             return None  # something unusual: the numpy scanner takes over
         return (
@@ -459,6 +479,7 @@ class _Scanner:
             np.frombuffer(sizes, np.int64),
             np.frombuffer(types, np.uint8).copy(),
             end,
+            names,
         )
 
     def resolve_plain(
@@ -467,11 +488,10 @@ class _Scanner:
         sizes: npt.NDArray[np.int64],
         types: npt.NDArray[np.uint8],
         end: int,
+        decoded: list[str] | None,
     ) -> TarScan:
         """A :class:`TarScan` from a chain the C walker checked (no extension headers)."""
         self.check_end(end, int(offsets[-1]) if len(offsets) else 0)
-        walker = native.tarwalk()
-        decoded = walker.names(self.buf, offsets) if walker is not None else None
         if decoded is not None:  # all valid UTF-8: only V7 directories are left to mark
             for i in np.flatnonzero(types == 0).tolist():
                 if decoded[i].endswith("/"):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import random
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,10 +40,33 @@ pytestmark = pytest.mark.usefixtures("scanner")
 # -- helpers ---------------------------------------------------------------------------
 
 
+def scan_file(buf: bytes, folder: Path) -> TarScan:
+    """``buf`` scanned as build_index scans a file: a map, headers read with pread."""
+    path = folder / "t.tar"
+    path.write_bytes(buf)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        scan = scan_tar(mm, shard="t.tar", fd=f.fileno())
+        del mm  # the scan holds no view of the map
+    return scan
+
+
+def same_scan(a: TarScan, b: TarScan) -> bool:
+    return (
+        a.names == b.names
+        and a.types.tolist() == b.types.tolist()
+        and a.header_offsets.tolist() == b.header_offsets.tolist()
+        and a.data_offsets.tolist() == b.data_offsets.tolist()
+        and a.sizes.tolist() == b.sizes.tolist()
+        and (a.end_offset, a.file_size) == (b.end_offset, b.file_size)
+    )
+
+
 def assert_like_tarfile(buf: bytes) -> TarScan:
     scan = scan_tar(buf, shard="t.tar")
     assert scanned_members(scan) == tarfile_members(buf)
     assert scan.file_size == len(buf)
+    with tempfile.TemporaryDirectory() as folder:
+        assert same_scan(scan_file(buf, Path(folder)), scan)
     return scan
 
 

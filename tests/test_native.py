@@ -1,0 +1,193 @@
+"""The C extensions against their Python references (see indextar/native.py).
+
+The scanner, naming and index tests run with the C code and again without it (the
+``scanner`` fixture); these tests call the C code directly, where the Python side
+cannot reach a case: pread windows, a file that shrinks, the grouping's declines.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FORMATS, sample_members, tar_bytes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from indextar import IndextarError, build_index, index, native, scan_tar
+from indextar.naming import _group_c, _group_numpy, group_members
+from indextar.tarscan import TarScan
+
+assert all(native.built().values()), f"a C extension did not build: {native.built()}"
+
+
+# -- the walker reading headers with pread ---------------------------------------------
+
+
+def scan_through(path: Path, *, fd: bool) -> TarScan:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return scan_tar(mm, shard=str(path), fd=f.fileno() if fd else None)
+
+
+# Member sizes around the walker's switch between 256 KiB windows and single blocks
+# after a member of 64 KiB or more, so that headers straddle window ends.
+SIZES = [100, 65535, 65536, 70000, 3, 0, 262144, 1, 200000, 511, 512, 513] + [4000] * 150
+
+
+def test_pread_walk_equals_the_mapped_walk(tmp_path: Path) -> None:
+    members = {f"s{i:04d}.bin": bytes([i % 251]) * size for i, size in enumerate(SIZES)}
+    path = tmp_path / "mixed.tar"
+    path.write_bytes(tar_bytes(members, "ustar"))
+    read, mapped = scan_through(path, fd=True), scan_through(path, fd=False)
+    assert read.names == mapped.names == list(members)
+    for field in ("types", "header_offsets", "data_offsets", "sizes"):
+        assert getattr(read, field).tolist() == getattr(mapped, field).tolist(), field
+    assert read.end_offset == mapped.end_offset
+
+
+def scan_error(path: Path, fd: int | None = None, *, shrink_to: int | None = None) -> str:
+    """The IndextarError of scanning ``path`` through a map and pread on ``fd``."""
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if shrink_to is not None:
+            os.truncate(path, shrink_to)  # the map still claims the old size
+        try:
+            scan_tar(mm, shard=str(path), fd=f.fileno() if fd is None else fd)
+        except IndextarError as e:
+            return str(e)
+        finally:
+            del mm  # unmapped once the error's traceback is gone too
+    raise AssertionError("no error")
+
+
+def test_a_shard_that_shrinks_during_the_walk_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "shrinks.tar"
+    path.write_bytes(tar_bytes(sample_members(2000), "ustar"))
+    message = scan_error(path, shrink_to=1024 * 1024)
+    assert "shrinks.tar" in message and "changed while it was being indexed" in message
+
+
+def test_a_descriptor_that_cannot_be_read_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tar"
+    path.write_bytes(tar_bytes(sample_members(10), "ustar"))
+    w = os.open(tmp_path / "w", os.O_WRONLY | os.O_CREAT)
+    try:  # write-only: pread fails with EBADF
+        assert "cannot read shard" in scan_error(path, w) and "shard.tar" in scan_error(path, w)
+    finally:
+        os.close(w)
+
+
+# -- the row writer --------------------------------------------------------------------
+
+TABLES = ("members", "samples", "skipped", "arrays")
+
+
+def table_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in TABLES}
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_c_row_writer_writes_what_executemany_writes(
+    fmt: str,
+    make_tar,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    members = {
+        **sample_members(40, ("jpg", "CLS", "seg.png")),
+        "ü/日本.JPEG": b"utf-8",
+        "d/": None,
+        "README": b"skipped",
+        "p" * 60 + "/" + "n" * 90 + ".txt": b"a prefix, GNU long name or PAX path",
+    }
+    shard = make_tar(members, fmt=fmt)
+    fast = build_index(shard, index_dir=tmp_path / "c").path
+    monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
+    reference = build_index(shard, index_dir=tmp_path / "py").path
+    rows = table_rows(fast)
+    assert rows == table_rows(reference)
+    assert len(rows["members"]) == 122 and len(rows["samples"]) == 42
+
+
+def test_the_c_row_writer_refuses_rows_that_do_not_line_up(tmp_path: Path) -> None:
+    bulk = native.sqlitebulk()
+    assert bulk is not None, "indextar/_sqlitebulk.c did not build"
+    path = tmp_path / "x.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(index._schema()[0])
+    conn.close()
+    ints = np.zeros(2, np.int64)
+    samples = ([], ints[:0], ints[:0], ints[:0], ints[:0])
+    with pytest.raises(ValueError, match="ext_codes"):  # a code outside ext_names
+        bulk.insert_rows(
+            str(path), (ints, ["a.x", "b.x"], ["x"], ints + 1, ints, ints, ints), samples
+        )
+    with pytest.raises(ValueError, match="size"):  # a column shorter than names
+        bulk.insert_rows(
+            str(path), (ints, ["a.x", "b.x"], ["x"], ints, ints, ints, ints[:1]), samples
+        )
+    no_rows = (ints[:0], [], [], ints[:0], ints[:0], ints[:0], ints[:0])
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):  # no such file
+        bulk.insert_rows(str(tmp_path / "missing.sqlite"), no_rows, samples)
+    sqlite3.connect(tmp_path / "empty.sqlite").close()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        bulk.insert_rows(str(tmp_path / "empty.sqlite"), no_rows, samples)
+    assert table_rows(path)["members"] == []  # nothing of a failed call is kept
+
+
+# -- the grouping ----------------------------------------------------------------------
+
+
+_name_lists = st.lists(
+    st.text(alphabet=st.sampled_from(list("ab_./\nÄ日AB")), min_size=1, max_size=10),
+    max_size=30,
+)
+_simple_names = st.lists(
+    st.from_regex(r"[a-zA-Z0-9Ä日/]{0,6}[a-zA-Z0-9Ä日]\.[a-zA-Z.Ä]{0,5}", fullmatch=True),
+    max_size=30,
+)
+
+
+def _same_groups(names: list[str]) -> bool:
+    """Whether the C grouping took the names; if it did, it must equal the reference."""
+    rows = np.arange(len(names), dtype=np.int64)
+    fast = _group_c(names, rows)
+    if fast is None:
+        return False
+    reference = _group_numpy(names, rows, skipped := [])
+    assert skipped == []
+    assert fast[0].tolist() == reference[0].tolist()  # member rows
+    assert fast[1].tolist() == reference[1].tolist()  # each sample's first member
+    assert fast[2] == reference[2]  # sample keys
+    # The same extension for every member, whatever order each lists them in.
+    assert [fast[3][c] for c in fast[4].tolist()] == [reference[3][c] for c in reference[4]]
+    return True
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(_name_lists)
+def test_c_grouping_equals_the_reference_or_declines(names: list[str]) -> None:
+    _same_groups(names)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(_simple_names)
+def test_c_grouping_takes_every_simple_name(names: list[str]) -> None:
+    assert _same_groups(names)  # the common case never falls back
+
+
+def test_c_grouping_declines_over_256_extensions_and_the_result_is_the_same() -> None:
+    names = [f"s{i}.e{i}" for i in range(300)]
+    rows = np.arange(300, dtype=np.int64)
+    assert _group_c(names, rows) is None
+    buf = tar_bytes({name: b"x" for name in names})
+    grouping = group_members(scan_tar(buf))
+    assert len(grouping.ext_names) == 300 and grouping.keys == [f"s{i}" for i in range(300)]
