@@ -177,10 +177,13 @@ static void chain_free(Chain *c)
  *
  * Reading headers with pread instead of touching a memory map avoids a page fault per
  * header, which on large members is most of the cost (several times a pread on some
- * virtual machines). Dense headers are read in large windows, and after a large member
- * only the next header's block is read, so the data is never copied. */
+ * virtual machines). Where headers are dense (small members) they are read in large
+ * windows; where they are far apart, one page at each header, which also holds the
+ * next header when a small member follows a large one (a .cls after a .jpg). Either
+ * way the reads stay within a page or so of each header: the data is not read. */
 #define WINDOW (256 * 1024)
-#define LARGE_MEMBER (64 * 1024)
+#define PAGE 4096
+#define DENSE_STRIDE (16 * 1024) /* mean distance between headers below which: windows */
 
 typedef struct {
     const unsigned char *buf; /* the whole archive, or NULL to read from fd */
@@ -188,18 +191,20 @@ typedef struct {
     int64_t size;
     unsigned char *window;
     int64_t window_start, window_len;
+    int64_t mean_stride; /* running mean of the distance between headers */
 } Source;
 
 /* The 512-byte block at pos, or NULL on a read error (errno set; 0 if the file ended
    early, which means it shrank after it was mapped). */
-static const unsigned char *source_block(Source *src, int64_t pos, int64_t last_size)
+static const unsigned char *source_block(Source *src, int64_t pos, int64_t stride)
 {
     int64_t want, got = 0;
     if (src->buf)
         return src->buf + pos;
+    src->mean_stride += (stride - src->mean_stride) / 8;
     if (pos >= src->window_start && pos + BLOCK <= src->window_start + src->window_len)
         return src->window + (pos - src->window_start);
-    want = last_size >= LARGE_MEMBER ? BLOCK : WINDOW;
+    want = src->mean_stride < DENSE_STRIDE ? WINDOW : PAGE;
     if (want > src->size - pos)
         want = src->size - pos;
     while (got < want) {
@@ -221,7 +226,7 @@ static const unsigned char *source_block(Source *src, int64_t pos, int64_t last_
    before the block at *end (it shrank); -1: out of memory; -2: a read error (errno). */
 static int walk_chain(Source *src, Chain *chain, int64_t *end)
 {
-    int64_t pos = 0, size = src->size, member_size = 0;
+    int64_t pos = 0, size = src->size, member_size = 0, stride = 0;
     for (;;) {
         const unsigned char *h;
         int64_t stored, field_value;
@@ -231,7 +236,7 @@ static int walk_chain(Source *src, Chain *chain, int64_t *end)
         if (pos + BLOCK > size)
             return 1;
         errno = 0;
-        h = source_block(src, pos, member_size);
+        h = source_block(src, pos, stride);
         if (!h) {
             *end = pos;
             return errno ? -2 : 2;
@@ -262,7 +267,8 @@ static int walk_chain(Source *src, Chain *chain, int64_t *end)
             member_size = 0;
         if (chain_push(chain, pos, member_size, type) != 0 || chain_name(chain, h) != 0)
             return -1;
-        pos += BLOCK + (member_size + BLOCK - 1) / BLOCK * BLOCK;
+        stride = BLOCK + (member_size + BLOCK - 1) / BLOCK * BLOCK;
+        pos += stride;
         if (pos > size)
             return 1;
     }

@@ -49,6 +49,40 @@ def test_pread_walk_equals_the_mapped_walk(tmp_path: Path) -> None:
     assert read.end_offset == mapped.end_offset
 
 
+def bytes_read() -> int:
+    """Bytes this process has read through read/pread so far (the kernel's rchar)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"])
+
+
+@pytest.mark.parametrize(
+    ("layout", "members"),
+    [
+        ("large", {f"s{i:04d}.bin": b"\1" * 262144 for i in range(100)}),
+        (
+            "jpg+cls",
+            {
+                f"s{i // 2:04d}.{'jpg' if i % 2 == 0 else 'cls'}": b"\2"
+                * (100_000 if i % 2 == 0 else 2)
+                for i in range(400)
+            },
+        ),
+    ],
+)
+def test_pread_walk_reads_about_a_page_per_header_not_the_data(
+    layout: str, members: dict[str, bytes], tmp_path: Path
+) -> None:
+    path = tmp_path / f"{layout}.tar"
+    path.write_bytes(tar_bytes(members, "ustar"))
+    before = bytes_read()
+    scan = scan_through(path, fd=True)
+    read = bytes_read() - before
+    assert len(scan) == len(members)
+    # At most one page per header after the first 256 KiB window (plus reading
+    # /proc/self/io itself): far below the data.
+    assert read <= 256 * 1024 + 4096 * len(members) + 8192, (read, path.stat().st_size)
+
+
 def scan_error(path: Path, fd: int | None = None, *, shrink_to: int | None = None) -> str:
     """The IndextarError of scanning ``path`` through a map and pread on ``fd``."""
     with open(path, "rb") as f:
