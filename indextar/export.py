@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .atomic import write_atomic
 from .errors import ExportError
 from .index import build_index
 from .manifest import write_manifest
@@ -95,9 +96,7 @@ def export_dali(
     folder.mkdir(parents=True, exist_ok=True)
     for shard, target in zip(shards, targets):
         text = dali_index_text(load_members(build_index(shard, index_dir=index_dir)))
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        write_atomic(target, text)
     return targets
 
 

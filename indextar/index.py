@@ -18,7 +18,6 @@ import logging
 import mmap
 import os
 import sqlite3
-import tempfile
 import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
@@ -31,6 +30,7 @@ import numpy.typing as npt
 from . import native
 from ._version import __version__
 from .arrays import ShardArrays, arrays_from_tables, read_arrays, write_arrays
+from .atomic import atomic_path
 from .errors import (
     IndexFormatError,
     IndextarError,
@@ -449,27 +449,20 @@ def build_index(
 
 def write_index(path: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
     """Write an index file atomically: to a temporary file, then renamed into place."""
-    folder = path.parent
+    created = False
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise IndexWriteError(
-            f"cannot write the index {str(path)!r} ({e.strerror}); choose a writable "
-            "folder with index_dir="
-        ) from e
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        _write_tables(tmp, meta, scan, grouping)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, (OSError, sqlite3.Error)) and not isinstance(e, IndextarError):
-            raise IndexWriteError(f"cannot write the index {str(path)!r}: {e}") from e
+        with atomic_path(path) as tmp:  # renamed into place, or deleted on any error
+            created = True
+            _write_tables(tmp, meta, scan, grouping)
+    except IndextarError:
         raise
+    except (OSError, sqlite3.Error) as e:
+        if not created:
+            raise IndexWriteError(
+                f"cannot write the index {str(path)!r} ({getattr(e, 'strerror', e)}); "
+                "choose a writable folder with index_dir="
+            ) from e
+        raise IndexWriteError(f"cannot write the index {str(path)!r}: {e}") from e
 
 
 def _schema() -> tuple[str, str]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ._version import __version__
+from .atomic import write_atomic
 from .errors import ManifestError
 from .index import ShardIndex
 from .patterns import is_url
@@ -133,10 +134,7 @@ def write_manifest(
         }
         for index in indexes
     ]
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
-    os.replace(tmp, target)
+    write_atomic(target, json.dumps(document, indent=1) + "\n")
     return target
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_atomic
 from .errors import IndexFormatError, MissingIndexError, StaleIndexError
 from .index import (
     _FINGERPRINT_SPAN,
@@ -137,11 +138,7 @@ def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | N
         if "ShardNotFound" in type(e).__name__ or isinstance(e.__cause__, FileNotFoundError):
             return False
         raise
-    local.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".tmp", dir=local.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, local)
+    write_atomic(local, data)
     log.info("fetched the index of %s from %s", url, url + INDEX_SUFFIX)
     return True
 

@@ -3,7 +3,7 @@
 After every kill the shard has no index, or one that :func:`open_index` accepts and
 :func:`verify_index` confirms: never one that opens and is wrong. A killed build may
 leave its temporary file (``.<index name>.<random>.tmp``), which nothing takes for
-an index.
+an index (the next build removes it: tests/test_atomic.py).
 
 The CLI's import time would dominate the run, so a server process imports
 ``indextar.cli`` once and forks a child per run that calls the CLI's ``main`` (as

@@ -1,0 +1,100 @@
+"""Files that appear complete or not at all: written to a temporary file, then renamed.
+
+Every file indextar writes for others to read (indexes, manifests, exports) goes
+through :func:`atomic_path`: a temporary ``.<name>.<random>.tmp`` next to the target,
+fsynced and renamed over it when the write succeeded, deleted when it failed. Readers
+see the old file or the new one, never a part.
+
+A process killed mid-write cannot delete its temporary file. While a writer is alive
+it holds an exclusive ``flock`` on its file, so :func:`remove_stale_temps` can tell a
+dead writer's leftover (unlocked, and older than a few minutes) from a live one, even
+one in another process on this machine, and removes only the former.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["atomic_path", "write_atomic", "remove_stale_temps", "STALE_SECONDS"]
+
+log = logging.getLogger(__name__)
+
+#: A temporary file untouched for this long, and unlocked, belongs to a dead writer.
+STALE_SECONDS = 600.0
+
+
+def _temp_pattern(target: Path) -> str:
+    return f".{glob.escape(target.name)}.*.tmp"
+
+
+@contextlib.contextmanager
+def atomic_path(target: Path) -> Iterator[Path]:
+    """A temporary path next to ``target``, renamed over it if the block succeeds.
+
+    The caller writes the temporary file by any means (it exists, empty, on entry).
+    On success its contents are fsynced and it replaces ``target``; on any exception
+    it is deleted and the exception propagates. The file's permissions follow the
+    umask, as a plain ``open`` would leave them. Raises ``OSError`` if the folder
+    cannot be created or written.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(target)
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            break
+        except FileExistsError:  # pragma: no cover - 48 random bits collided
+            continue
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # this file's writer is alive
+        yield tmp
+        os.fsync(fd)  # the inode's data, however it was written
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_atomic(target: Path, data: bytes | str) -> None:
+    """Write ``data`` (str as UTF-8) to ``target`` through :func:`atomic_path`."""
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def remove_stale_temps(target: Path, *, older_than: float = STALE_SECONDS) -> int:
+    """Delete dead writers' temporary files for ``target``; return how many.
+
+    A temporary file is stale when no process holds its lock and it has not been
+    modified for ``older_than`` seconds. Files that cannot be inspected are left.
+    """
+    removed = 0
+    now = time.time()
+    for tmp in target.parent.glob(_temp_pattern(target)):
+        try:
+            if now - tmp.stat().st_mtime < older_than:
+                continue
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # locked: its writer is alive
+            continue
+        else:
+            tmp.unlink(missing_ok=True)
+            removed += 1
+            log.info("removed %s, left by a writer that did not finish", tmp)
+        finally:
+            os.close(fd)
+    return removed
