@@ -272,7 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"indextar {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "shards", nargs="+", help="shard paths, globs or brace patterns ('data-{000..099}.tar')"
+        "shards",
+        nargs="+",
+        help="shard paths, folders (their .tar files), globs or brace patterns "
+        "('data-{000..099}.tar')",
     )
     common.add_argument(
         "--index-dir", help="keep indexes in this folder instead of next to the shards"

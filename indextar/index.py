@@ -421,6 +421,11 @@ def build_index(
         If an index exists but the shard changed since (and ``force`` is false).
     """
     shard_path = Path(shard)
+    if shard_path.is_dir():
+        raise ShardNotFoundError(
+            f"{str(shard_path)!r} is a folder, not a shard; give its shards (for example "
+            f"{str(shard_path / '*.tar')!r} to the CLI, or expand_shards({str(shard_path)!r}))"
+        )
     path = index_path(shard_path, index_dir=index_dir)
     if not force and path.exists():
         try:

@@ -26,7 +26,8 @@ def expand_shards(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[
 
     ``'data-{000000..000099}.tar'`` expands by brace rules (``braceexpand``);
     a pattern with ``*``, ``?`` or ``[`` is a glob and expands to the sorted
-    matching files. Duplicates keep their first position.
+    matching files; a local folder expands to the ``.tar`` files in it, sorted.
+    Duplicates keep their first position.
 
     >>> expand_shards("x-{0..2}.tar")
     ['x-0.tar', 'x-1.tar', 'x-2.tar']
@@ -34,14 +35,22 @@ def expand_shards(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[
     Raises
     ------
     ShardNotFoundError
-        If a glob matches nothing, or the patterns give no shard at all.
+        If a glob or a folder gives no shard, or the patterns give none at all.
     """
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     shards: dict[str, None] = {}
     for pattern in patterns:
         for expanded in braceexpand.braceexpand(os.fspath(pattern)):
-            if not is_url(expanded) and _GLOB_CHARS & set(expanded):
+            if is_url(expanded):
+                shards[expanded] = None
+            elif not expanded.endswith(".tar") and os.path.isdir(expanded):  # no stat per shard
+                inside = glob.glob(os.path.join(glob.escape(expanded), "*.tar"))
+                matches = sorted(path for path in inside if os.path.isfile(path))
+                if not matches:
+                    raise ShardNotFoundError(f"folder {expanded!r} holds no .tar shard")
+                shards.update(dict.fromkeys(matches))
+            elif _GLOB_CHARS & set(expanded):
                 matches = sorted(glob.glob(expanded))
                 if not matches:
                     raise ShardNotFoundError(f"pattern {expanded!r} matches no file")

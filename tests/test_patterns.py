@@ -87,3 +87,24 @@ def test_urls_are_not_globbed() -> None:
     ]
     assert is_url("gs://b/o") and is_url("http://h/x")
     assert not is_url("file:///tmp/x.tar") and not is_url("/tmp/a://b") and not is_url("C:/x.tar")
+
+
+def test_a_folder_is_its_tar_files_in_order(tmp_path: Path) -> None:
+    folder = tmp_path / "da[ta]"  # glob characters in the folder's own name
+    folder.mkdir()
+    for name in ("b.tar", "a.tar", "a.tar.idx.sqlite", "notes.txt", "c.tar.gz"):
+        (folder / name).write_bytes(b"")
+    (folder / "sub.tar").mkdir()  # a folder, even one named like a shard, is not listed
+    (folder / "sub.tar" / "x.tar").write_bytes(b"")
+    assert expand_shards(folder) == [str(folder / "a.tar"), str(folder / "b.tar")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ShardNotFoundError, match="holds no .tar shard"):
+        expand_shards(str(empty))
+
+
+def test_build_index_refuses_a_folder_with_what_to_do(tmp_path: Path) -> None:
+    from indextar import build_index
+
+    with pytest.raises(ShardNotFoundError, match=r"is a folder, not a shard.*\*\.tar"):
+        build_index(tmp_path)
