@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 import traceback
@@ -17,7 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ._version import __version__
-from .build import parallel_map
+from .build import default_workers, parallel_map
 from .cli_tools import add_tool_commands
 from .errors import IndextarError, StaleIndexError
 from .index import ShardIndex, build_index, index_path, open_index
@@ -284,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-j",
         "--jobs",
         type=int,
-        default=os.cpu_count() or 1,
-        help="parallel processes (default: all cores)",
+        default=default_workers(),
+        help="parallel processes (default: two per core, as builds also wait on the disk)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
