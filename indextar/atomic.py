@@ -1,7 +1,8 @@
 """Files that appear complete or not at all: written to a temporary file, then renamed.
 
 Every file indextar writes for others to read (indexes, manifests, exports) goes
-through :func:`atomic_path`: a temporary ``.<name>.<random>.tmp`` next to the target,
+through :func:`atomic_path`, and shards written by ``TarWriter`` through
+:func:`create_temp`: a temporary ``.<name>.<random>.tmp`` next to the target,
 fsynced and renamed over it when the write succeeded, deleted when it failed. Readers
 see the old file or the new one, never a part.
 
@@ -23,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_atomic", "remove_stale_temps", "STALE_SECONDS"]
+__all__ = ["atomic_path", "create_temp", "write_atomic", "remove_stale_temps", "STALE_SECONDS"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,26 @@ def atomic_path(target: Path) -> Iterator[Path]:
     cannot be created or written.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = create_temp(target)
+    try:
+        yield tmp
+        os.fsync(fd)  # the inode's data, however it was written
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def create_temp(target: Path) -> tuple[int, Path]:
+    """A new temporary file next to ``target``, locked as a live writer's: (fd, path).
+
+    Dead writers' files for ``target`` are removed first. The file is hidden and does
+    not end in ``target``'s suffix, so no shard or index pattern matches it; its
+    permissions follow the umask (``mkstemp`` would make it 0600). The lock lasts
+    until ``fd`` is closed.
+    """
     remove_stale_temps(target)
     while True:
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
@@ -56,14 +77,11 @@ def atomic_path(target: Path) -> Iterator[Path]:
             continue
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # this file's writer is alive
-        yield tmp
-        os.fsync(fd)  # the inode's data, however it was written
-        os.replace(tmp, target)
     except BaseException:
+        os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    finally:
-        os.close(fd)
+    return fd, tmp
 
 
 def write_atomic(target: Path, data: bytes | str) -> None:

@@ -13,7 +13,6 @@ import abc
 import logging
 import mmap
 import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -21,6 +20,7 @@ from typing import IO, Any, TypeVar, Union
 
 import numpy as np
 
+from .atomic import create_temp
 from .errors import WriterError
 from .index import (
     IndexMeta,
@@ -109,11 +109,8 @@ class TarWriter(ClosingWriter):
         if isinstance(path_or_fileobj, (str, os.PathLike)):
             self._path = Path(path_or_fileobj)
             self.name = str(self._path)
-            # Hidden and not ending in the shard's suffix, so no shard pattern matches it;
-            # os.open (unlike mkstemp) leaves the permissions to the umask.
-            tmp = self._path.with_name(f".{self._path.name}.{secrets.token_hex(6)}.tmp")
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:  # hidden, locked while this writer lives (see atomic.py)
+                fd, tmp = create_temp(self._path)
             except OSError as e:
                 raise WriterError(
                     f"cannot create a file in {str(self._path.parent)!r} ({e.strerror})",

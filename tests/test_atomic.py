@@ -90,3 +90,15 @@ def test_build_index_sweeps_a_killed_builds_temporary_file(tmp_path: Path) -> No
     age(left, STALE_SECONDS + 1)
     assert len(build_index(shard)) == 20
     assert temps(tmp_path) == []
+
+
+def test_a_shard_writer_sweeps_a_killed_writers_partial_shard(tmp_path: Path) -> None:
+    from indextar import TarWriter
+
+    left = tmp_path / ".s.tar.0123456789ab.tmp"
+    left.write_bytes(b"\0" * 1024)  # the start of a shard a killed writer never finished
+    age(left, STALE_SECONDS + 1)
+    with TarWriter(tmp_path / "s.tar") as writer:
+        assert temps(tmp_path) != [] and left.name not in temps(tmp_path)  # ours, locked
+        writer.write({"__key__": "a", "txt": b"x"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.tar", "s.tar.idx.sqlite"]
