@@ -502,6 +502,38 @@ def _insert_rows_python(
     )
 
 
+def scan_arrays(scan: TarScan, grouping: Grouping) -> ShardArrays:
+    """The reader's arrays of a scanned and grouped shard, as its index stores them."""
+    entries = grouping.entries
+    data_offsets = scan.data_offsets[entries]
+    sizes = scan.sizes[entries]
+    start, end = _sample_spans(scan, grouping)
+    return ShardArrays.make(
+        start_offset=start,
+        end_offset=end,
+        first_member=grouping.first_member,
+        member_count=grouping.member_count,
+        keys=grouping.keys,
+        data_offset=data_offsets,
+        size=sizes,
+        ext_code=grouping.ext_codes,
+        ext_names=grouping.ext_names,
+    )
+
+
+def _sample_spans(
+    scan: TarScan, grouping: Grouping
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each sample's byte span: its first header to its last member's block-aligned end."""
+    first = grouping.first_member
+    if not len(first):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    last = grouping.entries[first + grouping.member_count - 1]
+    start = scan.header_offsets[grouping.entries[first]]
+    end = scan.data_offsets[last] + (scan.sizes[last] + BLOCK - 1) // BLOCK * BLOCK
+    return start, end
+
+
 def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
     tables, indexes = _schema()
     entries = grouping.entries
@@ -510,9 +542,7 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
     sizes = scan.sizes[entries]
     names = scan.names
     first = grouping.first_member
-    last = first + grouping.member_count - 1
-    start = header_offsets[first] if len(first) else np.zeros(0, np.int64)
-    end = (data_offsets[last] + (sizes[last] + BLOCK - 1) // BLOCK * BLOCK) if len(first) else start
+    start, end = _sample_spans(scan, grouping)
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
         conn.execute("PRAGMA page_size = 16384")
@@ -548,20 +578,7 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
             "INSERT INTO meta VALUES (?, ?)",
             ((field, str(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
-        write_arrays(
-            conn,
-            ShardArrays.make(
-                start_offset=start,
-                end_offset=end,
-                first_member=first,
-                member_count=grouping.member_count,
-                keys=grouping.keys,
-                data_offset=data_offsets,
-                size=sizes,
-                ext_code=grouping.ext_codes,
-                ext_names=grouping.ext_names,
-            ),
-        )
+        write_arrays(conn, scan_arrays(scan, grouping))
         conn.executescript(indexes)  # commits
     finally:
         conn.close()

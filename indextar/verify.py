@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import arrays_from_tables, read_arrays
+from .arrays import ShardArrays, read_arrays
 from .errors import IndexFormatError
-from .index import PathLike, _connect_ro, open_index, scan_shard_file
+from .index import IndexMeta, PathLike, _connect_ro, open_index, scan_arrays, scan_shard_file
 from .naming import group_members
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -62,12 +62,15 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
             scan.sizes[rows].tolist(),
         )
     )
+    arrays = scan_arrays(scan, grouping)
     expected_samples = list(
         zip(
             range(len(grouping.keys)),
             grouping.keys,
             grouping.first_member.tolist(),
             grouping.member_count.tolist(),
+            arrays.samples[:, 0].tolist(),  # start_offset
+            arrays.samples[:, 1].tolist(),  # end_offset
         )
     )
     expected_skipped = sorted(
@@ -81,7 +84,8 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
                 "FROM members ORDER BY member_id"
             ).fetchall()
             samples = conn.execute(
-                "SELECT sample_id, key, first_member, member_count FROM samples ORDER BY sample_id"
+                "SELECT sample_id, key, first_member, member_count, start_offset, end_offset "
+                "FROM samples ORDER BY sample_id"
             ).fetchall()
             skipped = conn.execute(
                 "SELECT header_offset, name, kind FROM skipped ORDER BY header_offset"
@@ -93,8 +97,8 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     problems += _compare("sample", samples, expected_samples)
     problems += _compare("skipped entry", skipped, expected_skipped)
     warnings: list[str] = []
-    if not problems:
-        problems += _check_arrays(ix.path, ix.meta.num_samples, ix.meta.num_members, warnings)
+    if not problems:  # the tables are the scan's: the arrays must be the scan's too
+        problems += _check_arrays(ix.path, arrays, ix.meta, warnings)
     if ix.meta.end_offset != scan.end_offset:
         problems.append(f"end offset: index says {ix.meta.end_offset}, shard has {scan.end_offset}")
     table = ix.load_samples() if not problems else None
@@ -114,12 +118,13 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     )
 
 
-def _check_arrays(path: Path, num_samples: int, num_members: int, warnings: list[str]) -> list[str]:
+def _check_arrays(
+    path: Path, expected: ShardArrays, meta: IndexMeta, warnings: list[str]
+) -> list[str]:
     """Problems with the ``arrays`` blobs, which must say what the (checked) tables say."""
     try:
         with contextlib.closing(_connect_ro(path)) as conn:
-            stored = read_arrays(conn, path, num_samples, num_members)
-            expected = arrays_from_tables(conn)
+            stored = read_arrays(conn, path, meta.num_samples, meta.num_members)
     except (IndexFormatError, sqlite3.DatabaseError, ValueError) as e:
         return [f"arrays: {e}"]
     if stored is None:
