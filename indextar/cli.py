@@ -200,7 +200,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
     elif not args.quiet:
         reused = summary["shards"] - summary["built"]
         print(
-            f"indexed {summary['shards']} shards ({summary['built']} built, {reused} up to date"
+            f"indexed {_count(summary['shards'], 'shard')} ({summary['built']} built, "
+            f"{reused} up to date"
             f"{', ' + str(summary['failed']) + ' failed' if summary['failed'] else ''}): "
             f"{summary['samples']:,} samples, {members:,} members, "
             f"{summary['bytes'] / 1e6:,.1f} MB in {seconds:.2f} s "
@@ -256,10 +257,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps([{"shard": o.shard, "ok": o.ok, "error": o.error} for o in outcomes]))
     elif not args.quiet:
         print(
-            f"verified {len(good)} of {len(outcomes)} shards: "
+            f"verified {len(good)} of {_count(len(outcomes), 'shard')}: "
             + ("all OK" if len(good) == len(outcomes) else "FAILED")
         )
     return _report_errors(outcomes, args.debug)
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 shard"``, ``"2 shards"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def build_parser() -> argparse.ArgumentParser:
