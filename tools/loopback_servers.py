@@ -32,6 +32,7 @@ import sys
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,15 @@ class SeaweedServer:
             return bool(fs.cat_file("probe/ready") == b"ok")
         except Exception:
             return False
+
+    def upload(self, bucket: str, files: Iterable[Path]) -> None:
+        """Create ``bucket`` and put each file in it under its own name."""
+        import s3fs
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options())
+        fs.mkdir(bucket)
+        for path in files:
+            fs.put_file(str(path), f"{bucket}/{path.name}")
 
     def storage_options(self) -> dict[str, Any]:
         """s3fs options for this endpoint (dummy keys: SeaweedFS runs without auth here)."""
