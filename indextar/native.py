@@ -4,7 +4,9 @@ indextar's hot paths have small C versions, built by ``pip install`` where a
 compiler is present (``optional = true`` in pyproject.toml):
 
 * ``_tarwalk``: the common case of the tar walk, member names and their grouping;
-* ``_sqlitebulk``: an index's bulk rows through SQLite's C API.
+* ``_sqlitebulk``: an index's bulk rows through SQLite's C API;
+* ``_mapread``: a sample's members copied straight out of a shard's memory map, a
+  truncated shard's SIGBUS caught.
 
 Each has a Python reference that gives identical results and handles every case,
 including the unusual ones the C code hands back. Setting the environment variable
@@ -22,11 +24,15 @@ try:
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _tarwalk = None  # type: ignore[assignment]
 try:
+    from . import _mapread
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _mapread = None  # type: ignore[assignment]
+try:
     from . import _sqlitebulk
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _sqlitebulk = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "built"]
+__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "built"]
 
 #: Set this environment variable to use only the Python references.
 PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
@@ -46,6 +52,15 @@ def sqlitebulk() -> ModuleType | None:
     return _chosen(_sqlitebulk)
 
 
+def mapread() -> ModuleType | None:
+    """The guarded copy out of shard maps (``_mapread.c``), or ``None`` for slices."""
+    return _chosen(_mapread)
+
+
 def built() -> dict[str, bool]:
     """Which C extensions this installation has."""
-    return {"_tarwalk": _tarwalk is not None, "_sqlitebulk": _sqlitebulk is not None}
+    return {
+        "_tarwalk": _tarwalk is not None,
+        "_sqlitebulk": _sqlitebulk is not None,
+        "_mapread": _mapread is not None,
+    }

@@ -74,13 +74,16 @@ class OpenShard:
         ``span``, if given, is the sample's bytes already fetched (remote batches).
         """
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
-        if span is None:
-            span = self.source.read(start, end - start)
         names = self.ext_names
-        members = [
-            (names[code], span[offset : offset + size])
-            for offset, size, code in self.members[first : first + count].tolist()
-        ]
+        if span is None:
+            members = self.source.read_members(
+                start, end - start, self.members, first, count, names
+            )
+        else:
+            members = [
+                (names[code], span[offset : offset + size])
+                for offset, size, code in self.members[first : first + count].tolist()
+            ]
         return self.key_blob[key_start:key_end].decode(), members
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -203,6 +204,20 @@ def test_ulimit_n_64_and_200_shards_read_at_random(tmp_path: Path) -> None:
 # -- shards changed under an open dataset -------------------------------------------------
 
 
+@pytest.fixture(params=["c", "python"])
+def map_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Reads through _mapread's guarded copy, and again through an fstat and a slice."""
+    from indextar import native, sources
+
+    if request.param == "python":
+        monkeypatch.setattr(sources, "_MAPREAD", None)
+    else:
+        assert native.built()["_mapread"], "indextar/_mapread.c did not build"
+        assert sources._MAPREAD is not None
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("map_reader")
 def test_shard_truncated_while_open_is_an_error_not_sigbus(tmp_path: Path) -> None:
     shard = shard_file(tmp_path, samples=200)
     build_index(shard)
@@ -230,6 +245,7 @@ def test_shard_deleted_while_open_reads_its_old_bytes_then_fails_on_reopen(tmp_p
         ds[0]
 
 
+@pytest.mark.usefixtures("map_reader")
 def test_random_truncations_under_a_reader_never_give_wrong_bytes(tmp_path: Path) -> None:
     shard = shard_file(tmp_path, samples=300)
     build_index(shard)
@@ -250,6 +266,36 @@ def test_random_truncations_under_a_reader_never_give_wrong_bytes(tmp_path: Path
         ds.close()
         shard.write_bytes(tar_bytes(expected))
         build_index(shard, force=True)
+
+
+UNGUARDED_SIGBUS = """
+    import faulthandler, os, sys
+    from pathlib import Path
+    from indextar import IndexedTarDataset
+    if sys.argv[2] == "faulthandler":
+        faulthandler.enable()
+    shard = Path(sys.argv[1])
+    ds = IndexedTarDataset(shard)
+    ds[0]  # maps the shard: indextar's SIGBUS handler is in place
+    os.truncate(shard, 1024)
+    mapped = ds._shard(0).source._map
+    print("touching", flush=True)
+    mapped[len(mapped) - 1]  # not a guarded copy: must crash as it would without indextar
+    print("survived", flush=True)
+"""
+
+
+@pytest.mark.parametrize("before", ["default", "faulthandler"])
+def test_a_sigbus_outside_indextars_copies_still_crashes(before: str, tmp_path: Path) -> None:
+    shard = shard_file(tmp_path, samples=50)
+    build_index(shard)
+    done = run_child(UNGUARDED_SIGBUS, str(shard), before)
+    assert done.stdout.splitlines() == ["touching"], done.stdout
+    if before == "default":
+        assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr)
+    else:  # the handler that was there first (faulthandler) still runs
+        assert "Fatal Python error: Bus error" in done.stderr, done.stderr
+        assert done.returncode != 0
 
 
 def test_short_writes_into_the_cache_are_finished_not_left_as_holes(

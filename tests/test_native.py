@@ -225,3 +225,38 @@ def test_c_grouping_declines_over_256_extensions_and_the_result_is_the_same() ->
     buf = tar_bytes({name: b"x" for name in names})
     grouping = group_members(scan_tar(buf))
     assert len(grouping.ext_names) == 300 and grouping.keys == [f"s{i}" for i in range(300)]
+
+
+# -- the guarded copy out of shard maps ------------------------------------------------
+
+
+def test_samples_read_through_mapread_equal_the_python_slices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar import IndexedTarDataset, sources
+
+    members = {f"wide.e{i:02d}": bytes([i]) * i for i in range(70)}  # more than C takes
+    members.update(sample_members(30, ("jpg", "cls", "json")))
+    path = tmp_path / "m.tar"
+    path.write_bytes(tar_bytes(members, "ustar"))
+    fast = [IndexedTarDataset(path)[i] for i in range(31)]
+    monkeypatch.setattr(sources, "_MAPREAD", None)
+    assert fast == [IndexedTarDataset(path)[i] for i in range(31)]
+    assert fast[0]["e69"] == bytes([69]) * 69 and len(fast[0]) == 3 + 70
+
+
+def test_mapread_refuses_rows_outside_the_map() -> None:
+    mapread = native.mapread()
+    assert mapread is not None
+    buf = bytes(range(256)) * 4
+    rows = np.array([[0, 10, 0], [10, 5, 1]], np.int64)
+    assert mapread.members(buf, 100, rows, 0, 2, ("a", "b")) == [
+        ("a", buf[100:110]),
+        ("b", buf[110:115]),
+    ]
+    with pytest.raises(IndexError, match="outside"):
+        mapread.members(buf, 1020, rows, 0, 1, ("a",))  # runs past the buffer
+    with pytest.raises(IndexError, match="outside"):
+        mapread.members(buf, 0, rows, 1, 1, ("a",))  # no extension 1
+    with pytest.raises(IndexError, match="out of range"):
+        mapread.members(buf, 0, rows, 1, 2, ("a", "b"))  # rows 1..2 of 2
