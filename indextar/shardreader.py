@@ -90,18 +90,13 @@ class OpenShard:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
         rows = [self.samples[n].tolist() for n in local]
-        spans = self.source.read_many([row[0] for row in rows], [row[1] - row[0] for row in rows])
-        names, members, key_blob = self.ext_names, self.members, self.key_blob
-        return [
-            (
-                key_blob[key_start:key_end].decode(),
-                [
-                    (names[code], span[offset : offset + size])
-                    for offset, size, code in members[first : first + count].tolist()
-                ],
-            )
-            for (_, _, first, count, key_start, key_end), span in zip(rows, spans)
-        ]
+        read = self.source.read_members_many(
+            [(start, end - start, first, count) for start, end, first, count, _, _ in rows],
+            self.members,
+            self.ext_names,
+        )
+        key_blob = self.key_blob
+        return [(key_blob[row[4] : row[5]].decode(), members) for row, members in zip(rows, read)]
 
     def close(self) -> None:
         """Close the byte source."""

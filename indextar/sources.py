@@ -98,6 +98,23 @@ class ByteSource(abc.ABC):
             for start, size, code in member_rows[first : first + count].tolist()
         ]
 
+    def read_members_many(
+        self,
+        spans: Sequence[tuple[int, int, int, int]],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` for several samples, ``(offset, length, first, count)``
+        each, with one :meth:`read_many` of their spans."""
+        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
+        return [
+            [
+                (ext_names[code], data[start : start + size])
+                for start, size, code in member_rows[first : first + count].tolist()
+            ]
+            for (_, _, first, count), data in zip(spans, datas)
+        ]
+
     def close(self) -> None:  # noqa: B027 (a hook: sources that hold nothing need not close)
         """Release open resources; the source reopens on the next read."""
 
@@ -197,6 +214,32 @@ class LocalFileSource(ByteSource):
                 offset=offset,
             )
         return got
+
+    def read_members_many(
+        self,
+        spans: Sequence[tuple[int, int, int, int]],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` for several samples, with one ``fstat`` for all."""
+        if not spans or _MAPREAD is None:
+            return super().read_members_many(spans, member_rows, ext_names)
+        start = min(span[0] for span in spans)
+        end = max(span[0] + span[1] for span in spans)
+        try:
+            mapped = self._checked_map(start, end - start)
+        except TruncatedShardError:
+            mapped = None  # the range-by-range path says which sample it was
+        if mapped is None or max(span[3] for span in spans) > 64:
+            return super().read_members_many(spans, member_rows, ext_names)
+        members = _MAPREAD.members
+        result: list[list[tuple[str, bytes]]] = []
+        for offset, _, first, count in spans:
+            got = members(mapped, offset, member_rows, first, count, ext_names)
+            if got is None:
+                return super().read_members_many(spans, member_rows, ext_names)
+            result.append(got)
+        return result
 
     def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         """Several ranges; the checks of :meth:`read` (an ``fstat``) run once for all."""

@@ -370,24 +370,24 @@ NOTES = """
 
 - The machine is shared (2 cores, other jobs running): rates move by ±30% between
   runs, so each raw row is the best of 5 passes and each DataLoader row the best of 3
-  runs, interleaved across readers so that passing load hits them alike. Over three
-  runs on the same data, cold `ds[i]` measured 53-55% of the pread floor and 4.8-4.9×
-  wids, `__getitems__` 59-65% and 5.2-6.0×; the DataLoader 91-97% of the decode-only
-  limit and 1.34-1.39× webdataset. Runs while tests used both cores went as low as
-  42% of the floor and 67% of the limit.
+  runs, interleaved across readers so that passing load hits them alike. Since a
+  sample's members are copied straight out of the map in C (`indextar/_mapread.c`),
+  cold `ds[i]` has measured 61-65% of the pread floor and 5.6× wids, and
+  `__getitems__` 68-72% (before: 44-55% and 59-65%); the DataLoader 98% of the
+  decode-only limit. Runs while tests used both cores went as low as 42% of the
+  floor and 67% of the limit.
 - Opening a shard reads its reader arrays from the index's `arrays` table (one query,
   `np.frombuffer`): about 0.15 ms for a 2,000-sample shard, where converting the
   `samples` and `members` rows took 6-7.5 ms, more than reading all of its samples.
   Checking the index against the shard on first open (size, mtime, fingerprint of
   the first and last 64 KiB) adds about 0.3 ms.
 - The floor is one `os.pread` per sample from a Python list of precomputed offsets:
-  no lookup, no key, no split into members. What a cold `ds[i]` adds, in CPU time
-  per sample: the first touch of each mapped page (about 1.3 µs here, in a
-  virtual machine where populating page tables costs as much as faulting them); an
+  no lookup, no key, no split into members. What `ds[i]` adds, in CPU time per
+  sample (2.4 µs in all with the pages mapped, against 3.0 µs before the C copy): an
   `fstat` per read that turns a shard truncated in place into `TruncatedShardError`
-  instead of `SIGBUS` (about 0.6 µs: 68% of the floor with pages mapped, 81%
-  without it); locating the shard, splitting the span into members and building the
-  dict (about 2 µs).
+  instead of zeros or `SIGBUS` (about 0.8 µs); locating the shard, the C copy of
+  each member and building the dict (about 1.6 µs). A truncation landing between
+  the `fstat` and the copy raises the same error: the copy catches the `SIGBUS`.
 - `__getitems__` reads a batch shard by shard: one `fstat` per shard and batch, not
   per sample.
 - "anon RSS" is resident memory not backed by files (statm resident - shared). Mapped
