@@ -372,8 +372,8 @@ NOTES = """
   runs, so each raw row is the best of 5 passes and each DataLoader row the best of 3
   runs, interleaved across readers so that passing load hits them alike. Since a
   sample's members are copied straight out of the map in C (`indextar/_mapread.c`),
-  cold `ds[i]` has measured 61-65% of the pread floor and 5.6× wids, and
-  `__getitems__` 68-72% (before: 44-55% and 59-65%); the DataLoader 98% of the
+  cold `ds[i]` has measured 64-65% of the pread floor and 5.6× wids, and
+  `__getitems__` 68-72% (before: 44-55% and 59-65%); the DataLoader 95-98% of the
   decode-only limit. Runs while tests used both cores went as low as 42% of the
   floor and 67% of the limit.
 - Opening a shard reads its reader arrays from the index's `arrays` table (one query,
