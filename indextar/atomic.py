@@ -9,7 +9,8 @@ see the old file or the new one, never a part.
 A process killed mid-write cannot delete its temporary file. While a writer is alive
 it holds an exclusive ``flock`` on its file, so :func:`remove_stale_temps` can tell a
 dead writer's leftover (unlocked, and older than a few minutes) from a live one, even
-one in another process on this machine, and removes only the former.
+one in another process on this machine, and removes only the former. Writers sweep
+before they write, listing each folder once per process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import fcntl
 import glob
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -67,7 +69,7 @@ def create_temp(target: Path) -> tuple[int, Path]:
     permissions follow the umask (``mkstemp`` would make it 0600). The lock lasts
     until ``fd`` is closed.
     """
-    remove_stale_temps(target)
+    _sweep_before_writing(target)
     while True:
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
         try:
@@ -96,9 +98,43 @@ def remove_stale_temps(target: Path, *, older_than: float = STALE_SECONDS) -> in
     A temporary file is stale when no process holds its lock and it has not been
     modified for ``older_than`` seconds. Files that cannot be inspected are left.
     """
+    return _remove_if_stale(list(target.parent.glob(_temp_pattern(target))), older_than)
+
+
+def _sweep_before_writing(target: Path) -> None:
+    """:func:`remove_stale_temps` for ``target``, listing each folder once per process.
+
+    Listing a folder for every file written into it would make writing n files into
+    one folder cost O(n²): indexing 10,000 shards lists the folder once per worker
+    process, not 10,000 times. Temporary files left by writers that die while this
+    process runs are swept by the next process.
+    """
+    folder = os.fspath(target.parent)
+    temps = _temps_by_target.get(folder)
+    if temps is None:
+        temps = _temps_by_target[folder] = {}
+        try:
+            entries = [entry.name for entry in os.scandir(folder)]
+        except OSError:
+            entries = []
+        for name in entries:
+            match = _TEMP_NAME.match(name)
+            if match:
+                temps.setdefault(match.group(1), []).append(name)
+    names = temps.pop(target.name, None)
+    if names:
+        _remove_if_stale([target.parent / name for name in names], STALE_SECONDS)
+
+
+# A folder's temporary files, by the name of the file each was to become.
+_temps_by_target: dict[str, dict[str, list[str]]] = {}
+_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{12}\.tmp$")
+
+
+def _remove_if_stale(temps: list[Path], older_than: float) -> int:
     removed = 0
     now = time.time()
-    for tmp in target.parent.glob(_temp_pattern(target)):
+    for tmp in temps:
         try:
             if now - tmp.stat().st_mtime < older_than:
                 continue

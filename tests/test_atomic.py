@@ -49,10 +49,13 @@ def test_failure_keeps_the_old_file_and_removes_the_temporary_one(tmp_path: Path
 
 def test_stale_temporary_files_go_young_and_live_ones_stay(tmp_path: Path) -> None:
     target = tmp_path / "s.tar.idx.sqlite"
-    dead, young, live = (tmp_path / f".{target.name}.{n}.tmp" for n in ("dead", "young", "live"))
+    dead, young, live = (
+        tmp_path / f".{target.name}.{n * 12}.tmp"
+        for n in ("d", "e", "f")  # as writers name them
+    )
     for path in (dead, young, live):
         path.write_bytes(b"partial")
-    other = tmp_path / ".other.idx.sqlite.x.tmp"  # another target's: not ours to judge
+    other = tmp_path / ".other.idx.sqlite.0123456789ab.tmp"  # another target's: not ours to judge
     other.write_bytes(b"x")
     for path in (dead, live, other):
         age(path, STALE_SECONDS + 60)
@@ -102,3 +105,21 @@ def test_a_shard_writer_sweeps_a_killed_writers_partial_shard(tmp_path: Path) ->
         assert temps(tmp_path) != [] and left.name not in temps(tmp_path)  # ours, locked
         writer.write({"__key__": "a", "txt": b"x"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.tar", "s.tar.idx.sqlite"]
+
+
+def test_writing_many_files_lists_their_folder_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar import atomic
+
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path: str) -> object:
+        listed.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(atomic.os, "scandir", counting)
+    for n in range(20):  # one listing, not twenty: n files in a folder must not cost n²
+        write_atomic(tmp_path / f"m-{n}.json", "{}")
+    assert listed == [str(tmp_path)]
