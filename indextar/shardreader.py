@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from .arrays import MEMBER_COLUMNS, SAMPLE_COLUMNS
 from .index import ShardIndex
-from .sources import ByteSource
+from .sources import ByteSource, split_members
 
 __all__ = ["OpenShard", "SAMPLE_COLUMNS", "MEMBER_COLUMNS"]
 
@@ -80,10 +80,7 @@ class OpenShard:
                 start, end - start, self.members, first, count, names
             )
         else:
-            members = [
-                (names[code], span[offset : offset + size])
-                for offset, size, code in self.members[first : first + count].tolist()
-            ]
+            members = split_members(span, self.members, first, count, names)
         return self.key_blob[key_start:key_end].decode(), members
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:

@@ -42,6 +42,7 @@ __all__ = [
     "fork_generation",
     "open_source",
     "register_source",
+    "split_members",
 ]
 
 SourceFactory = Callable[[str], "ByteSource"]
@@ -92,11 +93,7 @@ class ByteSource(abc.ABC):
         packed ``members`` array). Sources that can copy members straight out of their
         storage (a memory map) override this to skip the span's copy.
         """
-        span = self.read(offset, length)
-        return [
-            (ext_names[code], span[start : start + size])
-            for start, size, code in member_rows[first : first + count].tolist()
-        ]
+        return split_members(self.read(offset, length), member_rows, first, count, ext_names)
 
     def read_members_many(
         self,
@@ -108,10 +105,7 @@ class ByteSource(abc.ABC):
         each, with one :meth:`read_many` of their spans."""
         datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
         return [
-            [
-                (ext_names[code], data[start : start + size])
-                for start, size, code in member_rows[first : first + count].tolist()
-            ]
+            split_members(data, member_rows, first, count, ext_names)
             for (_, _, first, count), data in zip(spans, datas)
         ]
 
@@ -123,6 +117,20 @@ class ByteSource(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def split_members(
+    span: bytes,
+    member_rows: npt.NDArray[np.int64],
+    first: int,
+    count: int,
+    ext_names: tuple[str, ...],
+) -> list[tuple[str, bytes]]:
+    """A sample's ``(extension, data)`` members, sliced out of its span's bytes."""
+    return [
+        (ext_names[code], span[start : start + size])
+        for start, size, code in member_rows[first : first + count].tolist()
+    ]
 
 
 class LocalFileSource(ByteSource):
