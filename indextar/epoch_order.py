@@ -13,6 +13,9 @@ Three orders:
   order, and indices shuffled within each window of ``window_blocks`` consecutive
   blocks of that order, so that reading stays local to a few shards at a time. Memory
   is O(number of blocks).
+- :class:`UniformBlockOrder`: the same order as :class:`BlockOrder` over
+  :func:`uniform_blocks`, computed from positions alone: O(1) memory and start-up at
+  any size.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ import numpy.typing as npt
 
 from .permutation import KeyedPermutation
 
-__all__ = ["EpochOrder", "SequentialOrder", "GlobalOrder", "BlockOrder", "uniform_blocks"]
+__all__ = [
+    "EpochOrder",
+    "SequentialOrder",
+    "GlobalOrder",
+    "BlockOrder",
+    "UniformBlockOrder",
+    "uniform_blocks",
+]
 
 # Purpose tags mixed into the round keys, so that the global permutation, the block
 # permutation and the window permutations of one (seed, epoch) are independent.
@@ -146,3 +156,90 @@ class BlockOrder:
             shuffled[begin:end] = start + in_window.permute(positions[begin:end] - start)
         slot = np.searchsorted(self._stream_start, shuffled, side="right") - 1
         return self._first_index[slot] + (shuffled - self._stream_start[slot])
+
+
+@dataclass(frozen=True, slots=True)
+class UniformBlockOrder:
+    """:class:`BlockOrder` over ``uniform_blocks(size, block_size)``, in O(1) memory.
+
+    Blocks of ``block_size`` indices (the last one holding the remainder) are shuffled
+    by the same keyed permutation, and windows of ``window_blocks`` consecutive blocks
+    by the same per-window permutations, so the indices are identical to
+    ``BlockOrder(uniform_blocks(size, block_size), seed, epoch, window_blocks)``.
+    Where that stores a few arrays per block (hundreds of MB at ``size = 1e10``), every
+    block's place here follows from the block permutation and from where the short
+    last block landed in the stream (found once, by the permutation's inverse).
+    """
+
+    size: int
+    block_size: int
+    seed: int
+    epoch: int
+    window_blocks: int
+    _blocks: KeyedPermutation | None = field(init=False, repr=False)
+    _count: int = field(init=False, repr=False)  # number of blocks
+    _short_slot: int = field(init=False, repr=False)  # stream slot of the last block
+    _shortfall: int = field(init=False, repr=False)  # block_size - the last block's size
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.window_blocks < 1 or self.size < 0:
+            raise ValueError(
+                "block_size and window_blocks must be >= 1 and size >= 0; got "
+                f"{self.block_size}, {self.window_blocks}, {self.size}"
+            )
+        count = -(-self.size // self.block_size)
+        blocks = None
+        if count:
+            blocks = KeyedPermutation.from_seed(count, self.seed, _TAG_BLOCKS, self.epoch)
+        object.__setattr__(self, "_blocks", blocks)
+        object.__setattr__(self, "_count", count)
+        object.__setattr__(self, "_short_slot", blocks.position_of(count - 1) if blocks else 0)
+        object.__setattr__(self, "_shortfall", count * self.block_size - self.size)
+
+    def indices(self, positions: Positions) -> Positions:
+        """Return the index at each position of the shuffled block stream."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0 or self._blocks is None:
+            return positions.copy()
+        block = self.block_size
+        windows = -(-self._count // self.window_blocks)
+        # The window of each position: its window if all blocks were full, or the next
+        # one where the short block, earlier in the stream, moved that one's start back.
+        window = np.minimum(positions // (block * self.window_blocks), windows - 1)
+        window += self._window_start(window + 1) <= positions
+        shuffled = np.empty_like(positions)
+        run_starts = np.concatenate(([0], np.flatnonzero(np.diff(window)) + 1, [window.size]))
+        for begin, end in zip(run_starts[:-1].tolist(), run_starts[1:].tolist()):
+            w = int(window[begin])
+            start, stop = self._window_start(np.array([w, w + 1], dtype=np.int64)).tolist()
+            in_window = KeyedPermutation.from_seed(
+                stop - start, self.seed, _TAG_WINDOW, self.epoch, w
+            )
+            shuffled[begin:end] = start + in_window.permute(positions[begin:end] - start)
+        # The stream slot of each shuffled position: full blocks before the short one,
+        # the short one, then full blocks shifted back by its shortfall.
+        short_start = self._short_slot * block
+        slot = np.where(
+            shuffled < short_start,
+            shuffled // block,
+            np.where(
+                shuffled < short_start + block - self._shortfall,
+                self._short_slot,
+                (shuffled + self._shortfall) // block,
+            ),
+        )
+        offset = shuffled - self._slot_start(slot)
+        return self._blocks.permute(slot) * block + offset
+
+    def _slot_start(self, slots: Positions) -> Positions:
+        """Where the block in each stream slot starts in the stream."""
+        return slots * self.block_size - self._shortfall * (slots > self._short_slot)
+
+    def _window_start(self, windows: Positions) -> Positions:
+        """Where each window starts in the stream (``size`` past the last one)."""
+        slots = windows * self.window_blocks
+        return np.where(
+            slots >= self._count,
+            np.int64(self.size),
+            self._slot_start(np.minimum(slots, self._count)),
+        )

@@ -30,7 +30,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from .epoch_order import BlockOrder, EpochOrder, GlobalOrder, SequentialOrder, uniform_blocks
+from .epoch_order import (
+    BlockOrder,
+    EpochOrder,
+    GlobalOrder,
+    SequentialOrder,
+    UniformBlockOrder,
+)
 from .errors import SamplerStateError
 
 __all__ = ["ResumableSampler", "sampler_state_from_loader", "STATE_VERSION", "DEFAULT_BLOCK_SIZE"]
@@ -275,9 +281,16 @@ class ResumableSampler:
             order = GlobalOrder(self.num_samples, self.seed, self._epoch)
         else:
             sizes = self._shard_sizes
-            if sizes is None:
-                sizes = uniform_blocks(self.num_samples, self.block_size or DEFAULT_BLOCK_SIZE)
-            order = BlockOrder(sizes, self.seed, self._epoch, self.window_blocks)
+            if sizes is None:  # runs of block_size: the same order as BlockOrder, in O(1)
+                order = UniformBlockOrder(
+                    self.num_samples,
+                    self.block_size or DEFAULT_BLOCK_SIZE,
+                    self.seed,
+                    self._epoch,
+                    self.window_blocks,
+                )
+            else:
+                order = BlockOrder(sizes, self.seed, self._epoch, self.window_blocks)
         self._order_cache = (self._epoch, order)
         return order
 

@@ -152,3 +152,23 @@ def test_bad_keys_are_refused() -> None:
         KeyedPermutation(10, (1, 2))
     with pytest.raises(ValueError, match="tweak"):
         derive_round_keys(0, -1)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(
+    size=st.one_of(st.integers(1, 70), st.integers(1, 2**62 - 1)),
+    seed=st.integers(0, 2**64 - 1),
+    fraction=st.floats(0, 1, exclude_max=True),
+)
+def test_position_of_inverts_permute(size: int, seed: int, fraction: float) -> None:
+    perm = KeyedPermutation.from_seed(size, seed, 9)
+    position = min(int(fraction * size), size - 1)
+    element = int(perm.permute(np.array([position], dtype=np.int64))[0])
+    assert perm.position_of(element) == position
+
+
+def test_position_of_refuses_elements_outside_the_range() -> None:
+    perm = KeyedPermutation.from_seed(10, 0)
+    assert sorted(perm.position_of(e) for e in range(10)) == list(range(10))
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        perm.position_of(10)

@@ -307,3 +307,37 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
 )
 def test_docs_examples_run(block: str) -> None:
     exec(compile(block, str(DOCS), "exec"), {})
+
+
+# -- blocks of block_size in O(1) memory --------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1, 7, 100, 1000, 1023, 1025, 4099])
+@pytest.mark.parametrize(("block_size", "window_blocks"), [(1, 1), (3, 2), (64, 4), (1024, 3)])
+def test_uniform_blocks_in_o1_give_blockorders_indices(
+    size: int, block_size: int, window_blocks: int
+) -> None:
+    from indextar.epoch_order import BlockOrder, UniformBlockOrder, uniform_blocks
+
+    for seed, epoch in [(0, 0), (7, 3)]:
+        reference = BlockOrder(uniform_blocks(size, block_size), seed, epoch, window_blocks)
+        lazy = UniformBlockOrder(size, block_size, seed, epoch, window_blocks)
+        positions = np.random.default_rng(seed).permutation(size)  # any order of asking
+        assert np.array_equal(lazy.indices(positions), reference.indices(positions))
+
+
+def test_blocks_at_1e10_samples_start_in_little_memory() -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        sampler = ResumableSampler(10**10, seed=3, order="blocks", block_size=1024)
+        sampler.set_epoch(2)
+        first = list(itertools.islice(iter(sampler), 4 * 1024))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB"  # was 547 MB: arrays per block
+    assert len(set(first)) == 4096 and all(0 <= i < 10**10 for i in first)
+    # The first window is 4 whole blocks (window_blocks=4), shuffled together.
+    assert len({i // 1024 for i in first}) == 4
