@@ -290,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=default_workers(),
-        help="parallel processes (default: two per core, as builds also wait on the disk)",
+        help="parallel processes (default: two per core, at most cores + 4: builds also wait "
+        "on the disk)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
