@@ -88,8 +88,8 @@ def fold_extensions(
                 padded = -(-int(sizes[i]) // BLOCK) * BLOCK
                 payload = shard.read_data(pos, padded) + b"\0"
                 pending_name = shard.decode_name(payload.split(b"\0", 1)[0], pos)
-            elif t == PAX_LOCAL:
-                pending.update(parse_pax(payload, shard, pos))
+            elif t == PAX_LOCAL:  # a later one replaces an earlier one, as in GNU tar
+                pending = parse_pax(payload, shard, pos)
             elif t == PAX_GLOBAL:
                 global_pax.update(parse_pax(payload, shard, pos))
             continue

@@ -214,7 +214,7 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         if typeflag == _GNU_LONGLINK:
             continue
         if typeflag == _PAX_LOCAL:
-            pax = {**pax, **_pax_records(payload, shard, data_offset)}  # stacked headers merge
+            pax = _pax_records(payload, shard, data_offset)  # replaces an earlier one: GNU tar
             continue
         if typeflag == _PAX_GLOBAL:
             globals_.update(_pax_records(payload, shard, data_offset))

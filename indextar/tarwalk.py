@@ -72,12 +72,11 @@ def walk_sequential(
             if typeflag in (PAX_LOCAL, PAX_GLOBAL):
                 records = shard.read_data(pos, member_size)
                 value = parse_pax(records, shard, pos).get("size")
-                if value is not None:
-                    parsed = pax_size(value, shard, pos)
-                    if typeflag == PAX_LOCAL:
-                        pending_size = parsed
-                    else:
-                        global_size = parsed
+                parsed = None if value is None else pax_size(value, shard, pos)
+                if typeflag == PAX_LOCAL:  # replaces an earlier local header, as GNU tar
+                    pending_size = parsed
+                elif parsed is not None:
+                    global_size = parsed
             found.append(pos)
             if typeflag in NO_DATA_TYPES:
                 member_size = 0

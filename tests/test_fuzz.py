@@ -97,20 +97,37 @@ def test_a_stream_claiming_8_gib_reads_only_what_is_there() -> None:
     assert peak < 64 << 20, peak
 
 
-def test_stacked_extension_headers_follow_gnu_tar() -> None:
-    # Two PAX headers merge; of two GNU long names the last wins (tarfile: the first).
+def pax_header(records: dict[str, str]) -> bytes:
+    payload = pax_records(records)
+    return header("././@PaxHeader", len(payload), typeflag=b"x") + blocks(payload)
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ({"path": "first.txt"}, {"mtime": "1"}),  # GNU tar: the first path is gone
+        ({"mtime": "1"}, {"path": "second.txt"}),
+        ({"path": "first.txt", "size": "1024"}, {"mtime": "1"}),  # and the first size too
+        ({"size": "1024", "mtime": "nan"}, {"path": "second.txt"}),  # found by tools/fuzz.py
+    ],
+)
+def test_a_later_pax_header_replaces_an_earlier_one_as_in_gnu_tar(
+    first: dict[str, str], second: dict[str, str]
+) -> None:
+    # Stacked local PAX headers: GNU tar keeps only the last; tarfile applies both, the
+    # first winning. GNU tar decides (its listing is the reference here).
     member = header("plain.txt", 3) + blocks(b"abc")
-    path, mtime = pax_records({"path": "first.txt"}), pax_records({"mtime": "1"})
-    data = (
-        header("././@PaxHeader", len(path), typeflag=b"x")
-        + blocks(path)
-        + header("././@PaxHeader", len(mtime), typeflag=b"x")
-        + blocks(mtime)
-        + member
-        + bytes(1024)
-    )
-    assert scan_tar(data).names == ["first.txt"]
-    assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == ["first.txt"]  # type: ignore[arg-type]
+    data = pax_header(first) + pax_header(second) + member + header("next.txt", 1)
+    data += blocks(b"z") + bytes(1024)
+    expected = fuzz.gnu_tar_names(data)
+    assert expected is not None and expected[-1] == "next.txt"
+    assert scan_tar(data).names == expected
+    assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == expected  # type: ignore[arg-type]
+
+
+def test_stacked_extension_headers_follow_gnu_tar() -> None:
+    # Of two GNU long names the last wins (tarfile: the first).
+    member = header("plain.txt", 3) + blocks(b"abc")
     long1, long2 = b"one.txt\0", b"two.txt\0"
     data = (
         header("././@LongLink", len(long1), typeflag=b"L")

@@ -453,6 +453,12 @@ def tarfile_files(data: bytes) -> list[tuple[str, bytes]] | None:
 
 def gnu_tar_names(data: bytes) -> list[str] | None:
     """Regular files' names as GNU tar lists them, or ``None`` if it fails."""
+    entries = gnu_tar_entries(data)
+    return None if entries is None else [name for name, _ in entries]
+
+
+def gnu_tar_entries(data: bytes) -> list[tuple[str, int]] | None:
+    """Regular files' ``(name, size)`` as GNU tar lists them, or ``None`` if it fails."""
     with tempfile.TemporaryDirectory(prefix="fuzz-tar-") as folder:
         path = Path(folder) / "case.tar"
         path.write_bytes(data)
@@ -466,15 +472,15 @@ def gnu_tar_names(data: bytes) -> list[str] | None:
     # after which GNU tar lists on: its listing is the reference either way.
     if done.returncode not in (0, 2):
         return None
-    names = []
+    entries = []
     for line in done.stdout.split(b"\n"):
         # "-rw-r--r-- 0/0  12 2023-11-14 22:13 name": regular files start with "-"; in
         # the escape style a name is ASCII with C escapes (\\n, \\ooo per byte).
         if line.startswith(b"-"):
             fields = line.split(None, 5)
             raw = codecs.escape_decode(fields[5])[0] if len(fields) > 5 else b""
-            names.append(raw.decode("utf-8", "surrogateescape"))
-    return names
+            entries.append((raw.decode("utf-8", "surrogateescape"), int(fields[2])))
+    return entries
 
 
 def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | None:
@@ -502,14 +508,16 @@ def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | Non
             outcome["indexed, equals tarfile"] += 1
         else:
             # tarfile and GNU tar differ on stacked extension headers (tarfile lets the
-            # first of two long names win, GNU tar the last): GNU tar decides.
-            names = gnu_tar_names(case.data)
-            if names is not None:
-                names = [n for n in names if not n.endswith("/")]
+            # first of two long names or PAX headers win, GNU tar the last): GNU tar
+            # decides, by names and sizes.
+            entries = gnu_tar_entries(case.data)
+            if entries is not None:
+                entries = [(n, size) for n, size in entries if not n.endswith("/")]
+            ours = [(n, len(b)) for n, b in files]
             check(
-                names == [n for n, _ in files] and names != [n for n, _ in reference],
+                entries == ours and entries != [(n, len(b)) for n, b in reference],
                 f"scan and tarfile disagree: {[n for n, _ in files]} vs {[n for n, _ in reference]}"
-                f" (GNU tar: {names})",
+                f" (GNU tar: {entries})",
             )
             outcome["indexed, equals GNU tar (tarfile differs)"] += 1
     else:
