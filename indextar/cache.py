@@ -22,9 +22,12 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from .errors import CacheFullError, IndextarError, TruncatedShardError
 from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RetryPolicy
@@ -280,11 +283,36 @@ class CachedSource(ByteSource):
     def size(self) -> int:
         return self.expected.size
 
+    def _local_file(self) -> LocalFileSource:
+        local = self._local
+        return local if local is not None and self._pid == os.getpid() else self._reader()
+
+    # Every read is the cached file's: its batched and C paths too, not only read().
+
     def read(self, offset: int, length: int) -> bytes:
-        local = (
-            self._local if self._pid == os.getpid() and self._local is not None else self._reader()
-        )
-        return local.read(offset, length)
+        return self._local_file().read(offset, length)
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        return self._local_file().read_many(offsets, lengths)
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+    ) -> list[tuple[str, bytes]]:
+        return self._local_file().read_members(offset, length, member_rows, first, count, ext_names)
+
+    def read_members_many(
+        self,
+        spans: Sequence[tuple[int, int, int, int]],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        return self._local_file().read_members_many(spans, member_rows, ext_names)
 
     def close(self) -> None:
         if self._pid == os.getpid():
