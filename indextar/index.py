@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import logging
 import mmap
@@ -470,8 +471,10 @@ def write_index(path: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) 
         raise IndexWriteError(f"cannot write the index {str(path)!r}: {e}") from e
 
 
+@functools.cache
 def _schema() -> tuple[str, str]:
-    """schema.sql's tables and, apart, its indexes (created after the bulk insert)."""
+    """schema.sql's tables and, apart, its indexes (created after the bulk insert); read
+    once per process, not once per shard."""
     tables, indexes = (
         resources.files("indextar").joinpath("schema.sql").read_text().split("-- @indexes")
     )
@@ -505,9 +508,17 @@ def _insert_rows_python(
 def scan_arrays(scan: TarScan, grouping: Grouping) -> ShardArrays:
     """The reader's arrays of a scanned and grouped shard, as its index stores them."""
     entries = grouping.entries
-    data_offsets = scan.data_offsets[entries]
-    sizes = scan.sizes[entries]
     start, end = _sample_spans(scan, grouping)
+    return _arrays(grouping, scan.data_offsets[entries], scan.sizes[entries], start, end)
+
+
+def _arrays(
+    grouping: Grouping,
+    data_offsets: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+) -> ShardArrays:
     return ShardArrays.make(
         start_offset=start,
         end_offset=end,
@@ -580,7 +591,7 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
             "INSERT INTO meta VALUES (?, ?)",
             ((field, str(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
-        write_arrays(conn, scan_arrays(scan, grouping))
+        write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end))
         conn.executescript(indexes)  # commits
     finally:
         conn.close()
