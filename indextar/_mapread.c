@@ -177,4 +177,10 @@ static struct PyModuleDef module = {
     "Samples copied out of a memory-mapped shard, surviving its truncation.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__mapread(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__mapread(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "MAX_MEMBERS", MAX_MEMBERS) < 0)
+        Py_CLEAR(m);
+    return m;
+}

@@ -22,16 +22,13 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from .errors import CacheFullError, IndextarError, TruncatedShardError
 from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RetryPolicy
-from .sources import ByteSource, LocalFileSource
+from .sources import LocalFileSource
 
 __all__ = ["ShardCache", "CachedSource", "parse_size"]
 
@@ -254,75 +251,46 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-class CachedSource(ByteSource):
+class CachedSource(LocalFileSource):
     """A remote shard read from the local :class:`ShardCache`, downloaded on first read.
 
-    Reads go through a :class:`~indextar.sources.LocalFileSource` of the cached file, so
-    a warm cache reads as fast as local shards; the shared lock held alongside keeps the
-    file from being evicted until :meth:`close`.
+    A :class:`~indextar.sources.LocalFileSource` of the cached file, so a warm cache
+    reads as local shards do, by the same paths; ``url`` stays the remote URL, which
+    errors name. Mapping the file first takes a descriptor with a shared lock (and
+    downloads the shard if needed), which keeps it from being evicted until
+    :meth:`close`.
     """
 
-    __slots__ = ("url", "cache", "expected", "_fd", "_pid", "_local")
+    __slots__ = ("cache", "expected", "_fd")
 
     def __init__(self, url: str, *, cache: ShardCache, expected: RemoteStat):
-        self.url = url
+        super().__init__(url)
         self.cache = cache
         self.expected = expected
         self._fd = -1
-        self._pid = -1
-        self._local: LocalFileSource | None = None
 
-    def _reader(self) -> LocalFileSource:
-        if self._pid != os.getpid() or self._local is None:
-            self._fd = self.cache.open(self.url, self.expected)
-            self._pid = os.getpid()
-            self._local = LocalFileSource(self.cache.path_for(self.url, self.expected))
-        return self._local
+    def _file(self) -> str:
+        return os.fspath(self.cache.path_for(self.url, self.expected))
+
+    def _open(self) -> None:
+        self._release()  # an earlier process's descriptor, or a closed map's
+        self._fd = self.cache.open(self.url, self.expected)
+        super()._open()
 
     @property
     def size(self) -> int:
         return self.expected.size
 
-    def _local_file(self) -> LocalFileSource:
-        local = self._local
-        return local if local is not None and self._pid == os.getpid() else self._reader()
-
-    # Every read is the cached file's: its batched and C paths too, not only read().
-
-    def read(self, offset: int, length: int) -> bytes:
-        return self._local_file().read(offset, length)
-
-    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-        return self._local_file().read_many(offsets, lengths)
-
-    def read_members(
-        self,
-        offset: int,
-        length: int,
-        member_rows: npt.NDArray[np.int64],
-        first: int,
-        count: int,
-        ext_names: tuple[str, ...],
-    ) -> list[tuple[str, bytes]]:
-        return self._local_file().read_members(offset, length, member_rows, first, count, ext_names)
-
-    def read_members_many(
-        self,
-        spans: Sequence[tuple[int, int, int, int]],
-        member_rows: npt.NDArray[np.int64],
-        ext_names: tuple[str, ...],
-    ) -> list[list[tuple[str, bytes]]]:
-        return self._local_file().read_members_many(spans, member_rows, ext_names)
-
     def close(self) -> None:
-        if self._pid == os.getpid():
-            if self._local is not None:
-                self._local.close()
-            if self._fd >= 0:
-                os.close(self._fd)  # releases the shared lock: the shard may be evicted now
-        self._local = None
-        self._fd = -1
-        self._pid = -1
+        super().close()
+        self._release()  # the shard may be evicted now
+
+    def _release(self) -> None:
+        # A descriptor inherited through fork is a duplicate: closing it leaves the
+        # parent's lock in place (flock locks belong to the open file description).
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "cache": self.cache, "expected": self.expected}

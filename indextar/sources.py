@@ -1,10 +1,10 @@
-"""Byte sources: read byte ranges of a shard, locally or (later) remotely.
+"""Byte sources: read byte ranges of a shard, locally or remotely.
 
 A :class:`ByteSource` has two primitives, :attr:`~ByteSource.size` and
-:meth:`~ByteSource.read`; :meth:`~ByteSource.read_many` is built on them and a backend
-may override it to batch requests. Backends register by URL scheme with
-:func:`register_source`; a lazy entry names the module that implements it and the
-package to install, so that ``import indextar`` imports no backend.
+:meth:`~ByteSource.read`; :meth:`~ByteSource.read_many` and the member reads are built
+on them, and a backend may override them to batch requests or to copy less. Local
+shards are :class:`LocalFileSource`; remote ones come from
+:mod:`indextar.remote` (ranges) and :mod:`indextar.cache` (a local copy).
 
 Sources open what they need lazily and never carry an open file across a fork or a
 pickle: they remember the process that opened the file and reopen in any other.
@@ -13,7 +13,6 @@ pickle: they remember the process that opened the file and reopen in any other.
 from __future__ import annotations
 
 import abc
-import importlib
 import itertools
 import mmap
 import operator
@@ -29,23 +28,19 @@ import numpy.typing as npt
 
 from . import native
 from .errors import ShardNotFoundError, StaleIndexError, TruncatedShardError
-from .patterns import is_url
 
 # The guarded copy out of maps; chosen once, at import (INDEXTAR_PURE_PYTHON=1: none).
 _MAPREAD = native.mapread()
+_MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0  # larger: sliced
 
 __all__ = [
     "ByteSource",
     "LocalFileSource",
     "LRUCache",
-    "SourceFactory",
     "fork_generation",
     "open_source",
-    "register_source",
     "split_members",
 ]
-
-SourceFactory = Callable[[str], "ByteSource"]
 
 
 class ByteSource(abc.ABC):
@@ -165,7 +160,7 @@ class LocalFileSource(ByteSource):
             self._map = None
         _make_room_for_a_map(self)
         try:
-            with open(self.url, "rb") as f:
+            with open(self._file(), "rb") as f:
                 st = os.fstat(f.fileno())
                 identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
                 if self._identity is not None and identity != self._identity:
@@ -185,6 +180,10 @@ class LocalFileSource(ByteSource):
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
         self._generation = _fork_generation
+
+    def _file(self) -> str:
+        """The path to map (a subclass may keep the bytes elsewhere than ``url``)."""
+        return self.url
 
     @property
     def size(self) -> int:
@@ -209,8 +208,9 @@ class LocalFileSource(ByteSource):
         of :meth:`read`: no copy of the whole span, and a truncation that lands between
         the ``fstat`` and the copy is caught there too, not a crash."""
         mapped = self._checked_map(offset, length)
-        if _MAPREAD is None or mapped is None or count > 64:
-            return super().read_members(offset, length, member_rows, first, count, ext_names)
+        if mapped is None or _MAPREAD is None or count > _MAX_C_MEMBERS:
+            span = b"" if mapped is None else mapped[offset : offset + length]
+            return split_members(span, member_rows, first, count, ext_names)
         got: list[tuple[str, bytes]] | None = _MAPREAD.members(
             mapped, offset, member_rows, first, count, ext_names
         )
@@ -238,7 +238,7 @@ class LocalFileSource(ByteSource):
             mapped = self._checked_map(start, end - start)
         except TruncatedShardError:
             mapped = None  # the range-by-range path says which sample it was
-        if mapped is None or max(span[3] for span in spans) > 64:
+        if mapped is None or max(span[3] for span in spans) > _MAX_C_MEMBERS:
             return super().read_members_many(spans, member_rows, ext_names)
         members = _MAPREAD.members
         result: list[list[tuple[str, bytes]]] = []
@@ -344,53 +344,11 @@ def fork_generation() -> int:
     return _fork_generation
 
 
-# -- registry --------------------------------------------------------------------
-
-_FACTORIES: dict[str, SourceFactory] = {"file": LocalFileSource}
-# scheme -> ("module:attribute", install hint); imported on first use.
-_LAZY: dict[str, tuple[str, str]] = {}
-
-
-def register_source(scheme: str, factory: SourceFactory | str, *, install_hint: str = "") -> None:
-    """Register the byte source for URLs ``scheme://...``.
-
-    ``factory`` is a callable ``factory(url) -> ByteSource``, or a ``"module:attribute"``
-    string imported on first use; ``install_hint`` then goes into the ImportError.
-    """
-    if isinstance(factory, str):
-        _LAZY[scheme] = (factory, install_hint)
-        _FACTORIES.pop(scheme, None)
-    else:
-        _FACTORIES[scheme] = factory
-        _LAZY.pop(scheme, None)
-
-
-def _factory(scheme: str, url: str) -> SourceFactory:
-    if scheme in _FACTORIES:
-        return _FACTORIES[scheme]
-    if scheme not in _LAZY:
-        known = ", ".join(sorted({*_FACTORIES, *_LAZY}))
-        raise ShardNotFoundError(
-            f"cannot read {url!r}: no byte source is registered for {scheme!r} URLs "
-            f"(registered: {known}); see indextar.sources.register_source"
-        )
-    target, hint = _LAZY[scheme]
-    module_name, _, attribute = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"reading {scheme}:// shards needs {module_name}: {hint or e}") from e
-    factory: SourceFactory = getattr(module, attribute)
-    _FACTORIES[scheme] = factory
-    return factory
-
-
-def open_source(url: str | os.PathLike[str]) -> ByteSource:
-    """A byte source for a local path or a URL of a registered scheme (opened lazily)."""
-    url = os.fspath(url)
-    if not is_url(url):
-        return LocalFileSource(url.removeprefix("file://"))
-    return _factory(url.partition("://")[0], url)(url)
+def open_source(path: str | os.PathLike[str]) -> ByteSource:
+    """The byte source of a local shard (opened lazily). Remote shards' sources come
+    from :class:`~indextar.remote_options.RemoteOptions`, which knows their storage
+    options and cache."""
+    return LocalFileSource(path)
 
 
 # -- bounded cache ---------------------------------------------------------------
