@@ -27,6 +27,7 @@ def expand_shards(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[
     ``'data-{000000..000099}.tar'`` expands by brace rules (``braceexpand``);
     a pattern with ``*``, ``?`` or ``[`` is a glob and expands to the sorted
     matching files; a local folder expands to the ``.tar`` files in it, sorted.
+    ``file://`` URLs are local paths.
     Duplicates keep their first position.
 
     >>> expand_shards("x-{0..2}.tar")
@@ -42,6 +43,7 @@ def expand_shards(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[
     shards: dict[str, None] = {}
     for pattern in patterns:
         for expanded in braceexpand.braceexpand(os.fspath(pattern)):
+            expanded = expanded.removeprefix("file://")  # a local path, as a URL
             if is_url(expanded):
                 shards[expanded] = None
             elif not expanded.endswith(".tar") and os.path.isdir(expanded):  # no stat per shard

@@ -108,3 +108,14 @@ def test_build_index_refuses_a_folder_with_what_to_do(tmp_path: Path) -> None:
 
     with pytest.raises(ShardNotFoundError, match=r"is a folder, not a shard.*\*\.tar"):
         build_index(tmp_path)
+
+
+def test_file_urls_are_local_paths(tmp_path: Path) -> None:
+    from conftest import sample_members, tar_bytes
+
+    from indextar import IndexedTarDataset
+
+    shard = tmp_path / "a-0.tar"
+    shard.write_bytes(tar_bytes(sample_members(3)))
+    assert expand_shards(f"file://{tmp_path}/a-{{0..0}}.tar") == [str(shard)]
+    assert len(IndexedTarDataset(f"file://{shard}")) == 3
