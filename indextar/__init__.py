@@ -38,8 +38,9 @@ from .manifest import read_manifest, write_manifest
 from .naming import split_name
 from .patterns import expand_shards
 from .sampler import ResumableSampler
+from .shardwriter import ShardWriter
 from .tarscan import TarScan, scan_tar
-from .writer import ShardWriter, TarWriter
+from .tarwriter import TarWriter
 
 __all__ = [
     "__version__",

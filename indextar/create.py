@@ -12,7 +12,7 @@ Files that cannot be members are counted and skipped, by reason: ``no-extension`
 ``class_from_dir``, ``outside-class-folder``.
 
 Every file's size is known before anything is written, so the samples are split
-into shards up front (:func:`~indextar.writer.plan_shards`) and the shards are
+into shards up front (:func:`~indextar.shardwriter.plan_shards`) and the shards are
 written in parallel.
 """
 
@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import WriterError
-from .index import ShardIndex
+from .index import PathLike, ShardIndex
 from .manifest import write_manifest
 from .naming import skip_reason, split_name
+from .shardwriter import plan_shards
 from .tarheader import member_header, padded_size
-from .writer import PathLike, TarWriter, check_key, plan_shards
+from .tarsample import check_key
+from .tarwriter import TarWriter
 
 __all__ = ["TreeSample", "Tree", "CreateResult", "walk_tree", "create_shards"]
 

@@ -24,10 +24,9 @@ from pathlib import Path
 
 from .atomic import write_atomic
 from .errors import ExportError
-from .index import build_index
+from .index import PathLike, build_index
 from .manifest import write_manifest
 from .members import MemberTable, load_members
-from .writer import PathLike
 
 __all__ = ["DALI_VERSION", "dali_index_text", "dali_index_name", "export_dali", "export_wids"]
 

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import MissingIndexError, SampleIndexError, SampleKeyError
-from .index import ShardIndex, open_index, open_index_at
+from .index import PathLike, ShardIndex, open_index, open_index_at
 from .manifest import is_manifest, read_manifest
 from .members import MemberTable, load_members, scan_members
 from .naming import split_name
 from .patterns import expand_shards
-from .writer import PathLike
 
 __all__ = ["MemberInfo", "SampleInfo", "shard_members", "read_member", "describe_sample"]
 

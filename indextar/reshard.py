@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import WriterError
-from .index import build_index
+from .index import PathLike, build_index
 from .members import MemberTable, load_members
-from .writer import PathLike, ShardWriter, TarSample
+from .shardwriter import ShardWriter
+from .tarsample import TarSample
 
 __all__ = ["ReshardResult", "reshard", "span_sample"]
 

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import WriterError
-from .index import ShardIndex
+from .index import PathLike, ShardIndex
 from .manifest import write_manifest
 from .tarheader import END_OF_ARCHIVE
 from .tarsample import TarSample, encode_sample
-from .tarwriter import ClosingWriter, PathLike, TarWriter
+from .tarwriter import ClosingWriter, TarWriter
 
 __all__ = [
     "ShardWriter",

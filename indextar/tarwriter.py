@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, TypeVar, Union
+from typing import IO, Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from .atomic import create_temp
 from .errors import WriterError
 from .index import (
     IndexMeta,
+    PathLike,
     ShardIndex,
     fingerprint,
     index_path,
@@ -36,13 +37,10 @@ from .tarscan import TarScan
 
 __all__ = [
     "ClosingWriter",
-    "PathLike",
     "TarWriter",
 ]
 
 log = logging.getLogger(__name__)
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 _REGULAR = ord("0")
 _BUFFER_BYTES = 1 << 20

@@ -11,7 +11,7 @@ import pytest
 
 from indextar.errors import ExportError
 from indextar.export import dali_index_name, export_dali, export_wids
-from indextar.writer import ShardWriter
+from indextar.shardwriter import ShardWriter
 
 
 @pytest.fixture

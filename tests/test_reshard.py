@@ -12,7 +12,7 @@ from test_writer import tar_members, wds_read
 
 from indextar.errors import WriterError
 from indextar.reshard import reshard
-from indextar.writer import ShardWriter
+from indextar.shardwriter import ShardWriter
 
 
 @pytest.fixture
