@@ -20,8 +20,9 @@ Three orders:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -144,18 +145,31 @@ class BlockOrder:
         if positions.size == 0:
             return positions.copy()
         window = np.searchsorted(self._window_start, positions, side="right") - 1
-        shuffled = np.empty_like(positions)
-        # Positions handed out together are close and mostly increasing, so a chunk is
-        # a few runs of one window each; permute run by run.
-        run_starts = np.concatenate(([0], np.flatnonzero(np.diff(window)) + 1, [window.size]))
-        for begin, end in zip(run_starts[:-1].tolist(), run_starts[1:].tolist()):
-            w = int(window[begin])
-            start = int(self._window_start[w])
-            size = int(self._window_start[w + 1]) - start
-            in_window = KeyedPermutation.from_seed(size, self.seed, _TAG_WINDOW, self.epoch, w)
-            shuffled[begin:end] = start + in_window.permute(positions[begin:end] - start)
+        shuffled = _shuffle_in_windows(
+            positions, window, self._window_start.__getitem__, self.seed, self.epoch
+        )
         slot = np.searchsorted(self._stream_start, shuffled, side="right") - 1
         return self._first_index[slot] + (shuffled - self._stream_start[slot])
+
+
+def _shuffle_in_windows(
+    positions: Positions,
+    window: Positions,
+    window_start: Callable[[int], Any],
+    seed: int,
+    epoch: int,
+) -> Positions:
+    """Each position shuffled within its window, windows ``[start(w), start(w + 1))``."""
+    shuffled = np.empty_like(positions)
+    # Positions handed out together are close and mostly increasing, so a chunk is a
+    # few runs of one window each; permute run by run.
+    run_starts = np.concatenate(([0], np.flatnonzero(np.diff(window)) + 1, [window.size]))
+    for begin, end in zip(run_starts[:-1].tolist(), run_starts[1:].tolist()):
+        w = int(window[begin])
+        start, stop = int(window_start(w)), int(window_start(w + 1))
+        in_window = KeyedPermutation.from_seed(stop - start, seed, _TAG_WINDOW, epoch, w)
+        shuffled[begin:end] = start + in_window.permute(positions[begin:end] - start)
+    return shuffled
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +221,9 @@ class UniformBlockOrder:
         # one where the short block, earlier in the stream, moved that one's start back.
         window = np.minimum(positions // (block * self.window_blocks), windows - 1)
         window += self._window_start(window + 1) <= positions
-        shuffled = np.empty_like(positions)
-        run_starts = np.concatenate(([0], np.flatnonzero(np.diff(window)) + 1, [window.size]))
-        for begin, end in zip(run_starts[:-1].tolist(), run_starts[1:].tolist()):
-            w = int(window[begin])
-            start, stop = self._window_start(np.array([w, w + 1], dtype=np.int64)).tolist()
-            in_window = KeyedPermutation.from_seed(
-                stop - start, self.seed, _TAG_WINDOW, self.epoch, w
-            )
-            shuffled[begin:end] = start + in_window.permute(positions[begin:end] - start)
+        shuffled = _shuffle_in_windows(
+            positions, window, lambda w: self._window_start(np.array(w)), self.seed, self.epoch
+        )
         # The stream slot of each shuffled position: full blocks before the short one,
         # the short one, then full blocks shifted back by its shortfall.
         short_start = self._short_slot * block
