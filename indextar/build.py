@@ -78,7 +78,7 @@ def default_workers() -> int:
 
 
 def parallel_map(
-    fn: Callable[..., T], items: Sequence[str], args: tuple[Any, ...] = (), *, workers: int | None
+    fn: Callable[..., T], items: Sequence[Any], args: tuple[Any, ...] = (), *, workers: int | None
 ) -> Iterator[T]:
     """``fn(item, *args)`` for every item, yielded in order, from up to ``workers`` processes.
 

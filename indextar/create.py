@@ -22,10 +22,10 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .build import parallel_map
 from .errors import WriterError
 from .index import PathLike, ShardIndex
 from .manifest import write_manifest
@@ -183,8 +183,9 @@ def walk_tree(root: PathLike, *, class_from_dir: bool = False) -> Tree:
     )
 
 
-def write_tree_shard(root: Path, path: str, samples: list[TreeSample]) -> ShardIndex:
-    """Write one shard of tree samples, read from ``root``; return its index."""
+def write_tree_shard(shard: tuple[str, list[TreeSample]], root: Path) -> ShardIndex:
+    """Write the shard ``(path, samples)`` of tree samples, read from ``root``; return its index."""
+    path, samples = shard
     with TarWriter(path, encoder=False) as writer:
         for sample in samples:
             record: dict[str, object] = {"__key__": sample.key}
@@ -234,19 +235,13 @@ def create_shards(
         ) from None
     if len(set(names)) < len(names):
         raise WriterError(f"shard pattern {pattern!r} gives the same name for several shards")
-    tasks = [(tree.root, names[i], tree.samples[r.start : r.stop]) for i, r in enumerate(plan)]
+    shards = [(names[i], tree.samples[r.start : r.stop]) for i, r in enumerate(plan)]
     indexes: list[ShardIndex] = []
-    if jobs <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            indexes.append(write_tree_shard(*task))
-            if progress is not None:
-                progress(indexes[-1], len(tasks))
-    else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-            for index in pool.map(write_tree_shard, *zip(*tasks)):
-                indexes.append(index)
-                if progress is not None:
-                    progress(index, len(tasks))
+    # max(1, jobs): parallel_map reads workers=0 as "the default", create_shards as one.
+    for index in parallel_map(write_tree_shard, shards, (tree.root,), workers=max(1, jobs)):
+        indexes.append(index)
+        if progress is not None:
+            progress(index, len(shards))
     if manifest is not None:
         write_manifest(manifest, indexes)
     return CreateResult(
