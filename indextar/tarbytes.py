@@ -27,6 +27,7 @@ NO_DATA_TYPES = b"123456"
 # Sizes are int64 arrays and offsets add to them: a size field claiming more than this
 # (GNU base-256 and PAX sizes are unbounded) is refused before it can overflow.
 MAX_MEMBER_SIZE = 1 << 62
+_CHECK_CHUNK = 1 << 15  # header rows checksummed at once (16 MiB)
 
 
 class ShardBytes:
@@ -43,6 +44,9 @@ class ShardBytes:
         # mmap and bytes slice to bytes cheaply; anything else through a memoryview.
         self.raw = buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
         self.size = int(self.data.size)
+        # The whole blocks as rows: headers are block-aligned, so a header's row is
+        # ``blocks[offset // BLOCK]``, a view with no copy.
+        self.blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
         self.shard = shard
 
     def error(
@@ -157,9 +161,11 @@ class ShardBytes:
 
     def check_checksums_at(self, offsets: list[int]) -> None:
         """Raise for the first of the headers at ``offsets`` whose checksum is wrong."""
-        if offsets:
-            rows = self.data[np.add.outer(np.asarray(offsets, np.int64), np.arange(BLOCK))]
-            self.check_checksums(rows, np.asarray(offsets, np.int64))
+        header_offsets = np.asarray(offsets, np.int64)
+        # In chunks, in order: the rows gathered stay a few tens of MB, whatever the count.
+        for lo in range(0, len(header_offsets), _CHECK_CHUNK):
+            chunk = header_offsets[lo : lo + _CHECK_CHUNK]
+            self.check_checksums(self.blocks[chunk // BLOCK], chunk)
 
     def check_end(self, end: int, last_header: int = 0) -> None:
         """Check the end of the archive at ``end``; ``last_header`` is the last header's offset."""

@@ -246,13 +246,12 @@ class _Scanner(ShardBytes):
             self.check_end(end)
             empty = np.zeros(0, np.int64)
             return TarScan([], np.zeros(0, np.uint8), empty, empty, empty, end, self.size)
-        blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
         types_parts, sizes_parts, names = [], [], []
         # Decode in chunks so that gathering header rows never holds more than a few
         # tens of MB, whatever the member count.
         for lo in range(0, len(offsets), _DECODE_CHUNK):
             chunk = offsets[lo : lo + _DECODE_CHUNK]
-            types, sizes, raw_names = self.decode_headers(blocks[chunk // BLOCK], chunk)
+            types, sizes, raw_names = self.decode_headers(self.blocks[chunk // BLOCK], chunk)
             types_parts.append(types)
             sizes_parts.append(sizes)
             names.extend(raw_names)
@@ -319,8 +318,7 @@ class _Scanner(ShardBytes):
                 if decoded[i].endswith("/"):
                     types[i] = ord("5")
             return self.plain_scan(decoded, types, offsets, sizes, end)
-        blocks = self.data[: (self.size // BLOCK) * BLOCK].reshape(-1, BLOCK)
-        names = names_at(blocks, offsets // BLOCK, types)
+        names = names_at(self.blocks, offsets // BLOCK, types)
         return self.plain_scan(self.decode_all(names, offsets), types, offsets, sizes, end)
 
     def plain_scan(

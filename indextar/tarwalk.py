@@ -101,7 +101,7 @@ def walk_window(
     """
     first_block = start // BLOCK
     nblocks = min(window_blocks, shard.size // BLOCK - first_block)
-    blocks = shard.data[start : start + nblocks * BLOCK].reshape(nblocks, BLOCK)
+    blocks = shard.blocks[first_block : first_block + nblocks]
     # A cheap one-byte filter first, then the full magic on the survivors.
     candidate = np.flatnonzero(blocks[:, MAGIC_OFFSET] == ord("u"))
     magic = blocks[candidate, MAGIC_OFFSET + 1 : MAGIC_OFFSET + 5]

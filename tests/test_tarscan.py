@@ -30,7 +30,7 @@ from tarcraft import (
     tarfile_members,
 )
 
-from indextar import ShardFormatError, native, scan_tar
+from indextar import ShardFormatError, native, scan_tar, tarbytes
 from indextar import tarscan as tarscan_module
 from indextar.tarscan import TarScan
 
@@ -306,6 +306,20 @@ def test_signed_checksums_are_accepted() -> None:
     buf = crafter.finish()
     assert_placed(scan_tar(buf), crafter.placed)
     assert scanned_members(scan_tar(buf)) == tarfile_members(buf)
+
+
+def test_checksums_at_reports_the_first_bad_header_in_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    buf = bytearray(tar_bytes({f"{i}.txt": b"x" for i in range(7)}))
+    for corrupt in (3, 5):  # member headers 3 and 5, each one block before its data
+        buf[corrupt * 2 * BLOCK + 10] ^= 0xFF
+    monkeypatch.setattr(tarbytes, "_CHECK_CHUNK", 2)  # the bad headers in later chunks
+    shard = tarbytes.ShardBytes(bytes(buf), "t.tar")
+    shard.check_checksums_at([0, 2 * BLOCK])
+    with pytest.raises(ShardFormatError, match="checksum field") as info:
+        shard.check_checksums_at([i * 2 * BLOCK for i in range(7)])
+    assert info.value.offset == 3 * 2 * BLOCK
 
 
 def test_v7_headers() -> None:
