@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import logging
 import os
 import re
@@ -34,8 +33,26 @@ log = logging.getLogger(__name__)
 STALE_SECONDS = 600.0
 
 
-def _temp_pattern(target: Path) -> str:
-    return f".{glob.escape(target.name)}.*.tmp"
+# ".<target name>.<12 hex digits>.tmp": what create_temp names a temporary file.
+_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{12}\.tmp$")
+
+
+def _temp_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+
+
+def _temps_in(folder: Path) -> dict[str, list[str]]:
+    """The temporary files in ``folder``, by the name of the file each was to become."""
+    temps: dict[str, list[str]] = {}
+    try:
+        names = [entry.name for entry in os.scandir(folder)]
+    except OSError:
+        return temps
+    for name in names:
+        match = _TEMP_NAME.match(name)
+        if match:
+            temps.setdefault(match.group(1), []).append(name)
+    return temps
 
 
 @contextlib.contextmanager
@@ -71,7 +88,7 @@ def create_temp(target: Path) -> tuple[int, Path]:
     """
     _sweep_before_writing(target)
     while True:
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        tmp = _temp_path(target)
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             break
@@ -98,7 +115,8 @@ def remove_stale_temps(target: Path, *, older_than: float = STALE_SECONDS) -> in
     A temporary file is stale when no process holds its lock and it has not been
     modified for ``older_than`` seconds. Files that cannot be inspected are left.
     """
-    return _remove_if_stale(list(target.parent.glob(_temp_pattern(target))), older_than)
+    names = _temps_in(target.parent).get(target.name, [])
+    return _remove_if_stale([target.parent / name for name in names], older_than)
 
 
 def _sweep_before_writing(target: Path) -> None:
@@ -112,23 +130,14 @@ def _sweep_before_writing(target: Path) -> None:
     folder = os.fspath(target.parent)
     temps = _temps_by_target.get(folder)
     if temps is None:
-        temps = _temps_by_target[folder] = {}
-        try:
-            entries = [entry.name for entry in os.scandir(folder)]
-        except OSError:
-            entries = []
-        for name in entries:
-            match = _TEMP_NAME.match(name)
-            if match:
-                temps.setdefault(match.group(1), []).append(name)
+        temps = _temps_by_target[folder] = _temps_in(target.parent)
     names = temps.pop(target.name, None)
     if names:
         _remove_if_stale([target.parent / name for name in names], STALE_SECONDS)
 
 
-# A folder's temporary files, by the name of the file each was to become.
+# Each folder's temporary files as this process first listed them (see above).
 _temps_by_target: dict[str, dict[str, list[str]]] = {}
-_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{12}\.tmp$")
 
 
 def _remove_if_stale(temps: list[Path], older_than: float) -> int:
