@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import logging
-import mmap
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +25,7 @@ from .index import (
     IndexMeta,
     PathLike,
     ShardIndex,
-    fingerprint,
+    _file_fingerprint,
     index_path,
     write_index,
 )
@@ -238,8 +237,7 @@ class TarWriter(ClosingWriter):
 
     def _write_index(self, path: Path) -> ShardIndex:
         st = path.stat()
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            content_fingerprint = fingerprint(mm, st.st_size)
+        content_fingerprint = _file_fingerprint(path, st.st_size)
         n = len(self._names)
         scan = TarScan(
             names=self._names,
