@@ -75,7 +75,6 @@ class _Pass:
 
     start: int
     count: int
-    handed_out: int = 0
     finished: bool = False
 
 

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .arrays import MEMBER_COLUMNS, SAMPLE_COLUMNS
 from .index import ShardIndex
 from .sources import ByteSource, split_members
 
-__all__ = ["OpenShard", "SAMPLE_COLUMNS", "MEMBER_COLUMNS"]
+__all__ = ["OpenShard"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +56,6 @@ class OpenShard:
 
     def __len__(self) -> int:
         return len(self.samples)
-
-    def key(self, local: int) -> str:
-        """The ``__key__`` of sample ``local``."""
-        key_start, key_end = self.samples[local, 4:6].tolist()
-        return self.key_blob[key_start:key_end].decode()
 
     def span(self, local: int) -> tuple[int, int]:
         """``(offset, length)`` of sample ``local``'s bytes in the shard."""
