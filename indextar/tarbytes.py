@@ -18,7 +18,7 @@ import numpy.typing as npt
 from .errors import ShardFormatError, TruncatedShardError
 from .tarfields import checksums_ok, parse_octal
 
-__all__ = ["BLOCK", "MAX_MEMBER_SIZE", "NO_DATA_TYPES", "ShardBytes"]
+__all__ = ["BLOCK", "MAX_MEMBER_SIZE", "NO_DATA_TYPES", "ShardBytes", "size_too_large"]
 
 BLOCK = 512
 # Type flags that carry no data blocks, whatever their size field says
@@ -28,6 +28,14 @@ NO_DATA_TYPES = b"123456"
 # (GNU base-256 and PAX sizes are unbounded) is refused before it can overflow.
 MAX_MEMBER_SIZE = 1 << 62
 _CHECK_CHUNK = 1 << 15  # header rows checksummed at once (16 MiB)
+
+
+def size_too_large(size: int | str) -> str:
+    """The message for a member ``size`` (a number, or its decimal digits) over the limit."""
+    return (
+        f"corrupt tar header: a member size of {size} bytes is more than any shard holds "
+        f"(at most {MAX_MEMBER_SIZE})"
+    )
 
 
 class ShardBytes:
@@ -111,12 +119,7 @@ class ShardBytes:
     def check_size(self, value: int, where: int) -> int:
         """``value``, if no larger than any member size a scan can hold."""
         if value > MAX_MEMBER_SIZE:
-            raise self.error(
-                ShardFormatError,
-                f"corrupt tar header: a member size of {value} bytes is more than any shard "
-                f"holds (at most {MAX_MEMBER_SIZE})",
-                where,
-            )
+            raise self.error(ShardFormatError, size_too_large(value), where)
         return value
 
     def decode_name(self, raw: bytes, where: int) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import ShardFormatError, UnsupportedMemberError
-from .tarbytes import BLOCK, NO_DATA_TYPES, ShardBytes
+from .tarbytes import BLOCK, MAX_MEMBER_SIZE, NO_DATA_TYPES, ShardBytes, size_too_large
 
 __all__ = [
     "EXTENSION_TYPES",
@@ -34,6 +34,7 @@ __all__ = [
 GNU_LONGNAME, GNU_LONGLINK = ord("L"), ord("K")
 PAX_LOCAL, PAX_GLOBAL = ord("x"), ord("g")
 EXTENSION_TYPES = frozenset({GNU_LONGNAME, GNU_LONGLINK, PAX_LOCAL, PAX_GLOBAL})
+_MAX_SIZE_DIGITS = len(str(MAX_MEMBER_SIZE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +118,7 @@ def fold_extensions(
         if types[i] == 0 and name.endswith("/"):
             types[i] = ord("5")
         if "size" in pax and types[i] not in np.frombuffer(NO_DATA_TYPES, np.uint8):
-            sizes[i] = pax_size(pax["size"], shard, pos)
+            sizes[i] = pax_size(pax["size"], shard.shard, pos)
         if first_header is not None:
             header_offsets[i] = first_header
         names.append(name)
@@ -131,11 +132,21 @@ def fold_extensions(
     return Folded(names=names, header_offsets=header_offsets, sizes=sizes)
 
 
-def pax_size(value: str, shard: ShardBytes, pos: int) -> int:
-    """The PAX ``size`` record ``value`` of the extension header at ``pos``."""
+def pax_size(value: str, shard: str | None, offset: int) -> int:
+    """The PAX ``size`` record ``value`` of the extension header at ``offset`` of ``shard``.
+
+    The scan and the stream (:mod:`indextar.tarstream`) both read sizes here, so
+    that they refuse the same records with the same message.
+    """
     if not (value.isascii() and value.isdigit()):
-        raise shard.error(ShardFormatError, f"PAX header has an invalid size {value!r}", pos)
-    return shard.check_size(int(value), pos)
+        raise ShardFormatError(
+            f"PAX header has an invalid size {value!r}", shard=shard, offset=offset
+        )
+    digits = value.lstrip("0") or "0"
+    # Counted before int(), which refuses more than 4300 digits with a bare ValueError.
+    if len(digits) > _MAX_SIZE_DIGITS or int(digits) > MAX_MEMBER_SIZE:
+        raise ShardFormatError(size_too_large(digits), shard=shard, offset=offset)
+    return int(digits)
 
 
 def parse_pax(payload: bytes, shard: ShardBytes, where: int) -> dict[str, str]:
@@ -171,6 +182,6 @@ def parse_pax(payload: bytes, shard: ShardBytes, where: int) -> dict[str, str]:
                 ShardFormatError, f"PAX record {key!r} is not valid UTF-8", where
             ) from None
         if key == b"size":  # every size record must be valid, not only the last one
-            pax_size(records["size"], shard, where)
+            pax_size(records["size"], shard.shard, where)
         pos += length
     return records

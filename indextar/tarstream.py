@@ -27,6 +27,7 @@ from .errors import (
 )
 from .patterns import is_url
 from .remote import RangeSource, RemoteStream, check_pipe_allowed
+from .tarext import pax_size
 from .tarscan import BLOCK, sniff_compression
 
 __all__ = ["StreamMember", "iter_members", "open_stream"]
@@ -95,18 +96,6 @@ def _number(field: bytes, shard: str, offset: int, name: str) -> int:
     return value
 
 
-def _pax_size(value: str, shard: str, offset: int) -> int:
-    if not (value.isascii() and value.isdigit()):
-        raise ShardFormatError(
-            f"PAX header has an invalid size {value!r}", shard=shard, offset=offset
-        )
-    if len(value) > 19 or int(value) > 1 << 62:  # as the scanner: more than any shard holds
-        raise ShardFormatError(
-            f"PAX header has a size of {value[:30]}... bytes", shard=shard, offset=offset
-        )
-    return int(value)
-
-
 def _checksum_ok(header: bytes) -> bool:
     stored = header[148:156].split(b"\0", 1)[0].strip(b" ")
     try:
@@ -141,7 +130,7 @@ def _pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
         keyword, _, value = record[:-1].partition(b"=")
         records[keyword.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
         if keyword == b"size":  # every size record must be valid, as in the scanner
-            _pax_size(records["size"], shard, offset)
+            pax_size(records["size"], shard, offset)
         pos += length
     return records
 
@@ -189,9 +178,9 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
             first_header = offset
         size = _number(header[124:136], shard, offset, "size")
         typeflag = header[156:157]
-        pax_size = pax.get("size", globals_.get("size"))
-        if pax_size is not None and typeflag in (b"0", b"7", b"\0"):
-            size = _pax_size(pax_size, shard, offset)
+        size_record = pax.get("size", globals_.get("size"))
+        if size_record is not None and typeflag in (b"0", b"7", b"\0"):
+            size = pax_size(size_record, shard, offset)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         data_offset = offset + BLOCK
         if typeflag in _UNSUPPORTED:

@@ -72,7 +72,7 @@ def walk_sequential(
             if typeflag in (PAX_LOCAL, PAX_GLOBAL):
                 records = shard.read_data(pos, member_size)
                 value = parse_pax(records, shard, pos).get("size")
-                parsed = None if value is None else pax_size(value, shard, pos)
+                parsed = None if value is None else pax_size(value, shard.shard, pos)
                 if typeflag == PAX_LOCAL:  # replaces an earlier local header, as GNU tar
                     pending_size = parsed
                 elif parsed is not None:

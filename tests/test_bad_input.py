@@ -30,6 +30,7 @@ from indextar import (
     build_index,
     scan_tar,
 )
+from indextar.tarstream import iter_members
 
 # Every test here runs with the C walker and with the numpy scanner (conftest).
 pytestmark = pytest.mark.usefixtures("scanner")
@@ -377,6 +378,22 @@ def test_malformed_pax_record(tmp_path: Path) -> None:
     crafter = Crafter().member("a.txt", b"a").extension(b"x", b"99 path=x\n", name="PaxHeader/x")
     crafter.member("x", b"x")
     refuse(write(tmp_path, crafter.finish()), ShardFormatError, 2 * BLOCK, "PAX record")
+
+
+@pytest.mark.parametrize("typeflag", [b"x", b"g"])
+def test_pax_size_of_thousands_of_digits(typeflag: bytes, tmp_path: Path) -> None:
+    # int() refuses more than 4300 digits with a bare ValueError, without shard or offset.
+    crafter = Crafter().member("a.txt", b"a").pax({"size": "9" * 5000}, typeflag=typeflag)
+    data = crafter.member("b.txt", b"b").finish()
+    error = refuse(write(tmp_path, data), ShardFormatError, 2 * BLOCK, "more than any shard")
+    with pytest.raises(ShardFormatError, match="more than any shard") as streamed:
+        list(iter_members(io.BytesIO(data), shard="bad.tar"))
+    assert str(streamed.value).split(": ", 1)[1] == str(error).split(": ", 1)[1]
+    # Leading zeros are not digits of the size: GNU tar and tarfile read 1 here.
+    padded = Crafter().member("a.txt", b"a").pax({"size": "0" * 5000 + "1"}, typeflag=typeflag)
+    padded.member("b.txt", b"b", stored_size=0)
+    sizes = scan_tar(padded.finish()).sizes.tolist()
+    assert sizes == [1, 1]
 
 
 def test_a_failed_rebuild_leaves_no_temporary_file(tmp_path: Path) -> None:
