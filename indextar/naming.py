@@ -17,7 +17,6 @@ The rules follow webdataset 1.0's streaming reader (``tar_file_expander`` plus
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -71,8 +70,6 @@ class Grouping:
     ----------
     entries
         Row in the :class:`~indextar.tarscan.TarScan` of each indexed member.
-    exts
-        Extension of each indexed member.
     ext_names
         The distinct extensions, sorted.
     ext_codes
@@ -85,19 +82,32 @@ class Grouping:
         Number of members of each sample.
     skipped
         ``(scan row, reason)`` for each entry that belongs to no sample.
-    scattered_keys
-        Keys that occur in more than one sample (their members are not adjacent).
     """
 
     entries: npt.NDArray[np.int64]
-    exts: list[str]
     ext_names: tuple[str, ...]
     ext_codes: npt.NDArray[np.int64]
     keys: list[str]
     first_member: npt.NDArray[np.int64]
     member_count: npt.NDArray[np.int64]
     skipped: list[tuple[int, str]]
-    scattered_keys: list[str]
+
+    # Derived on demand, not on every build: only verify, the error paths and the
+    # Python reference writer ask for them.
+
+    @property
+    def exts(self) -> list[str]:
+        """Extension of each indexed member."""
+        if not len(self.ext_codes):
+            return []
+        return np.array(self.ext_names, dtype=object)[self.ext_codes].tolist()  # type: ignore[no-any-return]
+
+    @property
+    def scattered_keys(self) -> list[str]:
+        """Keys that occur in more than one sample (their members are not adjacent)."""
+        if len(set(self.keys)) == len(self.keys):
+            return []
+        return sorted(key for key, n in Counter(self.keys).items() if n > 1)
 
     @property
     def sample_of_member(self) -> npt.NDArray[np.int64]:
@@ -125,30 +135,23 @@ def group_members(scan: TarScan, *, shard: str | None = None) -> Grouping:
     ext_names = sorted({ext.lower() for ext in distinct})
     lower_code = np.array([ext_names.index(ext.lower()) for ext in distinct], dtype=np.int64)
     codes = lower_code[raw_codes] if len(raw_codes) else raw_codes
-    exts: list[str] = np.array(ext_names, dtype=object)[codes].tolist() if len(codes) else []
-    if _RESERVED_EXTS.intersection(ext_names):
-        _raise_reserved_extension(exts, rows.tolist(), scan, shard)
-
     count = np.diff(np.append(first, len(rows))).astype(np.int64)
     grouping = Grouping(
         entries=np.asarray(rows, dtype=np.int64),
-        exts=exts,
         ext_names=tuple(ext_names),
         ext_codes=np.asarray(codes, dtype=np.int64),
         keys=sample_keys,
         first_member=first,
         member_count=count,
         skipped=skipped,
-        scattered_keys=[],
     )
+    if _RESERVED_EXTS.intersection(ext_names):
+        _raise_reserved_extension(grouping.exts, rows.tolist(), scan, shard)
     if len(first) < len(rows):  # some sample has several members: check extensions
         pairs = grouping.sample_of_member * max(1, len(ext_names)) + codes
         ordered = np.sort(pairs)  # np.unique hashes, far slower on many distinct values
         if (ordered[1:] == ordered[:-1]).any():
             _raise_repeated_extension(grouping, scan, grouping.sample_of_member.tolist(), shard)
-    if len(set(sample_keys)) < len(sample_keys):
-        repeated = sorted(key for key, n in Counter(sample_keys).items() if n > 1)
-        grouping = dataclasses.replace(grouping, scattered_keys=repeated)
     return grouping
 
 
