@@ -351,17 +351,7 @@ def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIn
     StaleIndexError
         If the shard changed since it was indexed.
     """
-    shard_path = Path(shard)
-    path = index_path(shard_path, index_dir=index_dir)
-    if not path.exists():
-        _stat_shard(shard_path)
-        raise MissingIndexError(
-            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r}); "
-            "build it with build_index()"
-        )
-    meta = _read_meta(path)
-    _check_fresh(shard_path, meta, path)
-    return ShardIndex(shard=str(shard_path), path=path, meta=meta)
+    return open_index_at(shard, index_path(Path(shard), index_dir=index_dir))
 
 
 def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
@@ -373,7 +363,10 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
     shard_path, path = Path(shard), Path(path)
     if not path.exists():
         _stat_shard(shard_path)
-        raise MissingIndexError(f"shard {str(shard_path)!r} has no index at {str(path)!r}")
+        raise MissingIndexError(
+            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r}); "
+            "build it with build_index()"
+        )
     meta = _read_meta(path)
     _check_fresh(shard_path, meta, path)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)

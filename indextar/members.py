@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from .index import ShardIndex, _connect_ro, scan_shard_file
+from .index import ShardIndex, _connect_ro, _sample_spans, scan_shard_file
 from .naming import group_members
-from .tarheader import BLOCK
 
 __all__ = ["MemberTable", "load_members", "scan_members"]
 
@@ -100,16 +99,14 @@ def scan_members(shard: str | Path) -> MemberTable:
     header_offsets = scan.header_offsets[rows]
     data_offsets = scan.data_offsets[rows]
     sizes = scan.sizes[rows]
-    first = grouping.first_member
-    last = first + grouping.member_count - 1
-    end = data_offsets[last] + -(-sizes[last] // BLOCK) * BLOCK
+    start, end = _sample_spans(scan, grouping)
     return MemberTable(
         shard=str(shard),
         keys=grouping.keys,
-        first_member=first,
+        first_member=grouping.first_member,
         member_count=grouping.member_count,
-        start_offset=header_offsets[first],
-        end_offset=end.astype(np.int64),
+        start_offset=start,
+        end_offset=end,
         names=[scan.names[i] for i in rows.tolist()],
         exts=grouping.exts,
         header_offsets=header_offsets,
