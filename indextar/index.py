@@ -19,6 +19,7 @@ import logging
 import mmap
 import os
 import sqlite3
+import stat
 import urllib.parse
 from dataclasses import dataclass
 from importlib import resources
@@ -415,20 +416,20 @@ def build_index(
         If an index exists but the shard changed since (and ``force`` is false).
     """
     shard_path = Path(shard)
-    if shard_path.is_dir():
+    st = _stat_shard(shard_path)
+    if stat.S_ISDIR(st.st_mode):
         raise ShardNotFoundError(
             f"{str(shard_path)!r} is a folder, not a shard; give its shards (for example "
             f"{str(shard_path / '*.tar')!r} to the CLI, or expand_shards({str(shard_path)!r}))"
         )
+    if not stat.S_ISREG(st.st_mode):
+        raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
     path = index_path(shard_path, index_dir=index_dir)
     if not force and path.exists():
         try:
-            return open_index(shard_path, index_dir=index_dir)
+            return open_index_at(shard_path, path)
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
-    st = _stat_shard(shard_path)
-    if not shard_path.is_file():
-        raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
     scan, content_fingerprint = scan_shard_file(shard_path)
     grouping = group_members(scan, shard=str(shard_path))
     after = _stat_shard(shard_path)
