@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ from hypothesis import strategies as st
 from indextar import IndextarError, build_index, index, native, scan_tar
 from indextar.naming import _group_c, _group_numpy, group_members
 from indextar.tarscan import TarScan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from procstats import bytes_read  # noqa: E402
 
 assert all(native.built().values()), f"a C extension did not build: {native.built()}"
 
@@ -47,12 +51,6 @@ def test_pread_walk_equals_the_mapped_walk(tmp_path: Path) -> None:
     for field in ("types", "header_offsets", "data_offsets", "sizes"):
         assert getattr(read, field).tolist() == getattr(mapped, field).tolist(), field
     assert read.end_offset == mapped.end_offset
-
-
-def bytes_read() -> int:
-    """Bytes this process has read through read/pread so far (the kernel's rchar)."""
-    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return int(fields["rchar"])
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import ratarmountcore
+from procstats import bytes_read
 from ratarmountcore.mountsource.formats.tar import SQLiteIndexedTar
 
 from indextar import __version__, build_index
@@ -273,12 +274,6 @@ def measure_tools(
     return list(results.values())
 
 
-def _bytes_read() -> int:
-    """Bytes this process has read through read/pread so far (the kernel's rchar)."""
-    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return int(fields["rchar"])
-
-
 def bytes_touched_by_scan(shard: Path) -> int | None:
     """Bytes of ``shard`` that indextar's scan reads, as ``build_index`` scans it.
 
@@ -295,9 +290,9 @@ def bytes_touched_by_scan(shard: Path) -> int | None:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             mm.madvise(mmap.MADV_RANDOM)
-            faults, read = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, _bytes_read()
+            faults, read = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, bytes_read()
             group_members(scan_tar(mm, shard=str(shard), fd=f.fileno()))
-            read = _bytes_read() - read
+            read = bytes_read() - read
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
     return read + faults * mmap.PAGESIZE
 
