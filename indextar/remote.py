@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .errors import PipeRefusedError, RemoteReadError, ShardNotFoundError, StaleIndexError
-from .sources import ByteSource
+from .sources import ByteSource, fork_generation
 
 __all__ = [
     "ALLOW_PIPE_ENV",
@@ -225,7 +225,7 @@ class RangeSource(ByteSource):
         "max_in_flight",
         "_fs",
         "_path",
-        "_pid",
+        "_generation",
         "_stat",
     )
 
@@ -243,20 +243,20 @@ class RangeSource(ByteSource):
         self.storage_options = dict(storage_options or {})
         self.retry = retry
         self.max_in_flight = max_in_flight
-        self._pid = -1
+        self._generation = -1  # the fork_generation() it was opened in
         self._fs: Any = None
         self._path = ""
         self._stat: RemoteStat | None = None
 
     def _filesystem(self) -> tuple[Any, str]:
-        if self._pid != os.getpid():
+        if self._generation != fork_generation():  # first use, or a forked child
             self._fs, self._path = filesystem(self.url, self.storage_options)
             self._stat = None
-            self._pid = os.getpid()
+            self._generation = fork_generation()
             try:
                 self._check_fresh()
             except BaseException:
-                self._pid = -1  # check again on the next read
+                self._generation = -1  # check again on the next read
                 raise
         return self._fs, self._path
 
@@ -320,7 +320,7 @@ class RangeSource(ByteSource):
         )
 
     def close(self) -> None:
-        self._pid = -1
+        self._generation = -1
         self._fs = None
 
     def __getstate__(self) -> dict[str, Any]:
