@@ -82,24 +82,26 @@ def fold_extensions(
         if t in EXTENSION_TYPES:
             if first_header is None:
                 first_header = pos
-            payload = shard.read_data(pos, int(sizes[i]))
+            size = int(sizes[i])
             if t == GNU_LONGNAME:
                 # As GNU tar: the name runs to its NUL, even past the size into the
                 # padding (the chain guarantees the padded blocks are in the file).
-                padded = -(-int(sizes[i]) // BLOCK) * BLOCK
-                payload = shard.read_data(pos, padded) + b"\0"
-                pending_name = shard.decode_name(payload.split(b"\0", 1)[0], pos)
+                padded = shard.read_data(pos, -(-size // BLOCK) * BLOCK)
+                pending_name = shard.decode_name(padded.split(b"\0", 1)[0], pos)
             elif t == PAX_LOCAL:  # a later one replaces an earlier one, as in GNU tar
-                pending = parse_pax(payload, shard, pos)
+                pending = parse_pax(shard.read_data(pos, size), shard, pos)
             elif t == PAX_GLOBAL:
-                global_pax.update(parse_pax(payload, shard, pos))
+                global_pax.update(parse_pax(shard.read_data(pos, size), shard, pos))
             continue
         pax = {**global_pax, **pending} if global_pax else pending
         if "GNU.sparse.major" in pax or "GNU.sparse.size" in pax or "GNU.sparse.map" in pax:
+            # GNU tar names the file in a record; the header holds "GNUSparseFile.N/...".
+            shown = pax.get("GNU.sparse.name") or pax.get("path") or pending_name
             raise shard.error(
                 UnsupportedMemberError,
-                f"member {pax.get('path', raw_names[i])!r} is a PAX sparse file; indextar "
-                "cannot give random access to it (re-create the shard without --sparse)",
+                f"member {shown or raw_names[i].decode('utf-8', 'replace')!r} is a PAX sparse "
+                "file; indextar cannot give random access to it (re-create the shard without "
+                "--sparse)",
                 first_header if first_header is not None else pos,
             )
         name: str

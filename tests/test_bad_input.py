@@ -292,7 +292,10 @@ def test_multivolume_member(tmp_path: Path) -> None:
 )
 def test_pax_sparse_member(records: dict[str, str], tmp_path: Path) -> None:
     crafter = Crafter().member("ok.bin", b"ok").pax(records).member("GNUSparseFile.0/s.bin", b"abc")
-    refuse(write(tmp_path, crafter.finish()), UnsupportedMemberError, 2 * BLOCK, "sparse")
+    error = refuse(write(tmp_path, crafter.finish()), UnsupportedMemberError, 2 * BLOCK, "sparse")
+    # The name as text: the file's own name where a record gives it, else the header's.
+    shown = "s.bin" if "GNU.sparse.name" in records else "GNUSparseFile.0/s.bin"
+    assert f"member {shown!r} is a PAX sparse file" in str(error)
 
 
 # -- malformed numeric fields ----------------------------------------------------------

@@ -141,6 +141,20 @@ def test_stacked_extension_headers_follow_gnu_tar() -> None:
     assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == ["two.txt"]  # type: ignore[arg-type]
 
 
+def test_a_gnu_long_name_runs_to_its_nul_past_its_size_as_in_gnu_tar() -> None:
+    # The size stops inside the name; GNU tar reads on into the padding, to the NUL.
+    name = b"long-" + b"n" * 120 + b".txt"
+    data = (
+        header("././@LongLink", 10, typeflag=b"L")
+        + blocks(name + b"\0")
+        + header("plain.txt", 3)
+        + blocks(b"abc")
+        + bytes(1024)
+    )
+    assert scan_tar(data).names == [name.decode()] == fuzz.gnu_tar_names(data)
+    assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == [name.decode()]  # type: ignore[arg-type]
+
+
 # -- round trips -------------------------------------------------------------------------
 
 name_part = st.text(alphabet=st.sampled_from("abcxyz019_-é日Ω"), min_size=1, max_size=12)
