@@ -35,7 +35,7 @@ from .index import (
     write_index,
 )
 from .naming import group_members
-from .remote import RangeSource, RemoteStat, RemoteStream, filesystem, with_retries
+from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RemoteStream, filesystem, with_retries
 from .tarscan import scan_tar
 
 __all__ = ["remote_index_path", "open_remote_index", "upload_index"]
@@ -127,17 +127,13 @@ def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | N
     try:
         data = with_retries(
             lambda: fs.cat_file(path),
-            RangeSource(url).retry,
+            DEFAULT_RETRY,
             url=url + INDEX_SUFFIX,
             offset=None,
             length=None,
         )
-    except FileNotFoundError:
+    except FileNotFoundError:  # ShardNotFoundError from with_retries: no sidecar
         return False
-    except Exception as e:  # a missing sidecar is not an error, whatever the server says
-        if "ShardNotFound" in type(e).__name__ or isinstance(e.__cause__, FileNotFoundError):
-            return False
-        raise
     write_atomic(local, data)
     log.info("fetched the index of %s from %s", url, url + INDEX_SUFFIX)
     return True
