@@ -9,6 +9,7 @@ sequential walk, which must honour PAX sizes to find the next header.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ __all__ = [
     "PAX_LOCAL",
     "Folded",
     "fold_extensions",
+    "is_pax_sparse",
+    "pax_sparse_error",
     "parse_pax",
     "pax_size",
 ]
@@ -35,6 +38,8 @@ GNU_LONGNAME, GNU_LONGLINK = ord("L"), ord("K")
 PAX_LOCAL, PAX_GLOBAL = ord("x"), ord("g")
 EXTENSION_TYPES = frozenset({GNU_LONGNAME, GNU_LONGLINK, PAX_LOCAL, PAX_GLOBAL})
 _MAX_SIZE_DIGITS = len(str(MAX_MEMBER_SIZE))
+# GNU tar --sparse --format=posix writes one of these records, by sparse format version.
+_PAX_SPARSE_KEYS = frozenset({"GNU.sparse.major", "GNU.sparse.size", "GNU.sparse.map"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,16 +99,10 @@ def fold_extensions(
                 global_pax.update(parse_pax(shard.read_data(pos, size), shard, pos))
             continue
         pax = {**global_pax, **pending} if global_pax else pending
-        if "GNU.sparse.major" in pax or "GNU.sparse.size" in pax or "GNU.sparse.map" in pax:
-            # GNU tar names the file in a record; the header holds "GNUSparseFile.N/...".
-            shown = pax.get("GNU.sparse.name") or pax.get("path") or pending_name
-            raise shard.error(
-                UnsupportedMemberError,
-                f"member {shown or raw_names[i].decode('utf-8', 'replace')!r} is a PAX sparse "
-                "file; indextar cannot give random access to it (re-create the shard without "
-                "--sparse)",
-                first_header if first_header is not None else pos,
-            )
+        if is_pax_sparse(pax):
+            shown = pax.get("path") or pending_name or raw_names[i].decode("utf-8", "replace")
+            where = first_header if first_header is not None else pos
+            raise pax_sparse_error(pax, shown, shard.shard, where)
         name: str
         if "path" in pax:
             name = pax["path"]
@@ -132,6 +131,25 @@ def fold_extensions(
             first_header,
         )
     return Folded(names=names, header_offsets=header_offsets, sizes=sizes)
+
+
+def is_pax_sparse(records: Mapping[str, str]) -> bool:
+    """Whether PAX ``records`` describe a GNU sparse file (in any of its formats)."""
+    return not _PAX_SPARSE_KEYS.isdisjoint(records)
+
+
+def pax_sparse_error(
+    records: Mapping[str, str], name: str, shard: str | None, offset: int
+) -> UnsupportedMemberError:
+    """The error for the PAX sparse member ``name`` (its header's) described by ``records``."""
+    # GNU tar gives the file's own name in a record; the header holds "GNUSparseFile.N/...".
+    shown = records.get("GNU.sparse.name") or name
+    return UnsupportedMemberError(
+        f"member {shown!r} is a PAX sparse file; indextar cannot give random access to it "
+        "(re-create the shard without --sparse)",
+        shard=shard,
+        offset=offset,
+    )
 
 
 def pax_size(value: str, shard: str | None, offset: int) -> int:

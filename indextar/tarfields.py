@@ -16,6 +16,7 @@ import numpy.typing as npt
 __all__ = [
     "FIELDS",
     "MAGIC_OFFSET",
+    "POSIX_MAGIC",
     "canonical_numbers",
     "checksums_ok",
     "decode_names",
@@ -27,7 +28,9 @@ __all__ = [
 
 MAGIC_OFFSET = 257
 _MAGIC_OFFSET = MAGIC_OFFSET
-_POSIX_MAGIC = b"ustar\x0000"
+# POSIX ustar (and PAX) headers: the magic "ustar\0" and the version "00". Only these
+# have a prefix field; GNU headers ("ustar  \0") use the bytes for other things.
+POSIX_MAGIC = b"ustar\x0000"
 
 # Numeric header fields: (offset, width). All must be valid octal or base-256.
 FIELDS = {
@@ -151,7 +154,8 @@ def parse_octal(raw: bytes) -> int | None:
     text = raw.split(b"\0", 1)[0].strip(b" ")
     if not text:
         return 0
-    if not all(48 <= c <= 55 for c in text):
+    # Digits 0-7 only: int(text, 8) alone would also take "+7", "0o7" and "1_0".
+    if not text.isdigit() or b"8" in text or b"9" in text:
         return None
     return int(text, 8)
 
@@ -176,7 +180,7 @@ def names_at(
     for i in np.flatnonzero(np.count_nonzero(name_field, axis=1) != lengths):
         names[i] = names[i].split(b"\0", 1)[0]
     magic = blocks[rows, _MAGIC_OFFSET : _MAGIC_OFFSET + 8]
-    posix = (magic == np.frombuffer(_POSIX_MAGIC, np.uint8)).all(axis=1)
+    posix = (magic == np.frombuffer(POSIX_MAGIC, np.uint8)).all(axis=1)
     for i in np.flatnonzero(posix & (blocks[rows, 345] != 0)):
         prefix = blocks[rows[i], 345:500].tobytes().split(b"\0", 1)[0]
         names[i] = prefix + b"/" + names[i]

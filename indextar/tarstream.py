@@ -27,7 +27,8 @@ from .errors import (
 )
 from .patterns import is_url
 from .remote import RangeSource, RemoteStream, check_pipe_allowed
-from .tarext import pax_size
+from .tarext import is_pax_sparse, pax_size, pax_sparse_error
+from .tarfields import MAGIC_OFFSET, POSIX_MAGIC, parse_octal
 from .tarscan import BLOCK, sniff_compression
 
 __all__ = ["StreamMember", "iter_members", "open_stream"]
@@ -85,28 +86,36 @@ def _number(field: bytes, shard: str, offset: int, name: str) -> int:
         value = int.from_bytes(field[1:], "big")
         value = value - (1 << (8 * len(field) - 8)) if field[:1] == b"\xff" else value
     else:
-        text = field.split(b"\0", 1)[0].strip(b" ")
-        if not all(48 <= c <= 55 for c in text):  # int() also takes "+7", "0o7", "1_0"
+        octal = parse_octal(field)
+        if octal is None:
             raise ShardFormatError(
                 f"the {name} field {field!r} is not an octal number", shard=shard, offset=offset
             )
-        value = int(text, 8) if text else 0
+        value = octal
     if name == "size" and value < 0:
         raise ShardFormatError(f"the size field {field!r} is negative", shard=shard, offset=offset)
     return value
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = header[148:156].split(b"\0", 1)[0].strip(b" ")
-    try:
-        expected = int(stored, 8)
-    except ValueError:
+    expected = parse_octal(header[148:156])  # strictly octal: int() takes "+7", "0o7", "1_0"
+    if expected is None:
         return False
     unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
     if unsigned == expected:
         return True
     signed = unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127)
     return signed == expected
+
+
+def _header_name(header: bytes) -> str:
+    """The name field, after the prefix field where the magic is POSIX ustar's."""
+    name = header[:100].split(b"\0", 1)[0]
+    # The magic and the version, as the scanner and the C walker: "ustar\0" alone is not
+    # enough (GNU tar's own magic is "ustar  \0", with the prefix bytes used otherwise).
+    if header[345] and header[MAGIC_OFFSET : MAGIC_OFFSET + len(POSIX_MAGIC)] == POSIX_MAGIC:
+        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
 
 
 def _pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
@@ -153,6 +162,7 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
     pax: dict[str, str] = {}
     globals_: dict[str, str] = {}
     first_header = 0
+    chained = False  # extension headers precede this header
     while True:
         header = stream.read(BLOCK)
         if not header:
@@ -174,11 +184,13 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
                 shard=shard,
                 offset=offset,
             )
-        if long_name is None and not pax:
+        if not chained:
             first_header = offset
         size = _number(header[124:136], shard, offset, "size")
         typeflag = header[156:157]
-        size_record = pax.get("size", globals_.get("size"))
+        extension = typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL)
+        records = {**globals_, **pax} if globals_ else pax  # local before global
+        size_record = records.get("size")
         if size_record is not None and typeflag in (b"0", b"7", b"\0"):
             size = pax_size(size_record, shard, offset)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
@@ -187,16 +199,17 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
             raise UnsupportedMemberError(
                 f"member is {_UNSUPPORTED[typeflag]}", shard=shard, offset=offset
             )
-        if (
-            typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL)
-            or typeflag[0] in _REGULAR
-        ):
+        if records and not extension and is_pax_sparse(records):  # as the scanner, any type
+            shown = records.get("path") or long_name or _header_name(header)
+            raise pax_sparse_error(records, shown, shard, first_header)
+        if extension or typeflag[0] in _REGULAR:
             padded_payload = _read_exact(stream, padded, shard, data_offset, "a member's data")
             payload = padded_payload[:size]
         else:
             _read_exact(stream, padded, shard, data_offset, "a member's data")
             payload = b""
         offset = data_offset + padded
+        chained = extension
         if typeflag == _GNU_LONGNAME:  # to its NUL, padding included, as the scanner
             long_name = padded_payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
@@ -210,16 +223,13 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
             continue
         # As the scanner (and GNU tar): a PAX path, local before global, then a GNU
         # long name, then the header's own name.
-        name = pax.get("path", globals_.get("path", long_name))
+        name = records.get("path", long_name)
         if name is not None and "\0" in name:
             raise ShardFormatError(
                 f"PAX path {name!r} contains a NUL byte", shard=shard, offset=first_header
             )
         if name is None:
-            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""
-            if prefix:
-                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+            name = _header_name(header)
         long_name, pax = None, {}
         if typeflag[0] in _REGULAR:
             yield StreamMember(name, payload, first_header)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
+import numpy as np
 import pytest
 import torch.utils.data
 import webdataset as wds
 from conftest import sample_members, tar_bytes
+from tarcraft import BLOCK, GNU_TAR, Crafter, blocks, gnu_tar, header
 
-from indextar import streaming
+from indextar import scan_tar, streaming
 from indextar.errors import IndextarError, SampleKeyError, ShardFormatError, TruncatedShardError
 from indextar.streaming import StreamingTarDataset
 from indextar.tarstream import iter_members
@@ -186,3 +191,117 @@ def test_import_indextar_stays_light() -> None:
         "indextar.StreamingTarDataset; assert 'torch' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- the stream refuses what the scanner refuses -------------------------------------------
+
+
+def scanned_and_streamed(data: bytes) -> tuple[Any, Any]:
+    """What scan_tar and iter_members make of ``data``: the regular files' names, or
+    the error's class, offset and message (without the shard)."""
+
+    def outcome(read: Callable[[], list[str]]) -> object:
+        try:
+            return read()
+        except ShardFormatError as e:
+            return type(e).__name__, e.offset, str(e).split(": ", 1)[1]
+
+    def scanned() -> list[str]:
+        scan = scan_tar(data, shard="s.tar")
+        return [scan.names[i] for i in np.flatnonzero(scan.is_regular())]
+
+    def streamed() -> list[str]:
+        return [m.name for m in iter_members(io.BytesIO(data), shard="s.tar")]  # type: ignore[arg-type]
+
+    return outcome(scanned), outcome(streamed)
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["0.0", "0.1", "1.0"],  # tar --format=posix writes 1.0 unless told otherwise
+)
+@pytest.mark.skipif(not os.path.exists(GNU_TAR), reason="GNU tar is not installed")
+def test_stream_refuses_gnu_tar_pax_sparse_files(version: str, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.jpg").write_bytes(b"dense")
+    with open(root / "holes.bin", "wb") as f:
+        f.write(b"head")
+        f.seek(1 << 20)
+        f.write(b"tail")
+    if os.stat(root / "holes.bin").st_blocks * 512 >= 1 << 20:
+        pytest.skip(f"the filesystem under {root} has no sparse files, so tar --sparse stores none")
+    options = ("--sparse", "--format=posix", f"--sparse-version={version}")
+    archive = gnu_tar(tmp_path / "s.tar", root, ["a.jpg", "holes.bin"], *options)
+    scanned, streamed = scanned_and_streamed(archive.read_bytes())
+    assert scanned == streamed == ("UnsupportedMemberError", ANY, ANY)
+    assert isinstance(scanned, tuple) and scanned[1] > 0
+    assert "member 'holes.bin' is a PAX sparse file" in scanned[2]
+
+
+@pytest.mark.parametrize("typeflag", [b"x", b"g"])
+@pytest.mark.parametrize(
+    "records",
+    [
+        {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "s.bin"},
+        {"GNU.sparse.size": "9", "GNU.sparse.numblocks": "1"},
+        {"GNU.sparse.map": "0,3", "GNU.sparse.size": "9"},
+    ],
+    ids=["1.0", "0.0", "0.1"],
+)
+def test_stream_refuses_pax_sparse_records(records: dict[str, str], typeflag: bytes) -> None:
+    crafter = Crafter().member("ok.bin", b"ok").pax(records, typeflag=typeflag)
+    data = crafter.member("GNUSparseFile.0/s.bin", b"abc").finish()
+    scanned, streamed = scanned_and_streamed(data)
+    assert scanned == streamed == ("UnsupportedMemberError", 2 * BLOCK, ANY)
+
+
+def with_field(block: bytes, start: int, raw: bytes) -> bytes:
+    """Header ``block`` with ``raw`` at ``start``, its checksum recomputed."""
+    out = bytearray(block)
+    out[start : start + len(raw)] = raw
+    out[148:156] = b" " * 8
+    out[148:156] = f"{sum(out):06o}".encode() + b"\0 "
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    "form, valid",
+    [
+        ("{:06o}\0 ", True),
+        (" {:05o}\0\0", True),  # a leading space, NUL padding: strict readers take these
+        ("+{:05o}\0 ", False),  # int(x, 8) takes a sign, a 0o prefix and underscores
+        ("0o{:05o}\0", False),
+        ("0_{:05o}\0", False),
+    ],
+)
+def test_stream_reads_checksums_as_strictly_as_the_scanner(form: str, valid: bool) -> None:
+    block = bytearray(header("b.txt", 1))
+    block[148:156] = b" " * 8
+    checksum = form.format(sum(block)).encode()
+    assert len(checksum) == 8 and int(checksum.rstrip(b"\0 "), 8) == sum(block)
+    block[148:156] = checksum
+    data = header("a.txt", 1) + blocks(b"a") + bytes(block) + blocks(b"b") + bytes(1024)
+    scanned, streamed = scanned_and_streamed(data)
+    if valid:
+        assert scanned == streamed == ["a.txt", "b.txt"]
+    else:  # each words the message its own way
+        assert scanned[:2] == streamed[:2] == ("ShardFormatError", 2 * BLOCK)
+
+
+@pytest.mark.parametrize(
+    "magic, joined",
+    [
+        (b"ustar\x0000", True),  # POSIX: magic and version
+        # The magic without the version "00": the scanner and the C walker take no
+        # prefix (GNU tar and tarfile would), and the stream follows the scanner.
+        (b"ustar\x00\x00\x00", False),
+        (b"ustar\x00  ", False),
+        (b"ustar  \x00", False),  # GNU: those bytes are not a prefix
+    ],
+)
+def test_stream_joins_the_prefix_field_as_the_scanner(magic: bytes, joined: bool) -> None:
+    block = with_field(header("name.txt", 1, prefix="pre/fix"), 257, magic)
+    data = header("a.txt", 1) + blocks(b"a") + block + blocks(b"b") + bytes(1024)
+    scanned, streamed = scanned_and_streamed(data)
+    assert scanned == streamed == ["a.txt", "pre/fix/name.txt" if joined else "name.txt"]
