@@ -95,8 +95,8 @@ def fold_extensions(
                 pending_name = shard.decode_name(padded.split(b"\0", 1)[0], pos)
             elif t == PAX_LOCAL:  # a later one replaces an earlier one, as in GNU tar
                 pending = parse_pax(shard.read_data(pos, size), shard, pos)
-            elif t == PAX_GLOBAL:
-                global_pax.update(parse_pax(shard.read_data(pos, size), shard, pos))
+            elif t == PAX_GLOBAL:  # replaces every earlier one too, as in GNU tar
+                global_pax = parse_pax(shard.read_data(pos, size), shard, pos, keep_first=True)
             continue
         pax = {**global_pax, **pending} if global_pax else pending
         if is_pax_sparse(pax):
@@ -169,8 +169,14 @@ def pax_size(value: str, shard: str | None, offset: int) -> int:
     return int(digits)
 
 
-def parse_pax(payload: bytes, shard: ShardBytes, where: int) -> dict[str, str]:
-    """Parse PAX records: ``"%d %s=%s\\n" % (length, key, value)``."""
+def parse_pax(
+    payload: bytes, shard: ShardBytes, where: int, *, keep_first: bool = False
+) -> dict[str, str]:
+    """Parse PAX records: ``"%d %s=%s\\n" % (length, key, value)``.
+
+    Of two records with one keyword the last counts, or the first if ``keep_first``:
+    GNU tar reads a global header's records so.
+    """
     records: dict[str, str] = {}
     pos = 0
     while pos < len(payload):
@@ -196,12 +202,14 @@ def parse_pax(payload: bytes, shard: ShardBytes, where: int) -> dict[str, str]:
             )
         key, _, value = record[space - pos + 1 : -1].partition(b"=")
         try:
-            records[key.decode("utf-8")] = value.decode("utf-8")
+            keyword, text = key.decode("utf-8"), value.decode("utf-8")
         except UnicodeDecodeError:
             raise shard.error(
                 ShardFormatError, f"PAX record {key!r} is not valid UTF-8", where
             ) from None
-        if key == b"size":  # every size record must be valid, not only the last one
-            pax_size(records["size"], shard.shard, where)
+        if key == b"size":  # every size record must be valid, not only the one that counts
+            pax_size(text, shard.shard, where)
+        if not (keep_first and keyword in records):
+            records[keyword] = text
         pos += length
     return records

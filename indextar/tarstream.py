@@ -118,7 +118,10 @@ def _header_name(header: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
-def _pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
+def _pax_records(
+    payload: bytes, shard: str, offset: int, *, keep_first: bool = False
+) -> dict[str, str]:
+    """PAX records; of two with one keyword the last counts, or the first if ``keep_first``."""
     records: dict[str, str] = {}
     pos = 0
     while pos < len(payload):
@@ -137,9 +140,11 @@ def _pax_records(payload: bytes, shard: str, offset: int) -> dict[str, str]:
                 "malformed PAX extended header record", shard=shard, offset=offset
             )
         keyword, _, value = record[:-1].partition(b"=")
-        records[keyword.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        key, text = keyword.decode("utf-8", "replace"), value.decode("utf-8", "surrogateescape")
         if keyword == b"size":  # every size record must be valid, as in the scanner
-            pax_size(records["size"], shard, offset)
+            pax_size(text, shard, offset)
+        if not (keep_first and key in records):
+            records[key] = text
         pos += length
     return records
 
@@ -218,8 +223,8 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         if typeflag == _PAX_LOCAL:
             pax = _pax_records(payload, shard, data_offset)  # replaces an earlier one: GNU tar
             continue
-        if typeflag == _PAX_GLOBAL:
-            globals_.update(_pax_records(payload, shard, data_offset))
+        if typeflag == _PAX_GLOBAL:  # as the scanner and GNU tar: replaces, first record counts
+            globals_ = _pax_records(payload, shard, data_offset, keep_first=True)
             continue
         # As the scanner (and GNU tar): a PAX path, local before global, then a GNU
         # long name, then the header's own name.

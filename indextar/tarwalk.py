@@ -71,12 +71,14 @@ def walk_sequential(
                 pending_size = None
             if typeflag in (PAX_LOCAL, PAX_GLOBAL):
                 records = shard.read_data(pos, member_size)
-                value = parse_pax(records, shard, pos).get("size")
+                is_global = typeflag == PAX_GLOBAL
+                value = parse_pax(records, shard, pos, keep_first=is_global).get("size")
                 parsed = None if value is None else pax_size(value, shard.shard, pos)
-                if typeflag == PAX_LOCAL:  # replaces an earlier local header, as GNU tar
-                    pending_size = parsed
-                elif parsed is not None:
+                # Either replaces the earlier header of its kind, as in GNU tar.
+                if is_global:
                     global_size = parsed
+                else:
+                    pending_size = parsed
             found.append(pos)
             if typeflag in NO_DATA_TYPES:
                 member_size = 0

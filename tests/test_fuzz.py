@@ -125,6 +125,38 @@ def test_a_later_pax_header_replaces_an_earlier_one_as_in_gnu_tar(
     assert [m.name for m in iter_members(io.BytesIO(data), shard="s")] == expected  # type: ignore[arg-type]
 
 
+def global_header(*records: tuple[str, str]) -> bytes:
+    payload = b"".join(pax_records(dict([record])) for record in records)
+    return header("././@PaxHeader", len(payload), typeflag=b"g") + blocks(payload)
+
+
+@pytest.mark.parametrize(
+    "globals_",
+    [
+        [[("path", "first.txt"), ("path", "second.txt")]],  # tarfile: the second
+        [[("size", "3"), ("size", "600")]],
+        [[("path", "first.txt")], [("mtime", "1")]],  # tarfile: first.txt
+        [[("path", "first.txt")], []],
+        [[("size", "600")], [("mtime", "1")]],
+        [[("path", "first.txt")], [("path", "second.txt")]],
+    ],
+    ids=["first-record", "first-size", "replaced", "emptied", "size-replaced", "second-header"],
+)
+def test_global_pax_headers_as_in_gnu_tar(globals_: list[list[tuple[str, str]]]) -> None:
+    # GNU tar: a global header replaces every earlier one, and of its records with one
+    # keyword the first counts (tarfile merges them, the last counting). Found by
+    # tools/fuzz.py --seed 11.
+    data = b"".join(global_header(*records) for records in globals_)
+    data += header("own.txt", 3) + blocks(b"abc") + header("next.txt", 1) + blocks(b"z")
+    data += bytes(1024)
+    expected = fuzz.gnu_tar_entries(data)
+    assert expected is not None and len(expected) == 2  # a global path names both
+    scan = scan_tar(data)
+    assert list(zip(scan.names, scan.sizes.tolist())) == expected
+    streamed = iter_members(io.BytesIO(data), shard="s")  # type: ignore[arg-type]
+    assert [(m.name, len(m.data)) for m in streamed] == expected
+
+
 def test_stacked_extension_headers_follow_gnu_tar() -> None:
     # Of two GNU long names the last wins (tarfile: the first).
     member = header("plain.txt", 3) + blocks(b"abc")
