@@ -111,8 +111,8 @@ def _checksum_ok(header: bytes) -> bool:
 def _header_name(header: bytes) -> str:
     """The name field, after the prefix field where the magic is POSIX ustar's."""
     name = header[:100].split(b"\0", 1)[0]
-    # The magic and the version, as the scanner and the C walker: "ustar\0" alone is not
-    # enough (GNU tar's own magic is "ustar  \0", with the prefix bytes used otherwise).
+    # As the scanner and the C walker: the magic and the version "00" (GNU tar and tarfile
+    # take "ustar\0" alone; GNU headers, "ustar  \0", use those bytes for other fields).
     if header[345] and header[MAGIC_OFFSET : MAGIC_OFFSET + len(POSIX_MAGIC)] == POSIX_MAGIC:
         name = header[345:500].split(b"\0", 1)[0] + b"/" + name
     return name.decode("utf-8", "surrogateescape")
