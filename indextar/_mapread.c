@@ -1,15 +1,24 @@
 /* Samples copied out of a memory-mapped shard, surviving the shard being truncated.
  *
- * members(map, base, member_ints, first, count, ext_names) -> list[(str, bytes)] | None
+ * members(map, base, member_ints, first, count, ext_names[, key[, fd, ino, size, mtime_ns]])
+ *     -> list[(str, bytes)] | None | int
  *
  *   map          the shard's mmap (any buffer)
  *   base         the sample's start offset in the shard
  *   member_ints  the shard's member rows, flat int64: (span_offset, size, ext_code) each
  *   first, count the sample's rows
  *   ext_names    tuple of str, indexed by ext_code
+ *   key          the sample's key as raw bytes, or None: the span's headers (the bytes
+ *                before the first member's data) are checked as spancheck.py checks
+ *                them, valid checksums and a member name that is ``key`` + ``.``
+ *   fd, ino, size, mtime_ns
+ *                an open descriptor of the mapped file and what it was when mapped:
+ *                fstat() must still say so (fd -1: not checked)
  *
- *   Returns each member's (extension, bytes), or None if a page of the map could not be
- *   read because the file shrank under the map. Reading such a page raises SIGBUS,
+ *   Returns each member's (extension, bytes); an int if a check failed (1: the file's
+ *   fstat changed, 2: a header's checksum is wrong, 3: the name is not the key's),
+ *   which the caller turns into an error that says what changed; or None if a page of
+ *   the map could not be read because the file shrank under the map. Reading such a page raises SIGBUS,
  *   which would kill the process; a handler installed by install() turns it into a
  *   jump out of the copy. Bounds are checked against the map's length, so any other
  *   SIGBUS is not ours: it goes to the handler that was there before (Python's
@@ -29,6 +38,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* volatile: the compiler must not drop or move the stores around the copies, which
    do not read it themselves. */
@@ -97,19 +107,142 @@ static __attribute__((noinline)) int guarded_copy(char **targets, const char **s
 }
 
 #define MAX_MEMBERS 64
+/* Headers before a sample's first data: one block, a few with a long name or PAX
+   records. Longer runs are checked as far as this reaches. */
+#define MAX_HEADERS 8192
+
+static int checksum_ok(const unsigned char *block)
+{
+    long long stored = 0, unsigned_sum = 0, signed_sum = 0;
+    int i;
+    for (i = 148; i < 156 && block[i] == ' '; i++)
+        ;
+    for (; i < 156 && block[i] >= '0' && block[i] <= '7'; i++)
+        stored = stored * 8 + (block[i] - '0');
+    for (; i < 156 && block[i] != 0; i++) /* after the first NUL anything goes */
+        if (block[i] != ' ')
+            return 0;
+    for (i = 0; i < 512; i++) {
+        unsigned char c = (i >= 148 && i < 156) ? ' ' : block[i];
+        unsigned_sum += c;
+        signed_sum += (signed char)c;
+    }
+    return stored == unsigned_sum || stored == signed_sum;
+}
+
+/* A header's size field: octal, or base-256 (first byte 0x80); -1 if neither. */
+static long long field_size(const unsigned char *field)
+{
+    long long value = 0;
+    int i = 0;
+    if (field[0] == 0x80) {
+        for (i = 1; i < 12; i++) {
+            if (value > (1LL << 54))
+                return -1;
+            value = value * 256 + field[i];
+        }
+        return value;
+    }
+    for (; i < 12 && field[i] == ' '; i++)
+        ;
+    for (; i < 12 && field[i] >= '0' && field[i] <= '7'; i++)
+        value = value * 8 + (field[i] - '0');
+    for (; i < 12 && field[i] != 0; i++)
+        if (field[i] != ' ')
+            return -1;
+    return value;
+}
+
+/* The value of the PAX record "path=" in records[0..len), or NULL. */
+static const unsigned char *pax_path(const unsigned char *records, Py_ssize_t len,
+                                     Py_ssize_t *path_len)
+{
+    Py_ssize_t at = 0;
+    while (at < len && records[at] != 0) {
+        Py_ssize_t length = 0, digits = at;
+        while (digits < len && records[digits] >= '0' && records[digits] <= '9' &&
+               length < (1 << 30))
+            length = length * 10 + (records[digits++] - '0');
+        if (digits >= len || records[digits] != ' ' || length <= digits - at + 1 ||
+            at + length > len)
+            return NULL;
+        if (length - (digits + 1 - at) >= 6 && memcmp(records + digits + 1, "path=", 5) == 0) {
+            *path_len = at + length - 1 - (digits + 6); /* less the trailing newline */
+            return records + digits + 6;
+        }
+        at += length;
+    }
+    return NULL;
+}
+
+/* 0 if the headers hold valid checksums and end with a member named key + ".",
+   2 on a bad checksum or size field, 3 on another name. */
+static int check_headers(const unsigned char *headers, Py_ssize_t len, const char *key,
+                         Py_ssize_t key_len)
+{
+    const unsigned char *name = NULL;
+    Py_ssize_t name_len = 0, at = 0;
+    char joined[256];
+    while (at + 512 <= len) {
+        const unsigned char *block = headers + at;
+        long long size = field_size(block + 124);
+        Py_ssize_t data = at + 512, available;
+        unsigned char type = block[156];
+        if (!checksum_ok(block) || size < 0)
+            return 2;
+        available = len - data < size ? len - data : (Py_ssize_t)size;
+        if (type == 'x') {
+            Py_ssize_t path_len = 0;
+            const unsigned char *path = pax_path(headers + data, available, &path_len);
+            if (path != NULL) {
+                name = path;
+                name_len = path_len;
+            }
+        } else if (type == 'L') {
+            if (name == NULL) {
+                name = headers + data;
+                name_len = (Py_ssize_t)strnlen((const char *)name, (size_t)available);
+            }
+        } else if (type != 'K' && type != 'g') { /* the member's own header */
+            if (name == NULL) {
+                Py_ssize_t prefix_len = 0;
+                name_len = (Py_ssize_t)strnlen((const char *)block, 100);
+                if (memcmp(block + 257, "ustar", 5) == 0)
+                    prefix_len = (Py_ssize_t)strnlen((const char *)block + 345, 155);
+                if (prefix_len) {
+                    memcpy(joined, block + 345, (size_t)prefix_len);
+                    joined[prefix_len] = '/';
+                    memcpy(joined + prefix_len + 1, block, (size_t)name_len);
+                    name = (const unsigned char *)joined;
+                    name_len += prefix_len + 1;
+                } else {
+                    name = block;
+                }
+            }
+            return name_len > key_len && memcmp(name, key, (size_t)key_len) == 0 &&
+                           name[key_len] == '.'
+                       ? 0
+                       : 3;
+        }
+        at = data + (Py_ssize_t)((size + 511) / 512 * 512);
+    }
+    return 0; /* ran past MAX_HEADERS before the member's header: the checksums held */
+}
 
 static PyObject *members(PyObject *self, PyObject *args)
 {
     Py_buffer map, rows;
-    long long base;
-    Py_ssize_t first, count, n_rows, i;
-    PyObject *ext_names, *result = NULL;
-    char *targets[MAX_MEMBERS];
-    const char *sources[MAX_MEMBERS];
-    Py_ssize_t sizes[MAX_MEMBERS];
+    long long base, ino = 0, size = 0, mtime_ns = 0;
+    Py_ssize_t first, count, n_rows, i, header_len = 0;
+    int fd = -1, check = 0;
+    PyObject *ext_names, *key = Py_None, *result = NULL;
+    char *targets[MAX_MEMBERS + 1];
+    const char *sources[MAX_MEMBERS + 1];
+    Py_ssize_t sizes[MAX_MEMBERS + 1];
+    unsigned char headers[MAX_HEADERS];
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*Ly*nnO!:members", &map, &base, &rows, &first, &count,
-                          &PyTuple_Type, &ext_names))
+    if (!PyArg_ParseTuple(args, "y*Ly*nnO!|OiLLL:members", &map, &base, &rows, &first, &count,
+                          &PyTuple_Type, &ext_names, &key, &fd, &ino, &size, &mtime_ns))
         return NULL;
     n_rows = rows.len / (Py_ssize_t)(3 * sizeof(int64_t));
     if (count > MAX_MEMBERS) { /* the caller's Python path handles such samples */
@@ -121,9 +254,38 @@ static PyObject *members(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_IndexError, "member rows out of range");
         goto done;
     }
+    if (key != Py_None && !PyBytes_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes or None");
+        goto done;
+    }
     if (!installed && ensure_handler() != 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
+    }
+    if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        if ((long long)st.st_ino != ino || (long long)st.st_size != size ||
+            (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != mtime_ns) {
+            result = PyLong_FromLong(1);
+            goto done;
+        }
+    }
+    if (key != Py_None && count > 0) {
+        int64_t row0;
+        memcpy(&row0, (const char *)rows.buf + first * 3 * sizeof(int64_t), sizeof row0);
+        header_len = row0 < MAX_HEADERS ? (Py_ssize_t)row0 : MAX_HEADERS;
+        if (header_len < 0 || base < 0 || base + header_len > (int64_t)map.len) {
+            PyErr_SetString(PyExc_IndexError, "a sample's headers lie outside the mapped shard");
+            goto done;
+        }
+        targets[count] = (char *)headers;
+        sources[count] = (const char *)map.buf + base;
+        sizes[count] = header_len;
+        check = 1;
     }
     result = PyList_New(count);
     if (!result)
@@ -155,9 +317,16 @@ static PyObject *members(PyObject *self, PyObject *args)
         sources[i] = (const char *)map.buf + base + row[0];
         sizes[i] = (Py_ssize_t)row[1];
     }
-    if (guarded_copy(targets, sources, sizes, count) != 0) {
+    if (guarded_copy(targets, sources, sizes, count + check) != 0) {
         Py_CLEAR(result);
         result = Py_NewRef(Py_None);
+    } else if (check) {
+        int failed = check_headers(headers, header_len, PyBytes_AS_STRING(key),
+                                   PyBytes_GET_SIZE(key));
+        if (failed) {
+            Py_CLEAR(result);
+            result = PyLong_FromLong(failed);
+        }
     }
 done:
     PyBuffer_Release(&map);
@@ -167,7 +336,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"members", members, METH_VARARGS,
-     "members(map, base, member_ints, first, count, ext_names) -> list | None"},
+     "members(map, base, member_ints, first, count, ext_names[, key[, fd, ino, size, "
+     "mtime_ns]]) -> list | None | int"},
     {"install", install, METH_NOARGS, "install() -> None: (re)install the SIGBUS handler"},
     {NULL, NULL, 0, NULL},
 };
@@ -180,7 +350,10 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__mapread(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "MAX_MEMBERS", MAX_MEMBERS) < 0)
+    if (m && (PyModule_AddIntConstant(m, "MAX_MEMBERS", MAX_MEMBERS) < 0 ||
+              PyModule_AddIntConstant(m, "FILE_CHANGED", 1) < 0 ||
+              PyModule_AddIntConstant(m, "BAD_CHECKSUM", 2) < 0 ||
+              PyModule_AddIntConstant(m, "OTHER_NAME", 3) < 0))
         Py_CLEAR(m);
     return m;
 }

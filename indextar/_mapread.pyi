@@ -7,8 +7,17 @@ def members(
     first: int,
     count: int,
     ext_names: tuple[str, ...],
+    key: bytes | None = None,
+    fd: int = -1,
+    ino: int = 0,
+    size: int = 0,
+    mtime_ns: int = 0,
     /,
-) -> list[tuple[str, bytes]] | None: ...
+) -> list[tuple[str, bytes]] | None | int: ...
 def install() -> None: ...
 
 MAX_MEMBERS: int
+
+FILE_CHANGED: int
+BAD_CHECKSUM: int
+OTHER_NAME: int

@@ -261,48 +261,27 @@ class CachedSource(LocalFileSource):
     :meth:`close`.
     """
 
-    __slots__ = ("cache", "expected", "_fd")
+    __slots__ = ("cache", "expected")
 
     def __init__(self, url: str, *, cache: ShardCache, expected: RemoteStat):
         super().__init__(url)
         self.cache = cache
         self.expected = expected
-        self._fd = -1
 
-    def _file(self) -> str:
-        return os.fspath(self.cache.path_for(self.url, self.expected))
-
-    def _open(self) -> None:
-        self._release()  # an earlier process's descriptor, or a closed map's
-        self._fd = self.cache.open(self.url, self.expected)
-        super()._open()
+    def _open_descriptor(self) -> int:
+        # The cache's locked descriptor: the map is made of it, and closing it (close(),
+        # or a forked child's copy, which leaves the parent's lock) lets it be evicted.
+        return self.cache.open(self.url, self.expected)
 
     @property
     def size(self) -> int:
         return self.expected.size
-
-    def close(self) -> None:
-        super().close()
-        self._release()  # the shard may be evicted now
-
-    def _release(self) -> None:
-        # A descriptor inherited through fork is a duplicate: closing it leaves the
-        # parent's lock in place (flock locks belong to the open file description).
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "cache": self.cache, "expected": self.expected}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], cache=state["cache"], expected=state["expected"])  # type: ignore[misc]
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:
-            pass
 
     def __repr__(self) -> str:
         return f"CachedSource({self.url!r}, {self.cache!r})"

@@ -37,7 +37,7 @@ from .manifest import ManifestShard, is_manifest, read_manifest
 from .patterns import expand_shards, is_url
 from .remote_options import RemoteOptions, fetch_ranges
 from .shardreader import OpenShard
-from .sources import LRUCache, open_source
+from .sources import FileVersion, LRUCache, open_source
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -179,7 +179,11 @@ class IndexedTarDataset:
         if shard is None:
             index = self._shard_index(shard_no)
             url = self.shards[shard_no]
-            source = self._remote.source(url, index) if is_url(url) else open_source(url)
+            if is_url(url):
+                source = self._remote.source(url, index)
+            else:
+                version = FileVersion(index.meta.shard_size, index.meta.shard_mtime_ns)
+                source = open_source(url, version)
             shard = OpenShard.load(index, source)
             self._open.put(shard_no, shard)
         return shard

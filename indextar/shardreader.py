@@ -1,9 +1,11 @@
 """One opened shard: its sample table in flat numpy arrays and its byte source.
 
 A sample's members are contiguous in the tar, so a sample is one read of its span
-``[start_offset, end_offset)``, split into members by offsets relative to the span.
-Keys are one UTF-8 ``bytes`` blob plus offsets, not a list of ``str``: a DataLoader
-worker that reads them copies no per-sample Python objects.
+``[start_offset, end_offset)``, split into members by offsets relative to the span,
+after a check that the span still begins with the sample's own headers
+(:mod:`indextar.spancheck`). Keys are one ``bytes`` blob of raw names plus offsets,
+not a list of ``str``: a DataLoader worker that reads them copies no per-sample
+Python objects.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .index import ShardIndex
-from .sources import ByteSource, split_members
+from .sources import ByteSource, Span, split_members
 
 __all__ = ["OpenShard"]
 
@@ -69,25 +71,30 @@ class OpenShard:
         """
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
+        key = self.key_blob[key_start:key_end]
         if span is None:
             members = self.source.read_members(
-                start, end - start, self.members, first, count, names
+                start, end - start, self.members, first, count, names, key
             )
         else:
-            members = split_members(span, self.members, first, count, names)
-        return self.key_blob[key_start:key_end].decode(), members
+            members = split_members(
+                span, self.members, first, count, names, key, shard=self.shard, offset=start
+            )
+        return key.decode("utf-8", "surrogateescape"), members
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
-        rows = [self.samples[n].tolist() for n in local]
-        read = self.source.read_members_many(
-            [(start, end - start, first, count) for start, end, first, count, _, _ in rows],
-            self.members,
-            self.ext_names,
-        )
         key_blob = self.key_blob
-        return [(key_blob[row[4] : row[5]].decode(), members) for row, members in zip(rows, read)]
+        spans: list[Span] = [
+            (start, end - start, first, count, key_blob[key_start:key_end])
+            for start, end, first, count, key_start, key_end in self.samples[local].tolist()
+        ]
+        read = self.source.read_members_many(spans, self.members, self.ext_names)
+        return [
+            (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
+            for span, members in zip(spans, read)
+        ]
 
     def close(self) -> None:
         """Close the byte source."""

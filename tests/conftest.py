@@ -77,3 +77,16 @@ def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     else:
         assert native.built()["_tarwalk"], "the C walker (indextar/_tarwalk.c) did not build"
     return str(request.param)
+
+
+@pytest.fixture(params=["c", "python"])
+def map_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Reads through _mapread's guarded copy, and again through an fstat and a slice."""
+    from indextar import native, sources
+
+    if request.param == "python":
+        monkeypatch.setattr(sources, "_MAPREAD", None)
+    else:
+        assert native.built()["_mapread"], "indextar/_mapread.c did not build"
+        assert sources._MAPREAD is not None
+    return str(request.param)

@@ -217,7 +217,11 @@ def test_a_batch_from_a_shard_truncated_while_open_is_an_error(
         f.truncate(path.stat().st_size // 2)
     with pytest.raises(TruncatedShardError, match="truncated while open"):
         ds.__getitems__([0, 39, 1])
-    assert ds.__getitems__([0, 1]) == first
+    # Not even what is left is read: a shrinking file is being rewritten (cp over it
+    # truncates first), so its first bytes may already be the new file's.
+    with pytest.raises(TruncatedShardError, match="truncated while open"):
+        ds.__getitems__([0, 1])
+    assert first[0]["__key__"] == "s000"
     ds.close()
 
 
@@ -266,7 +270,7 @@ def test_open_shards_stay_bounded(tmp_path: Path) -> None:
     for i in order:
         assert ds[i] == (str(i % 10).encode(),)
         assert len(ds._open) <= 3
-    assert open_fds() - before <= 3
+    assert open_fds() - before <= 2 * 3  # each: the source's descriptor and the map's
     with pytest.raises(ValueError, match="max_open_shards"):
         IndexedTarDataset(paths, max_open_shards=0)
 
