@@ -122,7 +122,8 @@ static int insert_members(sqlite3 *db, PyObject *members)
             goto done;
         }
     }
-    if (sqlite3_prepare_v2(db, "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)", -1, &stmt,
+    if (sqlite3_prepare_v2(db, "INSERT INTO members (member_id, sample_id, name, ext, header_offset, "
+                           "data_offset, size) VALUES (?, ?, ?, ?, ?, ?, ?)", -1, &stmt,
                            NULL) != SQLITE_OK) {
         rc = -2;
         goto done;
@@ -163,7 +164,8 @@ static int insert_samples(sqlite3 *db, PyObject *samples)
         || get_column(start, n, "start_offset", &cols[2]) < 0
         || get_column(end, n, "end_offset", &cols[3]) < 0)
         goto done;
-    if (sqlite3_prepare_v2(db, "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)", -1, &stmt,
+    if (sqlite3_prepare_v2(db, "INSERT INTO samples (sample_id, key, first_member, member_count, "
+                           "start_offset, end_offset) VALUES (?, ?, ?, ?, ?, ?)", -1, &stmt,
                            NULL) != SQLITE_OK) {
         rc = -2;
         goto done;

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import IndexFormatError
+from .naming import from_sql
 
 __all__ = [
     "SAMPLE_COLUMNS",
@@ -60,8 +61,10 @@ class ShardArrays:
         ``(num_members, 3)`` int64, columns :data:`MEMBER_COLUMNS`; ``span_offset`` is
         the member's data offset minus its sample's ``start_offset``.
     key_blob
-        Every sample's key, UTF-8, concatenated; sample ``i`` is
-        ``key_blob[key_start[i]:key_end[i]]``.
+        Every sample's key, concatenated; sample ``i`` is
+        ``key_blob[key_start[i]:key_end[i]]``. These are the key's raw bytes, as in the
+        tar header: ``key.encode("utf-8", "surrogateescape")``, and a reader's key is
+        ``.decode("utf-8", "surrogateescape")`` of them.
     ext_names
         Extension of each ``ext_code``, sorted.
     """
@@ -86,10 +89,13 @@ class ShardArrays:
         ext_names: Sequence[str],
     ) -> ShardArrays:
         """Pack per-sample and per-member columns; ``ext_code`` indexes the sorted ``ext_names``."""
-        key_blob = "".join(keys).encode()
+        # Raw bytes: a key read from a name that is not UTF-8 keeps its bytes (docs/format.md).
+        key_blob = "".join(keys).encode("utf-8", "surrogateescape")
         key_length = np.fromiter(map(len, keys), np.int64, len(keys))
         if len(key_blob) != int(key_length.sum()):  # not all ASCII: lengths in bytes
-            key_length = np.fromiter((len(key.encode()) for key in keys), np.int64, len(keys))
+            key_length = np.fromiter(
+                (len(key.encode("utf-8", "surrogateescape")) for key in keys), np.int64, len(keys)
+            )
         samples = np.empty((len(keys), len(SAMPLE_COLUMNS)), np.int64)
         samples[:, 0] = start_offset
         samples[:, 1] = end_offset
@@ -180,7 +186,7 @@ def arrays_from_tables(conn: sqlite3.Connection) -> ShardArrays:
     converts in one call per table.
     """
     rows = conn.execute(
-        "SELECT start_offset, end_offset, first_member, member_count, key "
+        "SELECT start_offset, end_offset, first_member, member_count, key, raw_key "
         "FROM samples ORDER BY sample_id"
     ).fetchall()
     ext_names = tuple(
@@ -205,7 +211,7 @@ def arrays_from_tables(conn: sqlite3.Connection) -> ShardArrays:
         end_offset=sample_columns[:, 1],
         first_member=sample_columns[:, 2],
         member_count=sample_columns[:, 3],
-        keys=[str(row[4]) for row in rows],
+        keys=[from_sql(row[4], row[5]) for row in rows],
         data_offset=member_columns[:, 0],
         size=member_columns[:, 1],
         ext_code=member_columns[:, 2],

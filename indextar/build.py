@@ -19,8 +19,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _build_one(shard: str, index_dir: str | None) -> ShardIndex:
-    return build_index(shard, index_dir=index_dir)
+def _build_one(shard: str, index_dir: str | None, ignore_zeros: bool) -> ShardIndex:
+    return build_index(shard, index_dir=index_dir, ignore_zeros=ignore_zeros)
 
 
 def build_indexes(
@@ -29,6 +29,7 @@ def build_indexes(
     index_dir: PathLike | None = None,
     workers: int | None = None,
     progress: bool = False,
+    ignore_zeros: bool = False,
 ) -> list[ShardIndex]:
     """Build (or open, where valid) the index of every shard; return them in order.
 
@@ -43,6 +44,8 @@ def build_indexes(
         shard. ``1`` builds in this process (see :func:`parallel_map`).
     progress
         Show a tqdm progress bar on stderr.
+    ignore_zeros
+        As :func:`~indextar.build_index`: index every member of concatenated archives.
 
     Raises
     ------
@@ -54,7 +57,7 @@ def build_indexes(
     bar = _progress_bar(len(shards)) if progress else None
     results: list[ShardIndex] = []
     try:
-        for index in parallel_map(_build_one, shards, (folder,), workers=workers):
+        for index in parallel_map(_build_one, shards, (folder, ignore_zeros), workers=workers):
             results.append(index)
             if bar is not None:
                 bar.update()

@@ -56,9 +56,17 @@ def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
         )
 
 
-def _index_one(shard: str, index_dir: str | None, force: bool, upload: bool = False) -> Outcome:
+def _index_one(
+    shard: str,
+    index_dir: str | None,
+    force: bool,
+    upload: bool = False,
+    ignore_zeros: bool = False,
+) -> Outcome:
     def work() -> dict[str, Any]:
         start = time.perf_counter()
+        if is_url(shard) and ignore_zeros:
+            raise IndextarError(f"--ignore-zeros is for local shards; {shard!r} is remote")
         if is_url(shard):
             ix, built = _index_remote(shard, index_dir, force)
         else:
@@ -66,7 +74,7 @@ def _index_one(shard: str, index_dir: str | None, force: bool, upload: bool = Fa
                 raise IndextarError(f"--upload is for remote shards; {shard!r} is a local file")
             before = _identity(index_path(shard, index_dir=index_dir))
             try:
-                ix = build_index(shard, index_dir=index_dir, force=force)
+                ix = build_index(shard, index_dir=index_dir, force=force, ignore_zeros=ignore_zeros)
             except StaleIndexError as e:
                 raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
             # A rebuilt index is a new file (renamed into place), so a new inode.
@@ -173,7 +181,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         _run(
             _index_one,
             shards,
-            (args.index_dir, args.force, args.upload),
+            (args.index_dir, args.force, args.upload, args.ignore_zeros),
             args.jobs,
             "indexing",
             args.quiet,
@@ -306,6 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--force", action="store_true", help="rebuild indexes even if they are up to date or stale"
+    )
+    p.add_argument(
+        "--ignore-zeros",
+        action="store_true",
+        help="read on past zero blocks, as GNU tar -i: index every member of concatenated "
+        "archives (cat a.tar b.tar > c.tar); local shards only",
     )
     p.add_argument(
         "--upload",

@@ -41,7 +41,7 @@ from .errors import (
     ShardNotFoundError,
     StaleIndexError,
 )
-from .naming import Grouping, group_members
+from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .tarscan import BLOCK, TarScan, scan_tar
 
 __all__ = [
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: raw_name and raw_key columns for names that are not UTF-8
 INDEX_SUFFIX = ".idx.sqlite"
 NAMING = "webdataset-1"
 _FINGERPRINT_SPAN = 64 * 1024
@@ -85,6 +85,8 @@ class IndexMeta:
     created: str
     etag: str = ""
     """The remote object's ETag when it was indexed; empty for local shards."""
+    ignore_zeros: bool = False
+    """Whether it was built with ``ignore_zeros`` (members after zero blocks indexed too)."""
 
     @classmethod
     def describe(
@@ -97,6 +99,7 @@ class IndexMeta:
         shard_mtime_ns: int,
         fingerprint: str,
         etag: str = "",
+        ignore_zeros: bool = False,
     ) -> IndexMeta:
         """The metadata of an index built now from ``scan`` and ``grouping``."""
         return cls(
@@ -113,6 +116,7 @@ class IndexMeta:
             naming=NAMING,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             etag=etag,
+            ignore_zeros=ignore_zeros,
         )
 
     @classmethod
@@ -133,6 +137,7 @@ class IndexMeta:
                 naming=rows["naming"],
                 created=rows["created"],
                 etag=rows.get("etag", ""),
+                ignore_zeros=rows.get("ignore_zeros", "0") == "1",
             )
         except (KeyError, ValueError) as e:
             raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e
@@ -207,11 +212,16 @@ class ShardIndex:
 
     def keys(self) -> list[str]:
         """Every sample's key, in shard order."""
-        return [str(r[0]) for r in self._query("SELECT key FROM samples ORDER BY sample_id")]
+        rows = self._query("SELECT key, raw_key FROM samples ORDER BY sample_id")
+        return [from_sql(text, raw) for text, raw in rows]
 
     def find_key(self, key: str) -> list[int]:
         """Sample numbers whose key is ``key`` (normally zero or one)."""
-        rows = self._query("SELECT sample_id FROM samples WHERE key = ? ORDER BY sample_id", (key,))
+        raw = raw_name(key)
+        rows = self._query(
+            "SELECT sample_id FROM samples WHERE key = ? AND raw_key IS ? ORDER BY sample_id",
+            (sql_text(key), raw),
+        )
         return [int(r[0]) for r in rows]
 
     def extension_counts(self) -> dict[str, int]:
@@ -231,8 +241,11 @@ class ShardIndex:
 
     def scattered_keys(self) -> list[str]:
         """Keys that occur in more than one sample (members not adjacent in the tar)."""
-        rows = self._query("SELECT key FROM samples GROUP BY key HAVING COUNT(*) > 1 ORDER BY key")
-        return [str(r[0]) for r in rows]
+        rows = self._query(
+            "SELECT key, raw_key FROM samples GROUP BY key, raw_key HAVING COUNT(*) > 1 "
+            "ORDER BY key"
+        )
+        return [from_sql(text, raw) for text, raw in rows]
 
 
 # -- locating and validating ------------------------------------------------------
@@ -376,7 +389,7 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
 # -- building --------------------------------------------------------------------
 
 
-def scan_shard_file(shard: Path) -> tuple[TarScan, str]:
+def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan, str]:
     """Scan a local shard through a read-only mmap; also return its fingerprint."""
     with open(shard, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -384,7 +397,8 @@ def scan_shard_file(shard: Path) -> tuple[TarScan, str]:
             scan_tar(b"", shard=str(shard))  # raises the empty-file error
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            return scan_tar(mm, shard=str(shard), fd=f.fileno()), fingerprint(mm, size)
+            scan = scan_tar(mm, shard=str(shard), fd=f.fileno(), ignore_zeros=ignore_zeros)
+            return scan, fingerprint(mm, size)
         finally:
             try:
                 mm.close()
@@ -395,7 +409,11 @@ def scan_shard_file(shard: Path) -> tuple[TarScan, str]:
 
 
 def build_index(
-    shard: PathLike, *, index_dir: PathLike | None = None, force: bool = False
+    shard: PathLike,
+    *,
+    index_dir: PathLike | None = None,
+    force: bool = False,
+    ignore_zeros: bool = False,
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
@@ -407,6 +425,10 @@ def build_index(
         Folder for the index instead of next to the shard.
     force
         Rebuild even if a valid index exists, and replace a stale or corrupt one.
+    ignore_zeros
+        Read on past zero blocks, as GNU tar's ``--ignore-zeros``: every member of
+        concatenated archives (``cat a.tar b.tar > c.tar``) is indexed. Recorded in the
+        index; an index built so is rebuilt, not reused, by a call without it.
 
     Raises
     ------
@@ -427,10 +449,13 @@ def build_index(
     path = index_path(shard_path, index_dir=index_dir)
     if not force and path.exists():
         try:
-            return open_index_at(shard_path, path)
+            existing = open_index_at(shard_path, path)
+            if ignore_zeros or not existing.meta.ignore_zeros:
+                return existing
+            log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
-    scan, content_fingerprint = scan_shard_file(shard_path)
+    scan, content_fingerprint = scan_shard_file(shard_path, ignore_zeros=ignore_zeros)
     grouping = group_members(scan, shard=str(shard_path))
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
@@ -442,6 +467,7 @@ def build_index(
         shard_size=st.st_size,
         shard_mtime_ns=st.st_mtime_ns,
         fingerprint=content_fingerprint,
+        ignore_zeros=ignore_zeros,
     )
     write_index(path, meta, scan, grouping)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)
@@ -481,7 +507,8 @@ def _insert_rows_python(
     """What ``_sqlitebulk.insert_rows`` does, through executemany (the reference)."""
     sample_id, member_names, ext_names, ext_codes, header_offsets, data_offsets, sizes = members
     conn.executemany(
-        "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO members (member_id, sample_id, name, ext, header_offset, data_offset, size) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
         zip(
             range(len(member_names)),
             sample_id.tolist(),
@@ -494,7 +521,8 @@ def _insert_rows_python(
     )
     keys, first, count, start, end = samples
     conn.executemany(
-        "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO samples (sample_id, key, first_member, member_count, start_offset, "
+        "end_offset) VALUES (?, ?, ?, ?, ?, ?)",
         zip(range(len(keys)), keys, first.tolist(), count.tolist(), start.tolist(), end.tolist()),
     )
 
@@ -559,14 +587,20 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
         member_names = [names[i] for i in entries.tolist()]
         member_rows = (
             grouping.sample_of_member,
-            member_names,
-            list(grouping.ext_names),
+            [sql_text(name) for name in member_names],
+            [sql_text(ext) for ext in grouping.ext_names],
             grouping.ext_codes,
             header_offsets,
             data_offsets,
             sizes,
         )
-        sample_rows = (grouping.keys, first, grouping.member_count, start, end)
+        sample_rows = (
+            [sql_text(key) for key in grouping.keys],
+            first,
+            grouping.member_count,
+            start,
+            end,
+        )
         bulk = native.sqlitebulk()
         if bulk is not None:
             bulk.insert_rows(os.fspath(tmp), member_rows, sample_rows)
@@ -574,18 +608,45 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
         else:
             conn.execute("BEGIN")
             _insert_rows_python(conn, member_rows, sample_rows)
+        _write_raw_names(conn, member_names, grouping.keys)
         conn.executemany(
-            "INSERT INTO skipped VALUES (?, ?, ?, ?)",
+            "INSERT INTO skipped VALUES (?, ?, ?, ?, ?)",
             (
-                (int(scan.header_offsets[row]), names[row], kind, int(scan.sizes[row]))
+                (
+                    int(scan.header_offsets[row]),
+                    sql_text(names[row]),
+                    kind,
+                    int(scan.sizes[row]),
+                    raw_name(names[row]),
+                )
                 for row, kind in grouping.skipped
             ),
         )
         conn.executemany(
             "INSERT INTO meta VALUES (?, ?)",
-            ((field, str(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
+            ((field, _meta_text(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
         write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end))
         conn.executescript(indexes)  # commits
     finally:
         conn.close()
+
+
+def _meta_text(value: object) -> str:
+    """A ``meta`` value as stored: booleans as "1" or "0"."""
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+def _write_raw_names(conn: sqlite3.Connection, member_names: list[str], keys: list[str]) -> None:
+    """The exact bytes of the names and keys that were not UTF-8 (rare: old archives)."""
+    for table, column, id_column, values in (
+        ("members", "raw_name", "member_id", member_names),
+        ("samples", "raw_key", "sample_id", keys),
+    ):
+        if "".join(values).isascii():  # the common case, checked at C speed
+            continue
+        raw = ((raw_name(value), row) for row, value in enumerate(values))
+        conn.executemany(
+            f"UPDATE {table} SET {column} = ? WHERE {id_column} = ?",
+            ((blob, row) for blob, row in raw if blob is not None),
+        )

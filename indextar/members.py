@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .index import ShardIndex, _connect_ro, _sample_spans, scan_shard_file
-from .naming import group_members
+from .naming import from_sql, group_members, split_name
 
 __all__ = ["MemberTable", "load_members", "scan_members"]
 
@@ -67,15 +67,19 @@ def load_members(index: ShardIndex) -> MemberTable:
     """Read every sample and member row of an opened index."""
     with contextlib.closing(_connect_ro(index.path)) as conn:
         samples = conn.execute(
-            "SELECT key, first_member, member_count, start_offset, end_offset FROM samples "
-            "ORDER BY sample_id"
+            "SELECT key, first_member, member_count, start_offset, end_offset, raw_key "
+            "FROM samples ORDER BY sample_id"
         ).fetchall()
         members = conn.execute(
-            "SELECT name, ext, header_offset, data_offset, size FROM members ORDER BY member_id"
+            "SELECT name, ext, header_offset, data_offset, size, raw_name FROM members "
+            "ORDER BY member_id"
         ).fetchall()
-    keys = [str(row[0]) for row in samples]
-    sample_columns = np.asarray([row[1:] for row in samples], dtype=np.int64).reshape(-1, 4)
-    member_columns = np.asarray([row[2:] for row in members], dtype=np.int64).reshape(-1, 3)
+    keys = [from_sql(row[0], row[5]) for row in samples]
+    names = [from_sql(row[0], row[5]) for row in members]
+    # The TEXT ext holds U+FFFD for a byte that was not UTF-8: such a name is split again.
+    exts = [str(row[1]) if row[5] is None else _ext(names[i]) for i, row in enumerate(members)]
+    sample_columns = np.asarray([row[1:5] for row in samples], dtype=np.int64).reshape(-1, 4)
+    member_columns = np.asarray([row[2:5] for row in members], dtype=np.int64).reshape(-1, 3)
     return MemberTable(
         shard=index.shard,
         keys=keys,
@@ -83,8 +87,8 @@ def load_members(index: ShardIndex) -> MemberTable:
         member_count=np.ascontiguousarray(sample_columns[:, 1]),
         start_offset=np.ascontiguousarray(sample_columns[:, 2]),
         end_offset=np.ascontiguousarray(sample_columns[:, 3]),
-        names=[str(row[0]) for row in members],
-        exts=[str(row[1]) for row in members],
+        names=names,
+        exts=exts,
         header_offsets=np.ascontiguousarray(member_columns[:, 0]),
         data_offsets=np.ascontiguousarray(member_columns[:, 1]),
         sizes=np.ascontiguousarray(member_columns[:, 2]),
@@ -113,3 +117,9 @@ def scan_members(shard: str | Path) -> MemberTable:
         data_offsets=data_offsets,
         sizes=sizes,
     )
+
+
+def _ext(name: str) -> str:
+    split = split_name(name)
+    assert split is not None, name  # an indexed member has an extension
+    return split[1]

@@ -167,7 +167,10 @@ def _group_c(names: list[str], rows: npt.NDArray[np.int64]) -> _Groups | None:
     walker = native.tarwalk()
     if walker is None:
         return None
-    grouped = walker.group(names, np.ascontiguousarray(rows, dtype=np.int64))
+    try:
+        grouped = walker.group(names, np.ascontiguousarray(rows, dtype=np.int64))
+    except UnicodeEncodeError:  # a name that was not UTF-8: the reference grouping reads it
+        return None
     if grouped is None:
         return None
     first, keys, codes, exts = grouped
@@ -314,3 +317,24 @@ def _raise_reserved_extension(
         shard=shard,
         offset=int(scan.header_offsets[row]),
     )
+
+
+def sql_text(name: str) -> str:
+    """``name`` as SQLite TEXT, which must be UTF-8: each byte read by surrogateescape
+    (a name that was not UTF-8) becomes U+FFFD; :func:`raw_name` keeps the exact bytes."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return name
+
+
+def raw_name(name: str) -> bytes | None:
+    """The bytes of a ``name`` that was not UTF-8 in the tar; ``None`` for every other."""
+    raw = name.encode("utf-8", "surrogateescape")
+    return None if sql_text(name) is name else raw
+
+
+def from_sql(text: str, raw: bytes | None) -> str:
+    """A name or key from its TEXT column and its raw_* column (see docs/format.md)."""
+    return text if raw is None else raw.decode("utf-8", "surrogateescape")

@@ -1,4 +1,4 @@
--- indextar shard index, format version 1.
+-- indextar shard index, format version 2.
 --
 -- One SQLite file per shard, named <shard>.idx.sqlite. It is written to a temporary
 -- file and renamed into place, so it is either absent or complete, and it is never
@@ -10,7 +10,7 @@
 -- of that sample's members.
 
 -- Key/value facts about the shard and how the index was built (all values are TEXT):
---   format_version      this schema's version, "1"
+--   format_version      this schema's version, "2" (2 added the raw_* columns)
 --   indextar_version    version of indextar that wrote the file
 --   shard_name          the shard's file name (base name)
 --   shard_size          shard size in bytes when indexed
@@ -21,11 +21,17 @@
 --   num_samples         rows in samples
 --   num_skipped         rows in skipped
 --   naming              naming rules used ("webdataset-1": see docs/format.md)
+--   ignore_zeros        "1" if built with ignore_zeros (concatenated archives), else "0"
 --   created             UTC time of the build, ISO 8601
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+
+-- Names are bytes in a tar. A name that is not valid UTF-8 (an archive from a Latin-1
+-- system) is read as Python's surrogateescape does, as tarfile and webdataset read it.
+-- TEXT must be UTF-8, so its name and key columns hold it with each such byte as U+FFFD,
+-- and raw_name / raw_key its exact bytes; these are NULL for every name that is UTF-8.
 
 -- Every regular file that belongs to a sample, in archive order.
 CREATE TABLE IF NOT EXISTS members (
@@ -35,7 +41,8 @@ CREATE TABLE IF NOT EXISTS members (
     ext           TEXT NOT NULL,        -- extension, lowercased ("jpg", "seg.png")
     header_offset INTEGER NOT NULL,     -- first header block of the member
     data_offset   INTEGER NOT NULL,     -- first byte of the member's data
-    size          INTEGER NOT NULL      -- data size in bytes
+    size          INTEGER NOT NULL,     -- data size in bytes
+    raw_name      BLOB                  -- the name's bytes if not UTF-8, else NULL
 );
 
 -- Consecutive members sharing a key, in archive order.
@@ -45,7 +52,8 @@ CREATE TABLE IF NOT EXISTS samples (
     first_member INTEGER NOT NULL,      -- members.member_id of its first member
     member_count INTEGER NOT NULL,
     start_offset INTEGER NOT NULL,      -- header_offset of its first member
-    end_offset   INTEGER NOT NULL       -- end of its last member's data, block-aligned
+    end_offset   INTEGER NOT NULL,      -- end of its last member's data, block-aligned
+    raw_key      BLOB                   -- the key's bytes if not UTF-8, else NULL
 );
 
 -- Entries that belong to no sample, with the reason: directory, symlink, hardlink,
@@ -54,7 +62,8 @@ CREATE TABLE IF NOT EXISTS skipped (
     header_offset INTEGER PRIMARY KEY,
     name          TEXT NOT NULL,
     kind          TEXT NOT NULL,
-    size          INTEGER NOT NULL
+    size          INTEGER NOT NULL,
+    raw_name      BLOB                  -- the name's bytes if not UTF-8, else NULL
 );
 
 -- The reader's arrays, derived from the rows above and written in the same transaction:
@@ -65,8 +74,10 @@ CREATE TABLE IF NOT EXISTS skipped (
 --            member_count, key_start, key_end (the key's bytes in "keys")
 --   members  dtype <i8, (num_members, 3): span_offset (data_offset - the sample's
 --            start_offset), size, ext_code (position in "exts")
---   keys     dtype utf-8: every sample's key, concatenated
---   exts     dtype json: the distinct extensions, sorted, as a JSON list
+--   keys     dtype utf-8: every sample's key, concatenated: its raw bytes, which are UTF-8
+--            unless the name was not (key.encode("utf-8", "surrogateescape"))
+--   exts     dtype json: the distinct extensions, sorted, as a JSON list (ASCII; a
+--            surrogate escaped as \udcXX)
 CREATE TABLE IF NOT EXISTS arrays (
     name    TEXT PRIMARY KEY,
     dtype   TEXT NOT NULL,     -- numpy dtype of packed numbers ("<i8"), or "utf-8" / "json"

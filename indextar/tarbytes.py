@@ -2,7 +2,7 @@
 
 :class:`ShardBytes` holds the scanned buffer and the shard's name. The scan's modules
 (:mod:`indextar.tarscan`, :mod:`indextar.tarwalk`, :mod:`indextar.tarext`) build on
-it: bounds-checked reads, numeric fields that may be base-256, UTF-8 names, header
+it: bounds-checked reads, numeric fields that may be base-256, header
 checksums and the end of the archive, each failing with a :class:`ShardFormatError`
 that names the shard and the byte offset.
 """
@@ -18,7 +18,14 @@ import numpy.typing as npt
 from .errors import ShardFormatError, TruncatedShardError
 from .tarfields import checksums_ok, parse_octal
 
-__all__ = ["BLOCK", "MAX_MEMBER_SIZE", "NO_DATA_TYPES", "ShardBytes", "size_too_large"]
+__all__ = [
+    "BLOCK",
+    "MAX_MEMBER_SIZE",
+    "NO_DATA_TYPES",
+    "ShardBytes",
+    "decode_name",
+    "size_too_large",
+]
 
 BLOCK = 512
 # Type flags that carry no data blocks, whatever their size field says
@@ -36,6 +43,15 @@ def size_too_large(size: int | str) -> str:
         f"corrupt tar header: a member size of {size} bytes is more than any shard holds "
         f"(at most {MAX_MEMBER_SIZE})"
     )
+
+
+def decode_name(raw: bytes) -> str:
+    """A member name's bytes as text: UTF-8, each byte that is not as a lone surrogate.
+
+    As tarfile (and so webdataset) decode names: an archive from a Latin-1 system
+    keeps its names, and ``name.encode("utf-8", "surrogateescape")`` gives the bytes back.
+    """
+    return raw.decode("utf-8", "surrogateescape")
 
 
 class ShardBytes:
@@ -122,23 +138,9 @@ class ShardBytes:
             raise self.error(ShardFormatError, size_too_large(value), where)
         return value
 
-    def decode_name(self, raw: bytes, where: int) -> str:
-        """The member name ``raw`` (of the header at ``where``) decoded as UTF-8."""
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise self.error(
-                ShardFormatError,
-                f"member name {raw!r} is not valid UTF-8 ({e.reason} at byte {e.start})",
-                where,
-            ) from None
-
-    def decode_all(self, raw_names: list[bytes], offsets: npt.NDArray[np.int64]) -> list[str]:
-        """Every name of ``raw_names`` (of the headers at ``offsets``) decoded as UTF-8."""
-        try:
-            return [raw.decode("utf-8") for raw in raw_names]
-        except UnicodeDecodeError:
-            return [self.decode_name(raw, int(offsets[i])) for i, raw in enumerate(raw_names)]
+    def decode_all(self, raw_names: list[bytes]) -> list[str]:
+        """Every name of ``raw_names`` decoded as :func:`decode_name` does."""
+        return [raw.decode("utf-8", "surrogateescape") for raw in raw_names]
 
     # -- checks -------------------------------------------------------------
 
@@ -199,7 +201,8 @@ class ShardBytes:
             where = end + int(np.flatnonzero(tail)[0])
             raise self.error(
                 ShardFormatError,
-                f"non-zero data after the end-of-archive marker at offset {end} "
-                "(a zeroed header, or concatenated archives, which are not supported)",
+                f"non-zero data after the end-of-archive marker at offset {end}: a zeroed "
+                "header, or concatenated archives (cat a.tar b.tar), which "
+                "build_index(..., ignore_zeros=True) reads as GNU tar --ignore-zeros does",
                 where,
             )

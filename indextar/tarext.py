@@ -17,7 +17,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import ShardFormatError, UnsupportedMemberError
-from .tarbytes import BLOCK, MAX_MEMBER_SIZE, NO_DATA_TYPES, ShardBytes, size_too_large
+from .tarbytes import (
+    BLOCK,
+    MAX_MEMBER_SIZE,
+    NO_DATA_TYPES,
+    ShardBytes,
+    decode_name,
+    size_too_large,
+)
 
 __all__ = [
     "EXTENSION_TYPES",
@@ -92,7 +99,7 @@ def fold_extensions(
                 # As GNU tar: the name runs to its NUL, even past the size into the
                 # padding (the chain guarantees the padded blocks are in the file).
                 padded = shard.read_data(pos, -(-size // BLOCK) * BLOCK)
-                pending_name = shard.decode_name(padded.split(b"\0", 1)[0], pos)
+                pending_name = decode_name(padded.split(b"\0", 1)[0])
             elif t == PAX_LOCAL:  # a later one replaces an earlier one, as in GNU tar
                 pending = parse_pax(shard.read_data(pos, size), shard, pos)
             elif t == PAX_GLOBAL:  # replaces every earlier one too, as in GNU tar
@@ -100,7 +107,7 @@ def fold_extensions(
             continue
         pax = {**global_pax, **pending} if global_pax else pending
         if is_pax_sparse(pax):
-            shown = pax.get("path") or pending_name or raw_names[i].decode("utf-8", "replace")
+            shown = pax.get("path") or pending_name or decode_name(raw_names[i])
             where = first_header if first_header is not None else pos
             raise pax_sparse_error(pax, shown, shard.shard, where)
         name: str
@@ -115,7 +122,7 @@ def fold_extensions(
         elif pending_name is not None:
             name = pending_name
         else:
-            name = shard.decode_name(raw_names[i], pos)
+            name = decode_name(raw_names[i])
         if types[i] == 0 and name.endswith("/"):
             types[i] = ord("5")
         if "size" in pax and types[i] not in np.frombuffer(NO_DATA_TYPES, np.uint8):

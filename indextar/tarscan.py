@@ -32,6 +32,7 @@ The result is a :class:`TarScan`: parallel numpy arrays plus the member names.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,18 +40,13 @@ import numpy as np
 import numpy.typing as npt
 
 from . import native
-from .errors import (
-    CompressedShardError,
-    IndextarError,
-    ShardFormatError,
-    TruncatedShardError,
-    UnsupportedMemberError,
-)
+from .errors import CompressedShardError, IndextarError, ShardFormatError, TruncatedShardError
 from .tarbytes import BLOCK as BLOCK
 from .tarbytes import NO_DATA_TYPES, ShardBytes
 from .tarcompress import compressed_message, sniff_compression
 from .tarext import EXTENSION_TYPES, fold_extensions
 from .tarfields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at, parse_octal
+from .tarsparse import GNU_SPARSE, unsupported_member_error
 from .tarwalk import walk_sequential
 from .tarwalk import walk_window as _walk_window
 
@@ -58,7 +54,7 @@ __all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
 
 log = logging.getLogger(__name__)
 
-_GNU_SPARSE, _GNU_MULTIVOL, _GNU_VOLHDR = ord("S"), ord("M"), ord("V")
+_GNU_MULTIVOL, _GNU_VOLHDR = ord("M"), ord("V")
 
 #: What each skipped type flag is reported as.
 MEMBER_KINDS: dict[int, str] = {
@@ -129,7 +125,9 @@ class TarScan:
         return MEMBER_KINDS.get(t, f"type-{chr(t)!r}")
 
 
-def scan_tar(buf: Any, *, shard: str | None = None, fd: int | None = None) -> TarScan:
+def scan_tar(
+    buf: Any, *, shard: str | None = None, fd: int | None = None, ignore_zeros: bool = False
+) -> TarScan:
     """Scan an uncompressed tar in ``buf`` (bytes, bytearray, memoryview or mmap).
 
     Parameters
@@ -142,6 +140,10 @@ def scan_tar(buf: Any, *, shard: str | None = None, fd: int | None = None) -> Ta
         Optionally, an open descriptor of the file that ``buf`` maps. Headers are then
         read with ``pread`` rather than through the map: on large members a page
         fault per header costs several times a read on some machines.
+    ignore_zeros
+        As GNU tar's ``--ignore-zeros``: read on past zero blocks, so that every member
+        of concatenated archives (``cat a.tar b.tar``) is found. Otherwise anything but
+        zeros after the first end-of-archive marker is an error.
 
     Raises
     ------
@@ -151,6 +153,7 @@ def scan_tar(buf: Any, *, shard: str | None = None, fd: int | None = None) -> Ta
         :class:`UnsupportedMemberError` say more).
     """
     scanner = _Scanner(buf, shard, -1 if fd is None else fd)
+    scanner.ignore_zeros = ignore_zeros
     return scanner.scan()
 
 
@@ -163,22 +166,24 @@ _Chain = tuple[
 class _Scanner(ShardBytes):
     """One scan of one shard: :func:`scan_tar`'s working state."""
 
+    ignore_zeros = False
+
     # -- entry point --------------------------------------------------------
 
     def scan(self) -> TarScan:
         self.check_start()
         plain = self.walk_c()
-        if plain is not None:
+        if plain is not None and not (self.ignore_zeros and self.next_part(plain[3]) is not None):
             return self.resolve_plain(*plain)
         try:
-            offsets, end = self.walk_fast()
+            offsets, end = self.walk_parts(self.walk_fast)
             return self.resolve(offsets, end)
         except (_ChainMismatch, ShardFormatError):
             # The fast walk can be misled where extension headers change sizes, or stop
             # at a point where a sequential walk reports the problem better. The
             # sequential walk is the reference: its result, or its error, stands.
             log.debug("%s: walking sequentially", self.shard)
-        offsets, end = walk_sequential(self, 0, self.size)
+        offsets, end = self.walk_parts(lambda pos: walk_sequential(self, pos, self.size))
         try:
             return self.resolve(offsets, end)
         except _ChainMismatch as e:
@@ -212,14 +217,36 @@ class _Scanner(ShardBytes):
 
     # -- step 1: the walk ---------------------------------------------------
 
-    def walk_fast(self) -> tuple[npt.NDArray[np.int64], int]:
-        """Header offsets and the end-of-archive offset, choosing walkers adaptively."""
+    def walk_parts(
+        self, walk: Callable[[int], tuple[npt.NDArray[np.int64], int]]
+    ) -> tuple[npt.NDArray[np.int64], int]:
+        """``walk`` from the start to the end marker, and with ``ignore_zeros`` past
+        zero blocks through every later part; the offsets and the last end marker."""
+        parts = []
+        offsets, end = walk(0)
+        parts.append(offsets)
+        while self.ignore_zeros and (start := self.next_part(end)) is not None:
+            offsets, end = walk(start)
+            parts.append(offsets)
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0]), end
+
+    def next_part(self, end: int) -> int | None:
+        """The first block after ``end`` that is not all zeros, if any (a later part)."""
+        if end % BLOCK or end >= len(self.blocks) * BLOCK:
+            return None  # past the last whole block: check_end judges what is left
+        nonzero = np.flatnonzero(self.blocks[end // BLOCK :].any(axis=1))
+        return end + int(nonzero[0]) * BLOCK if nonzero.size else None
+
+    def walk_fast(self, start: int) -> tuple[npt.NDArray[np.int64], int]:
+        """Header offsets from ``start`` and the end-of-archive offset, choosing walkers
+        adaptively."""
         chunks: list[npt.NDArray[np.int64]] = []
-        probe, pos = walk_sequential(self, 0, self.size, max_headers=_PROBE_HEADERS)
+        probe, pos = walk_sequential(self, start, self.size, max_headers=_PROBE_HEADERS)
         chunks.append(probe)
         while pos is not None and pos < self.size and not self.is_zero_block(pos):
             # pos is a header offset still to be walked.
-            dense = len(probe) and (pos / max(1, sum(len(c) for c in chunks))) < _DENSE_MEMBER_BYTES
+            walked = pos - start
+            dense = len(probe) and (walked / max(1, sum(map(len, chunks)))) < _DENSE_MEMBER_BYTES
             if dense:
                 window, nxt = self.walk_window(pos)
                 if window is not None:
@@ -261,23 +288,15 @@ class _Scanner(ShardBytes):
         # walk overrun, and the bad header is the better report than a truncation.
         self.check_end(end, int(offsets[-1]))
 
-        unsupported = np.isin(types, np.array([_GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
+        unsupported = np.isin(types, np.array([GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
         if unsupported.any():
             i = int(np.flatnonzero(unsupported)[0])
-            what = (
-                "a GNU sparse member" if types[i] == _GNU_SPARSE else "a multi-volume continuation"
-            )
-            raise self.error(
-                UnsupportedMemberError,
-                f"member {names[i]!r} is {what}; indextar cannot give random access to it "
-                "(re-create the shard without --sparse / --multi-volume)",
-                int(offsets[i]),
-            )
+            raise unsupported_member_error(self, offsets, types, sizes, names, i)
         extension = np.isin(types, np.array(sorted(EXTENSION_TYPES), np.uint8))
         if extension.any():
             return self.resolve_extensions(offsets, types, sizes, names, extension, end)
         self.check_chain(offsets, sizes, end)
-        return self.plain_scan(self.decode_all(names, offsets), types, offsets, sizes, end)
+        return self.plain_scan(self.decode_all(names), types, offsets, sizes, end)
 
     def walk_c(self) -> _Chain | None:
         """The C walker's chain, if it could walk the whole shard (plain headers only)."""
@@ -319,7 +338,7 @@ class _Scanner(ShardBytes):
                     types[i] = ord("5")
             return self.plain_scan(decoded, types, offsets, sizes, end)
         names = names_at(self.blocks, offsets // BLOCK, types)
-        return self.plain_scan(self.decode_all(names, offsets), types, offsets, sizes, end)
+        return self.plain_scan(self.decode_all(names), types, offsets, sizes, end)
 
     def plain_scan(
         self,
@@ -364,8 +383,11 @@ class _Scanner(ShardBytes):
         successor = offsets + BLOCK + (sizes + BLOCK - 1) // BLOCK * BLOCK
         expected = np.append(offsets[1:], end)
         if not np.array_equal(successor, expected):
-            i = int(np.flatnonzero(successor != expected)[0])
-            raise _ChainMismatch(int(offsets[i]))
+            for i in np.flatnonzero(successor != expected).tolist():
+                # With ignore_zeros, zero blocks (end markers of the parts) may lie between.
+                gap = self.data[successor[i] : expected[i]]
+                if not (self.ignore_zeros and successor[i] < expected[i] and not gap.any()):
+                    raise _ChainMismatch(int(offsets[i]))
 
     def resolve_extensions(
         self,

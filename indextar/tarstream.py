@@ -27,15 +27,17 @@ from .errors import (
 )
 from .patterns import is_url
 from .remote import RangeSource, RemoteStream, check_pipe_allowed
+from .tarbytes import decode_name
 from .tarext import is_pax_sparse, pax_size, pax_sparse_error
 from .tarfields import MAGIC_OFFSET, POSIX_MAGIC, parse_octal
 from .tarscan import BLOCK, sniff_compression
+from .tarsparse import sparse_error
 
 __all__ = ["StreamMember", "iter_members", "open_stream"]
 
 _REGULAR = frozenset(b"07\0")
 _GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL = b"L", b"K", b"x", b"g"
-_UNSUPPORTED = {b"S": "a GNU sparse file", b"M": "a GNU multi-volume continuation"}
+_GNU_SPARSE, _GNU_MULTIVOL = b"S", b"M"
 _ZERO_BLOCK = bytes(BLOCK)
 _BUFFER = 1 << 20
 
@@ -115,7 +117,7 @@ def _header_name(header: bytes) -> str:
     # take "ustar\0" alone; GNU headers, "ustar  \0", use those bytes for other fields).
     if header[345] and header[MAGIC_OFFSET : MAGIC_OFFSET + len(POSIX_MAGIC)] == POSIX_MAGIC:
         name = header[345:500].split(b"\0", 1)[0] + b"/" + name
-    return name.decode("utf-8", "surrogateescape")
+    return decode_name(name)
 
 
 def _pax_records(
@@ -149,10 +151,14 @@ def _pax_records(
     return records
 
 
-def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
+def iter_members(
+    stream: BinaryIO, *, shard: str, ignore_zeros: bool = False
+) -> Iterator[StreamMember]:
     """Yield the regular files of the tar read from ``stream``, in order.
 
-    Directories, links and devices are skipped, as webdataset skips them.
+    Directories, links and devices are skipped, as webdataset skips them. With
+    ``ignore_zeros``, zero blocks are skipped rather than ending the archive, as GNU
+    tar's ``--ignore-zeros`` does: every member of concatenated archives is read.
 
     Raises
     ------
@@ -168,9 +174,12 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
     globals_: dict[str, str] = {}
     first_header = 0
     chained = False  # extension headers precede this header
+    ended = False  # with ignore_zeros: an end marker was passed since the last member
     while True:
         header = stream.read(BLOCK)
         if not header:
+            if ended and not chained:
+                return
             if offset == 0:
                 raise TruncatedShardError("the stream is empty, not a tar", shard=shard, offset=0)
             raise TruncatedShardError(
@@ -181,7 +190,11 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
         if len(header) != BLOCK:
             header += _read_exact(stream, BLOCK - len(header), shard, offset, "a header")
         if header == _ZERO_BLOCK:
-            return  # end of archive; a second zero block and padding may follow
+            if not ignore_zeros:
+                return  # end of archive; a second zero block and padding may follow
+            ended, offset = True, offset + BLOCK
+            continue
+        ended = False
         if not _checksum_ok(header):
             raise ShardFormatError(
                 "bad header checksum: not a tar header (corrupt or truncated shard, or a "
@@ -200,9 +213,14 @@ def iter_members(stream: BinaryIO, *, shard: str) -> Iterator[StreamMember]:
             size = pax_size(size_record, shard, offset)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         data_offset = offset + BLOCK
-        if typeflag in _UNSUPPORTED:
+        if typeflag in (_GNU_SPARSE, _GNU_MULTIVOL):
+            shown = records.get("path") or long_name or _header_name(header)
+            if typeflag == _GNU_SPARSE:
+                raise sparse_error(header, shown, shard, first_header)
             raise UnsupportedMemberError(
-                f"member is {_UNSUPPORTED[typeflag]}", shard=shard, offset=offset
+                f"member {shown!r} is a GNU multi-volume continuation",
+                shard=shard,
+                offset=first_header,
             )
         if records and not extension and is_pax_sparse(records):  # as the scanner, any type
             shown = records.get("path") or long_name or _header_name(header)

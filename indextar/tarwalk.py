@@ -9,7 +9,9 @@ rounded up to whole blocks.
 * :func:`walk_window` looks at every block of a window at once: blocks carrying the
   ``ustar`` magic are header candidates; their sizes give each candidate's
   successor, and the window is accepted only if the candidates form one unbroken
-  chain. Dense shards (many small members) take this path.
+  chain. Dense shards (many small members) take this path. A window holding a GNU
+  sparse header (whose map may run on in extension blocks) is left to the sequential
+  walk.
 
 :mod:`indextar.tarscan` chooses between them and decodes the headers they find.
 """
@@ -23,6 +25,7 @@ from .errors import ShardFormatError, TruncatedShardError
 from .tarbytes import BLOCK, NO_DATA_TYPES, ShardBytes
 from .tarext import EXTENSION_TYPES, PAX_GLOBAL, PAX_LOCAL, parse_pax, pax_size
 from .tarfields import MAGIC_OFFSET, cached_octal, parse_numeric
+from .tarsparse import GNU_SPARSE, sparse_extension_blocks
 
 __all__ = ["walk_sequential", "walk_window"]
 
@@ -82,6 +85,8 @@ def walk_sequential(
             found.append(pos)
             if typeflag in NO_DATA_TYPES:
                 member_size = 0
+            if typeflag == GNU_SPARSE:  # its map's extension blocks come before its data
+                pos += sparse_extension_blocks(shard, pos) * BLOCK
             pos += BLOCK + -(-member_size // BLOCK) * BLOCK
     except ShardFormatError:
         # A corrupt size field sends the walk into member data, where it fails
@@ -111,6 +116,8 @@ def walk_window(
     if candidate.size == 0 or candidate[0] != 0:
         return None, start
     rows = blocks[candidate, 124:157]
+    if (rows[:, 32] == GNU_SPARSE).any():  # extension blocks may follow: walk sequentially
+        return None, start
     sizes, ok = parse_numeric(rows[:, :12], values=True)
     if not ok.all():
         return None, start

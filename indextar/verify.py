@@ -12,7 +12,7 @@ from typing import Any
 from .arrays import ShardArrays, read_arrays
 from .errors import IndexFormatError
 from .index import IndexMeta, PathLike, _connect_ro, open_index, scan_arrays, scan_shard_file
-from .naming import group_members
+from .naming import from_sql, group_members, sql_text
 
 __all__ = ["VerifyReport", "verify_index"]
 
@@ -46,7 +46,7 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     """
     ix = open_index(shard, index_dir=index_dir)
     shard_path = Path(shard)
-    scan, _ = scan_shard_file(shard_path)
+    scan, _ = scan_shard_file(shard_path, ignore_zeros=ix.meta.ignore_zeros)
     grouping = group_members(scan, shard=str(shard_path))
     rows = grouping.entries
     expected_members = list(
@@ -54,7 +54,7 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
             range(len(rows)),
             grouping.sample_of_member.tolist(),
             [scan.names[i] for i in rows.tolist()],
-            grouping.exts,
+            [sql_text(ext) for ext in grouping.exts],  # the exact ones are in the arrays
             scan.header_offsets[rows].tolist(),
             scan.data_offsets[rows].tolist(),
             scan.sizes[rows].tolist(),
@@ -78,17 +78,26 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     warnings: list[str] = []
     try:
         with contextlib.closing(_connect_ro(ix.path)) as conn:
-            members = conn.execute(
-                "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size "
-                "FROM members ORDER BY member_id"
-            ).fetchall()
-            samples = conn.execute(
-                "SELECT sample_id, key, first_member, member_count, start_offset, end_offset "
-                "FROM samples ORDER BY sample_id"
-            ).fetchall()
-            skipped = conn.execute(
-                "SELECT header_offset, name, kind FROM skipped ORDER BY header_offset"
-            ).fetchall()
+            members = [
+                (*row[:2], from_sql(row[2], row[-1]), *row[3:-1])
+                for row in conn.execute(
+                    "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size, "
+                    "raw_name FROM members ORDER BY member_id"
+                )
+            ]
+            samples = [
+                (row[0], from_sql(row[1], row[-1]), *row[2:-1])
+                for row in conn.execute(
+                    "SELECT sample_id, key, first_member, member_count, start_offset, end_offset, "
+                    "raw_key FROM samples ORDER BY sample_id"
+                )
+            ]
+            skipped = [
+                (row[0], from_sql(row[1], row[3]), row[2])
+                for row in conn.execute(
+                    "SELECT header_offset, name, kind, raw_name FROM skipped ORDER BY header_offset"
+                )
+            ]
             problems += _compare("member", members, expected_members)
             problems += _compare("sample", samples, expected_samples)
             problems += _compare("skipped entry", skipped, expected_skipped)

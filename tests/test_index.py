@@ -199,6 +199,7 @@ def test_inspectable_with_sqlite3_and_sqlite_utils(shard: Path) -> None:
             "header_offset",
             "data_offset",
             "size",
+            "raw_name",
         ]
         assert [c.name for c in db["samples"].columns] == [
             "sample_id",
@@ -207,8 +208,15 @@ def test_inspectable_with_sqlite3_and_sqlite_utils(shard: Path) -> None:
             "member_count",
             "start_offset",
             "end_offset",
+            "raw_key",
         ]
-        assert [c.name for c in db["skipped"].columns] == ["header_offset", "name", "kind", "size"]
+        assert [c.name for c in db["skipped"].columns] == [
+            "header_offset",
+            "name",
+            "kind",
+            "size",
+            "raw_name",
+        ]
         assert [c.name for c in db["meta"].columns] == ["key", "value"]
         assert [c.name for c in db["arrays"].columns] == ["name", "dtype", "columns", "data"]
         row = next(db["members"].rows_where("name = ?", ["s000003.cls"]))
