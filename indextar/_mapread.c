@@ -122,12 +122,17 @@ static int checksum_ok(const unsigned char *block)
     for (; i < 156 && block[i] != 0; i++) /* after the first NUL anything goes */
         if (block[i] != ' ')
             return 0;
-    for (i = 0; i < 512; i++) {
-        unsigned char c = (i >= 148 && i < 156) ? ' ' : block[i];
-        unsigned_sum += c;
-        signed_sum += (signed char)c;
-    }
-    return stored == unsigned_sum || stored == signed_sum;
+    /* The field counts as eight spaces. A plain loop the compiler vectorises. */
+    for (i = 0; i < 512; i++)
+        unsigned_sum += block[i];
+    for (i = 148; i < 156; i++)
+        unsigned_sum -= block[i];
+    unsigned_sum += 8 * ' ';
+    if (stored == unsigned_sum)
+        return 1;
+    for (i = 0; i < 512; i++) /* old tars summed signed bytes */
+        signed_sum += (i >= 148 && i < 156) ? ' ' : (signed char)block[i];
+    return stored == signed_sum;
 }
 
 /* A header's size field: octal, or base-256 (first byte 0x80); -1 if neither. */

@@ -13,6 +13,7 @@ with bounded exponential backoff; a read that still fails raises
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import io
 import logging
@@ -198,6 +199,121 @@ class RemoteStat:
 DEFAULT_RETRY = RetryPolicy()
 
 
+# -- conditional ranged GETs -------------------------------------------------------
+#
+# Every ranged read of an indexed shard carries the object version its index recorded,
+# so that an object replaced mid-epoch is refused by the server (412) or, where the
+# server ignores the precondition, by the ETag it answers with: never read as bytes.
+
+
+def _stale(url: str, etag: str, what: str) -> StaleIndexError:
+    return StaleIndexError(
+        f"remote shard {url!r} changed since it was indexed (ETag {etag!r}): {what}; "
+        "no sample is read through its old index; rebuild it "
+        "(build_index(url, index_dir=..., force=True))"
+    )
+
+
+def _answered_etag(url: str, etag: str, answered: str | None) -> None:
+    """Refuse a response whose ETag is another version's."""
+    got = (answered or "").removeprefix("W/").strip('"')
+    if got and got != etag:
+        raise _stale(url, etag, f"the server answered a ranged read with ETag {got!r}")
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) is an HTTP 412 answer."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "status", None) == 412:  # aiohttp
+            return True
+        response = getattr(seen, "response", None)  # botocore ClientError
+        if isinstance(response, Mapping):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "PreconditionFailed" or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    kwargs = dict(fs.kwargs)
+    headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
+    if not etag.startswith("W/"):  # If-Match compares strongly: a weak tag never matches
+        headers["If-Match"] = f'"{etag}"'
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
+        if response.status == 412:
+            raise _stale(url, etag, "the server answered 412 Precondition Failed")
+        fs._raise_not_found_for_status(response, path)
+        _answered_etag(url, etag, response.headers.get("ETag"))
+        data: bytes = await response.read()
+        return data
+
+
+async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    bucket, key, version = fs.split_path(path)
+    request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
+    request["IfMatch"] = f'"{etag}"'
+    if version:
+        request["VersionId"] = version
+    try:
+        response = await fs._call_s3("get_object", **request)
+    except Exception as e:
+        if _precondition_failed(e):
+            raise _stale(url, etag, "the server answered 412 Precondition Failed") from e
+        raise
+    try:
+        _answered_etag(url, etag, response.get("ETag"))
+        data: bytes = await response["Body"].read()
+        return data
+    finally:
+        response["Body"].close()
+
+
+# protocol -> a ranged GET that carries If-Match and checks the answered ETag
+_CONDITIONAL_GETS = {
+    "http": _http_range,
+    "https": _http_range,
+    "s3": _s3_range,
+    "s3a": _s3_range,
+}
+
+
+async def _get_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    """Bytes ``start .. end`` of ``path``: conditional on ``etag`` where the protocol
+    allows it (HTTP, S3), plain elsewhere (the span check still guards those)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    conditional = _CONDITIONAL_GETS.get(protocol)
+    if conditional is None or not etag:
+        data: bytes = await fs._cat_file(path, start=start, end=end)
+        return data
+    return await conditional(fs, path, start, end, etag, url)
+
+
+def _get_ranges(
+    fs: Any, requests: Sequence[tuple[str, int, int, str, str]], max_in_flight: int
+) -> list[Any]:
+    """``_get_range`` of each ``(path, start, end, etag, url)``, at most
+    ``max_in_flight`` at once on the filesystem's event loop; exceptions are returned."""
+    import fsspec.asyn
+
+    async def gather() -> list[Any]:
+        limit = asyncio.Semaphore(max_in_flight)
+
+        async def one(path: str, start: int, end: int, etag: str, url: str) -> Any:
+            async with limit:
+                try:
+                    return await _get_range(fs, path, start, end, etag, url)
+                except Exception as e:
+                    return e
+
+        return await asyncio.gather(*(one(*request) for request in requests))
+
+    return fsspec.asyn.sync(fs.loop, gather)  # type: ignore[no-any-return]
+
+
 class RangeSource(ByteSource):
     """A remote shard read by ranged requests; batches go out concurrently.
 
@@ -207,8 +323,11 @@ class RangeSource(ByteSource):
         The shard's URL.
     expected
         The size and ETag its index recorded. The first read in each process compares
-        them with the object and raises :class:`~indextar.errors.StaleIndexError` on a
-        mismatch, so a replaced object is never read with an old index.
+        them with the object's, and every ranged read carries the ETag (HTTP
+        ``If-Match``, S3 ``IfMatch``) and checks the one answered: a replaced object
+        raises :class:`~indextar.errors.StaleIndexError`, even mid-epoch, and is never
+        read with an old index. Without ``expected``, reads are conditional on the ETag
+        this process saw first.
     storage_options
         Passed to fsspec for this protocol (endpoint, anonymous access, ...).
     retry
@@ -301,13 +420,25 @@ class RangeSource(ByteSource):
             )
         return data
 
+    @property
+    def etag(self) -> str:
+        """The ETag every read is conditional on: the index's, else the one this process
+        saw first (a stream is then one version from its first chunk to its last)."""
+        if self.expected is not None:
+            return self.expected.etag
+        return self._stat.etag if self._stat is not None else ""
+
     def read(self, offset: int, length: int) -> bytes:
         fs, path = self._filesystem()
 
         def call() -> bytes:
-            return self._checked(
-                fs.cat_file(path, start=offset, end=offset + length), offset, length
-            )
+            if getattr(fs, "async_impl", False):
+                (got,) = _get_ranges(fs, [(path, offset, offset + length, self.etag, self.url)], 1)
+                if isinstance(got, BaseException):
+                    raise got
+            else:
+                got = fs.cat_file(path, start=offset, end=offset + length)
+            return self._checked(got, offset, length)
 
         return with_retries(call, self.retry, url=self.url, offset=offset, length=length)
 
@@ -373,10 +504,11 @@ def fetch_ranges(
                 results[i] = outcome
         if not failed:
             break
+        for _, error in failed:
+            if isinstance(error, StaleIndexError):
+                raise error
         i, error = failed[0]
         url = sources[i].url
-        if isinstance(error, StaleIndexError):
-            raise error
         if not all(is_transient(e) for _, e in failed) or attempt == retry.attempts:
             if isinstance(error, FileNotFoundError):
                 raise ShardNotFoundError(
@@ -423,7 +555,11 @@ def _fetch(
         ends = [offsets[i] + lengths[i] for i in members]
         if getattr(fs, "async_impl", False):
             # One event loop, max_in_flight concurrent requests, exceptions returned.
-            got = fs.cat_ranges(paths, starts, ends, batch_size=max_in_flight, on_error="return")
+            requests = [
+                (path, start, end, sources[i].etag, sources[i].url)
+                for i, path, start, end in zip(members, paths, starts, ends)
+            ]
+            got = _get_ranges(fs, requests, max_in_flight)
         else:
             with concurrent.futures.ThreadPoolExecutor(min(max_in_flight, len(members))) as pool:
                 futures = [

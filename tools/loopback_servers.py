@@ -7,7 +7,10 @@
 * ``/flaky/<n>/<path>``: the first ``n`` requests of each path answer 503;
 * ``/cut/<path>``: the first request of each path sends half its body, then drops
   the connection;
-* ``/fail/<path>``: always 500.
+* ``/fail/<path>``: always 500;
+* ``/ignore-if-match/<path>``: serves the file as ``/files/`` does but ignores
+  ``If-Match``, as some servers and proxies do (the client must then check the ETag
+  it is answered with).
 
 ``--delay-ms`` delays every response (object stores answer in tens of ms).
 ``/_stats`` returns ``{path: {"requests": n, "bytes": b}}``; ``/_reset`` clears it.
@@ -236,6 +239,12 @@ def _serve_http(root: Path, port: int, delay_ms: float) -> None:
     async def fail(request: web.Request) -> web.StreamResponse:
         raise web.HTTPInternalServerError(text="always failing")
 
+    async def ignore_if_match(request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "if-match"}
+        response = web.FileResponse(local(request))
+        await response.prepare(request.clone(headers=headers))
+        return response
+
     async def get_stats(request: web.Request) -> web.StreamResponse:
         return web.json_response(stats)
 
@@ -275,6 +284,7 @@ def _serve_http(root: Path, port: int, delay_ms: float) -> None:
             web.get("/flaky/{n:\\d+}/{path:.+}", flaky),
             web.get("/cut/{path:.+}", cut),
             web.get("/fail/{path:.+}", fail),
+            web.get("/ignore-if-match/{path:.+}", ignore_if_match),
             web.get("/_stats", get_stats),
             web.get("/_reset", reset),
         ]
