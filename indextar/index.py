@@ -639,14 +639,11 @@ def _meta_text(value: object) -> str:
 
 def _write_raw_names(conn: sqlite3.Connection, member_names: list[str], keys: list[str]) -> None:
     """The exact bytes of the names and keys that were not UTF-8 (rare: old archives)."""
-    for table, column, id_column, values in (
-        ("members", "raw_name", "member_id", member_names),
-        ("samples", "raw_key", "sample_id", keys),
+    for sql, values in (
+        ("UPDATE members SET raw_name = ? WHERE member_id = ?", member_names),
+        ("UPDATE samples SET raw_key = ? WHERE sample_id = ?", keys),
     ):
         if "".join(values).isascii():  # the common case, checked at C speed
             continue
         raw = ((raw_name(value), row) for row, value in enumerate(values))
-        conn.executemany(
-            f"UPDATE {table} SET {column} = ? WHERE {id_column} = ?",
-            ((blob, row) for blob, row in raw if blob is not None),
-        )
+        conn.executemany(sql, ((blob, row) for blob, row in raw if blob is not None))
