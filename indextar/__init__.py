@@ -5,8 +5,6 @@ a map-style dataset then reads any sample with one seek.
 """
 
 from ._version import __version__
-from .build import build_indexes
-from .dataset import IndexedTarDataset
 from .errors import (
     CacheFullError,
     CompressedShardError,
@@ -33,14 +31,16 @@ from .errors import (
     UnsupportedMemberError,
     WriterError,
 )
-from .index import IndexMeta, SampleTable, ShardIndex, build_index, index_path, open_index
-from .manifest import read_manifest, write_manifest
-from .naming import split_name
+from .index.build import build_indexes
+from .index.manifest import read_manifest, write_manifest
+from .index.naming import split_name
+from .index.shard import IndexMeta, SampleTable, ShardIndex, build_index, index_path, open_index
+from .order.sampler import ResumableSampler
 from .patterns import expand_shards
-from .sampler import ResumableSampler
-from .shardwriter import ShardWriter
-from .tarscan import TarScan, scan_tar
-from .tarwriter import TarWriter
+from .read.dataset import IndexedTarDataset
+from .tar.scan import TarScan, scan_tar
+from .write.shardwriter import ShardWriter
+from .write.tarwriter import TarWriter
 
 __all__ = [
     "__version__",
@@ -97,7 +97,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # StreamingTarDataset subclasses torch's IterableDataset: import torch only when asked.
     if name == "StreamingTarDataset":
-        from .streaming import StreamingTarDataset
+        from .read.streaming import StreamingTarDataset
 
         return StreamingTarDataset
     raise AttributeError(f"module 'indextar' has no attribute {name!r}")

@@ -20,15 +20,15 @@ import os
 from types import ModuleType
 
 try:
-    from . import _tarwalk
+    from .tar import _tarwalk
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _tarwalk = None  # type: ignore[assignment]
 try:
-    from . import _mapread
+    from .source import _mapread
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _mapread = None  # type: ignore[assignment]
 try:
-    from . import _sqlitebulk
+    from .index import _sqlitebulk
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _sqlitebulk = None  # type: ignore[assignment]
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from indextar.sampler import ResumableSampler
+from indextar.order.sampler import ResumableSampler
 
 
 class IndexDataset(Dataset[int]):

@@ -75,18 +75,19 @@ def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "numpy":
         monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
     else:
-        assert native.built()["_tarwalk"], "the C walker (indextar/_tarwalk.c) did not build"
+        assert native.built()["_tarwalk"], "the C walker (indextar/tar/_tarwalk.c) did not build"
     return str(request.param)
 
 
 @pytest.fixture(params=["c", "python"])
 def map_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Reads through _mapread's guarded copy, and again through an fstat and a slice."""
-    from indextar import native, sources
+    from indextar import native
+    from indextar.source import local as sources
 
     if request.param == "python":
         monkeypatch.setattr(sources, "_MAPREAD", None)
     else:
-        assert native.built()["_mapread"], "indextar/_mapread.c did not build"
+        assert native.built()["_mapread"], "indextar/source/_mapread.c did not build"
         assert sources._MAPREAD is not None
     return str(request.param)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from indextar.index import build_index
+from indextar.index.shard import build_index
 
 TABLES = ("members", "samples", "skipped", "arrays")
 

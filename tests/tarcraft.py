@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from indextar.tarscan import TarScan
+from indextar.tar.scan import TarScan
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # GNU tar's default record size

@@ -11,8 +11,8 @@ import pytest
 from conftest import sample_members
 
 from indextar import IndexedTarDataset, IndexFormatError, build_index, open_index
-from indextar.arrays import arrays_from_tables, read_arrays
-from indextar.verify import verify_index
+from indextar.index.arrays import arrays_from_tables, read_arrays
+from indextar.index.verify import verify_index
 
 MEMBERS = {
     **sample_members(20, ("jpg", "cls", "json")),

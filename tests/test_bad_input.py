@@ -30,7 +30,7 @@ from indextar import (
     build_index,
     scan_tar,
 )
-from indextar.tarstream import iter_members
+from indextar.tar.stream import iter_members
 
 # Every test here runs with the C walker and with the numpy scanner (conftest).
 pytestmark = pytest.mark.usefixtures("scanner")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import sample_members, tar_bytes
 
-from indextar.cli import main
+from indextar.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,9 +160,9 @@ def test_import_and_cli_work_without_torch(shards: Path) -> None:
     """Blocking torch's import: indexing tools must never need it."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import indextar, indextar.cli\n"
+        "import indextar, indextar.cli.commands\n"
         "assert indextar.build_index('x-000002.tar').meta.num_samples == 50\n"
-        "sys.exit(indextar.cli.main(['info', 'x-000002.tar', '-q']))\n"
+        "sys.exit(indextar.cli.commands.main(['info', 'x-000002.tar', '-q']))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_create import TREE, make_tree
 
-from indextar.cli import main
+from indextar.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import torch.utils.data
 from conftest import sample_members, tar_bytes
 
 from indextar import IndexedTarDataset, build_index, open_index
-from indextar.index import INDEX_SUFFIX
+from indextar.index.shard import INDEX_SUFFIX
 
 PROCESSES = 8
 SHARDS = 20

@@ -6,7 +6,7 @@ leave its temporary file (``.<index name>.<random>.tmp``), which nothing takes f
 an index (the next build removes it: tests/test_atomic.py).
 
 The CLI's import time would dominate the run, so a server process imports
-``indextar.cli`` once and forks a child per run that calls the CLI's ``main`` (as
+``indextar.cli.commands`` once and forks a child per run that calls the CLI's ``main`` (as
 ``indextar index --force SHARD``); the test kills that child by its pid.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from conftest import sample_members, tar_bytes
 
 from indextar import build_index, open_index
-from indextar.index import INDEX_SUFFIX
-from indextar.verify import verify_index
+from indextar.index.shard import INDEX_SUFFIX
+from indextar.index.verify import verify_index
 
 # INDEXTAR_CRASH_KILLS / INDEXTAR_CRASH_SEED run longer or other series (docs/reliability.md).
 KILLS = int(os.environ.get("INDEXTAR_CRASH_KILLS", "50"))
@@ -35,7 +35,7 @@ SEED = int(os.environ.get("INDEXTAR_CRASH_SEED", "7"))
 # reaped only after the test has killed it, so its pid cannot be reused by then.
 SERVER = """
 import contextlib, io, os, sys
-from indextar.cli import main
+from indextar.cli.commands import main
 with contextlib.redirect_stdout(io.StringIO()):  # warm up: lazy imports happen once, here
     main(["index", "--force", sys.argv[1]])
 print("ready", flush=True)

@@ -1,4 +1,4 @@
-"""indextar.create: folder trees to sorted, indexed shards."""
+"""indextar.write.create: folder trees to sorted, indexed shards."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from indexrows import assert_index_matches_scan
 from test_writer import wds_read
 
-from indextar.create import create_shards, walk_tree
 from indextar.errors import WriterError
+from indextar.write.create import create_shards, walk_tree
 
 TREE = {
     "cat/0001.jpg": b"cat-1-jpg",

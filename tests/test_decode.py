@@ -15,8 +15,8 @@ import pytest
 import webdataset.autodecode as wds_autodecode
 from PIL import Image
 
-from indextar.decode import IMAGE_SPECS, BasicHandler, ImageHandler, make_decoder
 from indextar.errors import DecodeError, DecodeSpecError, IndextarError, UnsafeMemberError
+from indextar.read.decode import IMAGE_SPECS, BasicHandler, ImageHandler, make_decoder
 
 
 def image_bytes(mode: str, fmt: str, size: tuple[int, int] = (7, 5), seed: int = 0) -> bytes:
@@ -198,7 +198,7 @@ def test_import_and_numpy_decoding_do_not_import_torch() -> None:
         "import sys, io, numpy as np\n"
         "from PIL import Image\n"
         "import indextar\n"
-        "from indextar.decode import make_decoder\n"
+        "from indextar.read.decode import make_decoder\n"
         "buf = io.BytesIO(); Image.new('RGB', (4, 4)).save(buf, format='PNG')\n"
         "assert make_decoder('rgb8')('png', buf.getvalue()).shape == (4, 4, 3)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

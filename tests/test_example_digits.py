@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from indextar import cli
+from indextar.cli import commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = -(-1437 // 32)  # 1437 training digits in batches of 32

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from indextar.errors import ExportError
-from indextar.export import dali_index_name, export_dali, export_wids
-from indextar.shardwriter import ShardWriter
+from indextar.write.export import dali_index_name, export_dali, export_wids
+from indextar.write.shardwriter import ShardWriter
 
 
 @pytest.fixture

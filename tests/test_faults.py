@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import sample_members, tar_bytes
 
-from indextar import IndexedTarDataset, StaleIndexError, TruncatedShardError, build_index, sources
-from indextar.build import build_indexes
+from indextar import IndexedTarDataset, StaleIndexError, TruncatedShardError, build_index
 from indextar.errors import ShardNotFoundError
+from indextar.index.build import build_indexes
+from indextar.source import local as sources
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -100,9 +101,9 @@ def test_disk_full_while_writing_an_index(how: str, tmp_path: Path) -> None:
 CACHE_DISK_FULL = """
     import os, resource, signal, sys
     from pathlib import Path
-    from indextar.cache import CachedSource, ShardCache
+    from indextar.source.cache import CachedSource, ShardCache
     from indextar.errors import IndextarError
-    from indextar.remote import RangeSource
+    from indextar.source.remote import RangeSource
     url, folder, limit, mount = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     if mount:
         folder.mkdir(parents=True, exist_ok=True)
@@ -294,7 +295,7 @@ def test_short_writes_into_the_cache_are_finished_not_left_as_holes(
 ) -> None:
     # A nearly full disk makes pwrite write part of a chunk without an error; the
     # pre-sized file would keep zeros where the rest should be.
-    from indextar import cache
+    from indextar.source import cache
 
     real_pwrite = os.pwrite
     calls = []

@@ -26,8 +26,8 @@ from indextar import (
     build_index,
     scan_tar,
 )
-from indextar.naming import group_members
-from indextar.tarstream import iter_members
+from indextar.index.naming import group_members
+from indextar.tar.stream import iter_members
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import fuzz  # noqa: E402

@@ -24,9 +24,9 @@ from indextar import (
     build_index,
     build_indexes,
 )
-from indextar.tarscan import scan_tar
-from indextar.tarstream import iter_members
-from indextar.verify import verify_index
+from indextar.index.verify import verify_index
+from indextar.tar.scan import scan_tar
+from indextar.tar.stream import iter_members
 
 pytestmark = [
     pytest.mark.usefixtures("scanner"),

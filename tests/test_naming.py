@@ -15,7 +15,7 @@ from tarcraft import Crafter
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
 from indextar import SampleFormatError, build_index, scan_tar, split_name
-from indextar.naming import group_members, skip_reason
+from indextar.index.naming import group_members, skip_reason
 
 # Every test here runs with the C walker and grouping, and with the numpy ones (conftest).
 pytestmark = pytest.mark.usefixtures("scanner")

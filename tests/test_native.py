@@ -19,9 +19,10 @@ from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indextar import IndextarError, build_index, index, native, scan_tar
-from indextar.naming import _group_c, _group_numpy, group_members
-from indextar.tarscan import TarScan
+from indextar import IndextarError, build_index, native, scan_tar
+from indextar.index.naming import _group_c, _group_numpy, group_members
+from indextar.index import shard as index
+from indextar.tar.scan import TarScan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from procstats import bytes_read  # noqa: E402
@@ -151,7 +152,7 @@ def test_the_c_row_writer_writes_what_executemany_writes(
 
 def test_the_c_row_writer_refuses_rows_that_do_not_line_up(tmp_path: Path) -> None:
     bulk = native.sqlitebulk()
-    assert bulk is not None, "indextar/_sqlitebulk.c did not build"
+    assert bulk is not None, "indextar/index/_sqlitebulk.c did not build"
     path = tmp_path / "x.sqlite"
     conn = sqlite3.connect(path)
     conn.executescript(index._schema()[0])
@@ -231,7 +232,8 @@ def test_c_grouping_declines_over_256_extensions_and_the_result_is_the_same() ->
 def test_samples_read_through_mapread_equal_the_python_slices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from indextar import IndexedTarDataset, sources
+    from indextar import IndexedTarDataset
+    from indextar.source import local as sources
 
     members = {f"wide.e{i:02d}": bytes([i]) * i for i in range(70)}  # more than C takes
     members.update(sample_members(30, ("jpg", "cls", "json")))

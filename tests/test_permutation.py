@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indextar.permutation import ROUNDS, KeyedPermutation, derive_round_keys
+from indextar.order.permutation import ROUNDS, KeyedPermutation, derive_round_keys
 
 
 def chi_square(counts: np.ndarray, expected: float) -> float:

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from conftest import sample_members, tar_bytes
 
-from indextar.cache import CachedSource, ShardCache, parse_size
 from indextar.errors import (
     CacheFullError,
     PipeRefusedError,
     RemoteReadError,
     StaleIndexError,
 )
-from indextar.remote import RangeSource, RetryPolicy
-from indextar.remote_index import expected_stat, open_remote_index, remote_index_path, upload_index
-from indextar.shardreader import OpenShard
+from indextar.index.remote import expected_stat, open_remote_index, remote_index_path, upload_index
+from indextar.read.shard import OpenShard
+from indextar.source.cache import CachedSource, ShardCache, parse_size
+from indextar.source.remote import RangeSource, RetryPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
@@ -71,7 +71,7 @@ def _remote(
 
 
 def _local_samples(path: Path) -> list[dict[str, Any]]:
-    from indextar.streaming import StreamingTarDataset
+    from indextar.read.streaming import StreamingTarDataset
 
     return [
         {k: v for k, v in s.items() if k != "__shard__"} for s in StreamingTarDataset(str(path))
@@ -87,7 +87,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 def test_streaming_matches_local(kind: str, request: pytest.FixtureRequest, root: Path) -> None:
-    from indextar.streaming import StreamingTarDataset
+    from indextar.read.streaming import StreamingTarDataset
 
     server = request.getfixturevalue(kind)
     urls = [
@@ -149,7 +149,7 @@ def test_503_twice_is_retried(
 ) -> None:
     raw = (root / "data-0.tar").read_bytes()
     source = RangeSource(http.url("data-0.tar", mode="flaky/2"), retry=FAST)
-    with caplog.at_level(logging.WARNING, "indextar.remote"):
+    with caplog.at_level(logging.WARNING, "indextar.source.remote"):
         assert source.read(512, 10_000) == raw[512:10_512]
     assert caplog.text.count("503") == 2
 
@@ -218,7 +218,7 @@ def _fill(directory: str, url: str, size: int, etag: str, barrier: Any) -> None:
 
 
 def _stat(size: int, etag: str) -> Any:
-    from indextar.remote import RemoteStat
+    from indextar.source.remote import RemoteStat
 
     return RemoteStat(size, etag)
 
@@ -284,7 +284,7 @@ def test_parse_size() -> None:
 
 
 def test_pipe_refused_unless_allowed(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from indextar.streaming import StreamingTarDataset
+    from indextar.read.streaming import StreamingTarDataset
 
     url = f"pipe:cat {root / 'data-0.tar'}"
     monkeypatch.delenv("INDEXTAR_ALLOW_PIPE", raising=False)
@@ -305,7 +305,7 @@ def test_pipe_refused_unless_allowed(root: Path, monkeypatch: pytest.MonkeyPatch
 def test_indexed_dataset_over_urls(
     kind: str, strategy: str, request: pytest.FixtureRequest, root: Path, tmp_path: Path
 ) -> None:
-    from indextar.dataset import IndexedTarDataset
+    from indextar.read.dataset import IndexedTarDataset
 
     http, s3 = request.getfixturevalue("http"), request.getfixturevalue("s3")
     urls = [_remote(kind, http, s3, f"data-{n}.tar")[0] for n in range(SHARDS)]
@@ -346,7 +346,7 @@ def test_parent_keeps_working_after_forked_workers(
     """Forked DataLoader workers must not close the parent's connections (they share its epoll)."""
     import torch.utils.data
 
-    from indextar.dataset import IndexedTarDataset
+    from indextar.read.dataset import IndexedTarDataset
 
     urls = [http.url(f"data-{n}.tar") for n in range(SHARDS)]
     ds = IndexedTarDataset(urls, index_dir=tmp_path)

@@ -18,8 +18,8 @@ from conftest import sample_members, tar_bytes
 from torch.utils.data import DataLoader
 
 from indextar import IndexedTarDataset, StaleIndexError
-from indextar.remote import RangeSource
-from indextar.remote_index import expected_stat, open_remote_index
+from indextar.index.remote import expected_stat, open_remote_index
+from indextar.source.remote import RangeSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402

@@ -1,4 +1,4 @@
-"""indextar.reshard: byte-span copies into new shards."""
+"""indextar.write.reshard: byte-span copies into new shards."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from indexrows import assert_index_matches_scan
 from test_writer import tar_members, wds_read
 
 from indextar.errors import WriterError
-from indextar.reshard import reshard
-from indextar.shardwriter import ShardWriter
+from indextar.write.reshard import reshard
+from indextar.write.shardwriter import ShardWriter
 
 
 @pytest.fixture

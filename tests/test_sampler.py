@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from indextar.errors import SamplerStateError
-from indextar.sampler import ResumableSampler, sampler_state_from_loader
+from indextar.order.sampler import ResumableSampler, sampler_state_from_loader
 
 
 def ranks(size: int, world: int, **options: Any) -> list[ResumableSampler]:
@@ -212,7 +212,7 @@ def test_config_drift_is_refused_naming_the_field(change: dict[str, Any], field:
 def test_config_drift_is_accepted_with_strict_false(caplog: pytest.LogCaptureFixture) -> None:
     state = ResumableSampler(12, seed=1).state_dict(consumed=8)
     sampler = ResumableSampler(10, seed=1, strict=False)
-    with caplog.at_level(logging.WARNING, logger="indextar.sampler"):
+    with caplog.at_level(logging.WARNING, logger="indextar.order.sampler"):
         sampler.load_state_dict(state)
     assert "num_samples=12" in caplog.text
     assert len(list(sampler)) == 2
@@ -317,7 +317,7 @@ def test_docs_examples_run(block: str) -> None:
 def test_uniform_blocks_in_o1_give_blockorders_indices(
     size: int, block_size: int, window_blocks: int
 ) -> None:
-    from indextar.epoch_order import BlockOrder, UniformBlockOrder, uniform_blocks
+    from indextar.order.epoch import BlockOrder, UniformBlockOrder, uniform_blocks
 
     for seed, epoch in [(0, 0), (7, 3)]:
         reference = BlockOrder(uniform_blocks(size, block_size), seed, epoch, window_blocks)

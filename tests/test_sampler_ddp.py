@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch.distributed  # noqa: F401
 
-from indextar.sampler import ResumableSampler
+from indextar.order.sampler import ResumableSampler
 
 WORKER = Path(__file__).with_name("_sampler_ddp_worker.py")
 SIZE, BATCH, EPOCH, SEED = 101, 4, 3, 1234

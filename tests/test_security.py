@@ -23,9 +23,9 @@ from indextar import (
     build_index,
     open_index,
 )
-from indextar.create import create_shards
 from indextar.errors import PipeRefusedError
-from indextar.reshard import reshard
+from indextar.write.create import create_shards
+from indextar.write.reshard import reshard
 
 PACKAGE = Path(__file__).resolve().parent.parent / "indextar"
 
@@ -190,7 +190,7 @@ SQL_INTERPOLATIONS = {
 
 def sql_calls() -> list[tuple[str, int, ast.expr]]:
     calls = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if (

@@ -18,7 +18,7 @@ from conftest import sample_members, tar_bytes
 from torch.utils.data import DataLoader
 
 from indextar import IndexedTarDataset, StaleIndexError, TruncatedShardError, build_index
-from indextar.spancheck import BAD_CHECKSUM, OK, OTHER_NAME, check_headers
+from indextar.tar.spancheck import BAD_CHECKSUM, OK, OTHER_NAME, check_headers
 
 REFUSED = (StaleIndexError, TruncatedShardError)
 
@@ -200,7 +200,7 @@ def test_the_c_check_agrees_with_the_python_check_on_damaged_headers() -> None:
     from indextar import native
 
     mapread = native.mapread()
-    assert mapread is not None, "indextar/_mapread.c did not build"
+    assert mapread is not None, "indextar/source/_mapread.c did not build"
     rng = random.Random(12)
     headers = []
     for fmt in ("ustar", "gnu", "pax"):

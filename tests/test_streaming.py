@@ -18,10 +18,11 @@ import webdataset as wds
 from conftest import sample_members, tar_bytes
 from tarcraft import BLOCK, GNU_TAR, Crafter, blocks, gnu_tar, header
 
-from indextar import scan_tar, streaming
+from indextar import scan_tar
 from indextar.errors import IndextarError, SampleKeyError, ShardFormatError, TruncatedShardError
-from indextar.streaming import StreamingTarDataset
-from indextar.tarstream import iter_members
+from indextar.read import streaming
+from indextar.read.streaming import StreamingTarDataset
+from indextar.tar.stream import iter_members
 
 N = 30
 
@@ -157,7 +158,7 @@ def test_handler_warn_skips_with_shard_and_key(
     bad.write_bytes(tar_bytes({"a.txt": b"1", "b.cls": b"not a number", "c.txt": b"3"}))
     good = tmp_path / "good.tar"
     good.write_bytes(tar_bytes(sample_members(N, exts=("jpg", "txt"))))
-    with caplog.at_level(logging.WARNING, "indextar.streaming"):
+    with caplog.at_level(logging.WARNING, "indextar.read.streaming"):
         got = keys(
             StreamingTarDataset([str(corrupt), str(bad), str(good)], handler="warn", decode=[])
         )
@@ -167,7 +168,7 @@ def test_handler_warn_skips_with_shard_and_key(
     assert f"skipping sample 'b' of shard {str(bad)!r}" in caplog.text
     with pytest.raises(ShardFormatError):
         list(StreamingTarDataset([str(corrupt)]))
-    from indextar.streaming import _group
+    from indextar.read.streaming import _group
 
     grouped = list(
         _group(

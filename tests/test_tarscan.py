@@ -30,9 +30,10 @@ from tarcraft import (
     tarfile_members,
 )
 
-from indextar import ShardFormatError, native, scan_tar, tarbytes
-from indextar import tarscan as tarscan_module
-from indextar.tarscan import TarScan
+from indextar import ShardFormatError, native, scan_tar
+from indextar.tar import blocks as tarbytes
+from indextar.tar import scan as tarscan_module
+from indextar.tar.scan import TarScan
 
 # Every test here runs with the C walker and with the numpy scanner (conftest).
 pytestmark = pytest.mark.usefixtures("scanner")

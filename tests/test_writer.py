@@ -19,10 +19,10 @@ from indexrows import assert_index_matches_scan, index_rows
 
 from indextar import open_index, scan_tar
 from indextar.errors import EncodeError, IndextarError, WriterError
-from indextar.shardwriter import ShardWriter, plan_shards
-from indextar.tarheader import END_OF_ARCHIVE, member_header
-from indextar.tarsample import encode_sample
-from indextar.tarwriter import TarWriter
+from indextar.tar.header import END_OF_ARCHIVE, member_header
+from indextar.write.sample import encode_sample
+from indextar.write.shardwriter import ShardWriter, plan_shards
+from indextar.write.tarwriter import TarWriter
 
 
 def random_samples(n: int, seed: int = 0) -> list[dict[str, object]]:
@@ -356,7 +356,7 @@ def test_exception_inside_with_leaves_nothing(tmp_path: Path) -> None:
 
 _KILLED_WRITER = """
 import sys
-from indextar.tarwriter import TarWriter
+from indextar.write.tarwriter import TarWriter
 sink = TarWriter(sys.argv[1])
 for i in range(10**6):
     sink.write({"__key__": f"k{i:07d}", "bin": bytes(100_000)})

@@ -48,8 +48,8 @@ from procstats import bytes_read
 from ratarmountcore.mountsource.formats.tar import SQLiteIndexedTar
 
 from indextar import __version__, build_index
-from indextar.naming import group_members
-from indextar.tarscan import scan_tar
+from indextar.index.naming import group_members
+from indextar.tar.scan import scan_tar
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS_DIR = Path(__file__).resolve().parent

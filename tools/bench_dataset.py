@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import indextar  # noqa: E402
-from indextar.decode import make_decoder  # noqa: E402
+from indextar.read.decode import make_decoder  # noqa: E402
 
 SHARDS = 10
 BATCH = 64
@@ -95,7 +95,7 @@ def make_data(folder: Path, samples: int) -> list[str]:
                     }
                 )
     for path in paths:
-        Path(path + indextar.index.INDEX_SUFFIX).unlink(missing_ok=True)
+        Path(path + indextar.index.shard.INDEX_SUFFIX).unlink(missing_ok=True)
     stamp.touch()
     return paths
 
@@ -371,7 +371,7 @@ NOTES = """
 - The machine is shared (2 cores, other jobs running): rates move by ±30% between
   runs, so each raw row is the best of 5 passes and each DataLoader row the best of 3
   runs, interleaved across readers so that passing load hits them alike. Since a
-  sample's members are copied straight out of the map in C (`indextar/_mapread.c`),
+  sample's members are copied straight out of the map in C (`indextar/source/_mapread.c`),
   cold `ds[i]` has measured 64-65% of the pread floor and 5.6× wids, and
   `__getitems__` 68-72% (before: 44-55% and 59-65%); the DataLoader 95-98% of the
   decode-only limit. Runs while tests used both cores went as low as 42% of the

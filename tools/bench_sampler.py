@@ -43,7 +43,7 @@ def _measure(kind: str, size: int) -> dict[str, Any]:
     import torch  # noqa: F401  (imported before the baseline, for both kinds)
     from torch.utils.data import DistributedSampler
 
-    from indextar.sampler import ResumableSampler
+    from indextar.order.sampler import ResumableSampler
 
     class Sized:
         def __len__(self) -> int:
@@ -78,7 +78,7 @@ def _measure(kind: str, size: int) -> dict[str, Any]:
 
 
 def _measure_resume(size: int) -> float:
-    from indextar.sampler import ResumableSampler
+    from indextar.order.sampler import ResumableSampler
 
     sampler = ResumableSampler(size, num_replicas=8, rank=3)
     started = time.perf_counter()

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from indextar import ShardWriter  # noqa: E402
-from indextar.reshard import reshard  # noqa: E402
+from indextar.write.reshard import reshard  # noqa: E402
 
 MIXES = {
     # name: (samples, jpg size range)

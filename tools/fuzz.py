@@ -6,12 +6,12 @@ dropped blocks, forged size fields up to 8 EiB and beyond, forged PAX records, G
 long-name chains) and runs one target on the result:
 
 ``scan``
-    :func:`indextar.scan_tar` and :func:`indextar.naming.group_members`.
+    :func:`indextar.scan_tar` and :func:`indextar.index.naming.group_members`.
 ``index``
     :func:`indextar.build_index` on a file, then :func:`indextar.verify_index` and a
     read of every sample through :class:`indextar.IndexedTarDataset`.
 ``stream``
-    :func:`indextar.tarstream.iter_members` over a file object.
+    :func:`indextar.tar.stream.iter_members` over a file object.
 
 A case passes if the target raises an :class:`indextar.IndextarError`, or returns a
 result that is internally consistent (every member's data inside the file, offsets
@@ -356,7 +356,7 @@ def forged_inputs() -> dict[str, bytes]:
 def forged_table() -> str:
     """A Markdown table: each forged input and what indexing it raises."""
     from indextar import IndextarError, scan_tar
-    from indextar.naming import group_members
+    from indextar.index.naming import group_members
 
     rows = ["| input | error | message |", "|---|---|---|"]
     for name, data in forged_inputs().items():
@@ -484,7 +484,7 @@ def gnu_tar_entries(data: bytes) -> list[tuple[str, int]] | None:
 
 def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | None:
     from indextar import IndextarError, scan_tar
-    from indextar.naming import group_members
+    from indextar.index.naming import group_members
 
     try:
         scan = scan_tar(case.data, shard="fuzz.tar")
@@ -529,8 +529,8 @@ def run_scan(case: Case, outcome: Counter[str]) -> list[tuple[str, bytes]] | Non
 
 def run_index(case: Case, outcome: Counter[str], folder: Path) -> None:
     from indextar import IndexedTarDataset, IndextarError, build_index, scan_tar
-    from indextar.naming import group_members
-    from indextar.verify import verify_index
+    from indextar.index.naming import group_members
+    from indextar.index.verify import verify_index
 
     shard = folder / "fuzz.tar"
     shard.write_bytes(case.data)
@@ -571,7 +571,7 @@ def run_index(case: Case, outcome: Counter[str], folder: Path) -> None:
 
 def run_stream(case: Case, outcome: Counter[str], scanned: list[tuple[str, bytes]] | None) -> None:
     from indextar import IndextarError
-    from indextar.tarstream import iter_members
+    from indextar.tar.stream import iter_members
 
     try:
         got = [

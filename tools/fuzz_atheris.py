@@ -25,7 +25,7 @@ import fuzz  # noqa: E402
 
 with atheris.instrument_imports():
     from indextar import IndextarError, scan_tar
-    from indextar.naming import group_members
+    from indextar.index.naming import group_members
 
 
 def one_input(data: bytes) -> None:

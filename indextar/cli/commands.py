@@ -1,0 +1,371 @@
+"""The ``indextar`` command line: the only module that prints or exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .._version import __version__
+from ..errors import IndextarError, StaleIndexError
+from ..index.build import default_workers, parallel_map
+from ..index.manifest import write_manifest
+from ..index.remote import build_remote_index, open_remote_index, remote_index_path, upload_index
+from ..index.shard import ShardIndex, build_index, index_path, open_index
+from ..index.verify import verify_index
+from ..patterns import expand_shards, is_url
+from ..read.remote_options import default_cache_root
+from .tools import add_tool_commands
+
+__all__ = ["main", "build_parser"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one shard, as sent back from a worker process."""
+
+    shard: str
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    traceback: str | None = None
+    index: ShardIndex | None = None
+
+
+# -- per-shard work (runs in worker processes) ----------------------------------------
+
+
+def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
+    try:
+        result = work()
+        return Outcome(shard, True, result=result, index=result.pop("_index", None))
+    except (IndextarError, OSError) as e:
+        return Outcome(shard, False, error=str(e), traceback=traceback.format_exc())
+    except Exception as e:  # noqa: BLE001 - reported per shard; the others still run
+        return Outcome(
+            shard, False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()
+        )
+
+
+def _index_one(
+    shard: str,
+    index_dir: str | None,
+    force: bool,
+    upload: bool = False,
+    ignore_zeros: bool = False,
+) -> Outcome:
+    def work() -> dict[str, Any]:
+        start = time.perf_counter()
+        if is_url(shard) and ignore_zeros:
+            raise IndextarError(f"--ignore-zeros is for local shards; {shard!r} is remote")
+        if is_url(shard):
+            ix, built = _index_remote(shard, index_dir, force)
+        else:
+            if upload:
+                raise IndextarError(f"--upload is for remote shards; {shard!r} is a local file")
+            before = _identity(index_path(shard, index_dir=index_dir))
+            try:
+                ix = build_index(shard, index_dir=index_dir, force=force, ignore_zeros=ignore_zeros)
+            except StaleIndexError as e:
+                raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
+            # A rebuilt index is a new file (renamed into place), so a new inode.
+            built = before is None or before != _identity(ix.path)
+        result = {
+            "index": str(ix.path),
+            "samples": ix.meta.num_samples,
+            "members": ix.meta.num_members,
+            "bytes": ix.meta.shard_size,
+            "seconds": time.perf_counter() - start,
+            "built": built,
+            "_index": ix,
+        }
+        if upload:
+            result["uploaded"] = upload_index(ix)
+        return result
+
+    return _guard(shard, work)
+
+
+def _index_remote(url: str, index_dir: str | None, force: bool) -> tuple[ShardIndex, bool]:
+    """Index a remote shard into ``index_dir`` (default: the remote cache's index folder)."""
+    folder = Path(index_dir) if index_dir is not None else default_cache_root() / "indexes"
+    if force:
+        return build_remote_index(url, index_dir=folder), True
+    before = _identity(remote_index_path(url, folder))
+    ix = open_remote_index(url, index_dir=folder)
+    return ix, before is None or before != _identity(ix.path)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _info_one(shard: str, index_dir: str | None) -> Outcome:
+    def work() -> dict[str, Any]:
+        ix = open_index(shard, index_dir=index_dir)
+        data_bytes = ix.data_bytes()
+        samples = ix.meta.num_samples
+        return {
+            "index": str(ix.path),
+            "samples": samples,
+            "members": ix.meta.num_members,
+            "shard_bytes": ix.meta.shard_size,
+            "data_bytes": data_bytes,
+            "overhead_per_sample": (ix.meta.end_offset - data_bytes) / samples if samples else 0.0,
+            "extensions": ix.extension_counts(),
+            "skipped": ix.skipped_counts(),
+            "scattered_keys": len(ix.scattered_keys()),
+        }
+
+    return _guard(shard, work)
+
+
+def _verify_one(shard: str, index_dir: str | None) -> Outcome:
+    def work() -> dict[str, Any]:
+        report = verify_index(shard, index_dir=index_dir)
+        if not report.ok:
+            raise IndextarError(
+                f"{shard!r}: index does not match the shard: {'; '.join(report.problems)}"
+            )
+        return asdict(report)
+
+    return _guard(shard, work)
+
+
+# -- running over many shards --------------------------------------------------------
+
+
+def _run(
+    fn: Callable[..., Outcome],
+    shards: list[str],
+    args: tuple[Any, ...],
+    jobs: int,
+    desc: str,
+    quiet: bool,
+) -> Iterator[Outcome]:
+    bar = tqdm(total=len(shards), desc=desc, unit="shard", disable=quiet or None, file=sys.stderr)
+    try:
+        for outcome in parallel_map(fn, shards, args, workers=jobs):
+            yield outcome
+            bar.update()
+    finally:
+        bar.close()
+
+
+def _report_errors(outcomes: Sequence[Outcome], debug: bool) -> int:
+    failed = [o for o in outcomes if not o.ok]
+    for o in failed:
+        if debug and o.traceback:
+            print(o.traceback, file=sys.stderr, end="")
+        print(f"indextar: error: {o.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    shards = expand_shards(args.shards)
+    start = time.perf_counter()
+    outcomes = list(
+        _run(
+            _index_one,
+            shards,
+            (args.index_dir, args.force, args.upload, args.ignore_zeros),
+            args.jobs,
+            "indexing",
+            args.quiet,
+        )
+    )
+    seconds = time.perf_counter() - start
+    done = [o.result for o in outcomes if o.ok and o.result]
+    members = sum(r["members"] for r in done)
+    summary = {
+        "shards": len(done),
+        "failed": len(outcomes) - len(done),
+        "built": sum(1 for r in done if r["built"]),
+        "samples": sum(r["samples"] for r in done),
+        "members": members,
+        "bytes": sum(r["bytes"] for r in done),
+        "seconds": seconds,
+        "members_per_second": members / seconds if seconds else 0.0,
+    }
+    if args.json:
+        per_shard = [
+            {"shard": o.shard, "ok": o.ok, "result": o.result, "error": o.error} for o in outcomes
+        ]
+        print(json.dumps({"summary": summary, "shards": per_shard}))
+    elif not args.quiet:
+        reused = summary["shards"] - summary["built"]
+        print(
+            f"indexed {_count(summary['shards'], 'shard')} ({summary['built']} built, "
+            f"{reused} up to date"
+            f"{', ' + str(summary['failed']) + ' failed' if summary['failed'] else ''}): "
+            f"{summary['samples']:,} samples, {members:,} members, "
+            f"{summary['bytes'] / 1e6:,.1f} MB in {seconds:.2f} s "
+            f"({summary['members_per_second']:,.0f} members/s)"
+        )
+    status = _report_errors(outcomes, args.debug)
+    if args.manifest:
+        if status:
+            print(
+                f"indextar: error: not writing {args.manifest}: some shards failed", file=sys.stderr
+            )
+        else:
+            path = write_manifest(args.manifest, [o.index for o in outcomes if o.index is not None])
+            if not args.quiet and not args.json:
+                print(f"wrote manifest {path} ({len(outcomes)} shards)")
+    return status
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    shards = expand_shards(args.shards)
+    outcomes = list(_run(_info_one, shards, (args.index_dir,), args.jobs, "reading", True))
+    good = [o for o in outcomes if o.ok and o.result]
+    if args.json:
+        print(json.dumps([{"shard": o.shard, **(o.result or {})} for o in good], indent=None))
+    else:
+        for o in good:
+            r = o.result or {}
+            exts = ", ".join(f"{ext} {n:,}" for ext, n in r["extensions"].items()) or "none"
+            skipped = ", ".join(f"{kind} {n:,}" for kind, n in r["skipped"].items()) or "none"
+            print(
+                f"{o.shard}: {r['samples']:,} samples, {r['members']:,} members, "
+                f"{r['data_bytes']:,} data bytes in {r['shard_bytes']:,}; "
+                f"tar overhead {r['overhead_per_sample']:,.0f} bytes/sample\n"
+                f"  extensions: {exts}\n  skipped: {skipped}"
+            )
+        if len(good) > 1:
+            total_samples = sum((o.result or {})["samples"] for o in good)
+            total_bytes = sum((o.result or {})["shard_bytes"] for o in good)
+            print(f"total: {len(good)} shards, {total_samples:,} samples, {total_bytes:,} bytes")
+    return _report_errors(outcomes, args.debug)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    shards = expand_shards(args.shards)
+    outcomes = list(
+        _run(_verify_one, shards, (args.index_dir,), args.jobs, "verifying", args.quiet)
+    )
+    for o in outcomes:
+        for warning in (o.result or {}).get("warnings", []):
+            print(f"indextar: warning: {o.shard!r}: {warning}", file=sys.stderr)
+    good = [o for o in outcomes if o.ok]
+    if args.json:
+        print(json.dumps([{"shard": o.shard, "ok": o.ok, "error": o.error} for o in outcomes]))
+    elif not args.quiet:
+        print(
+            f"verified {len(good)} of {_count(len(outcomes), 'shard')}: "
+            + ("all OK" if len(good) == len(outcomes) else "FAILED")
+        )
+    return _report_errors(outcomes, args.debug)
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 shard"``, ``"2 shards"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to generate docs/cli.md)."""
+    parser = argparse.ArgumentParser(
+        prog="indextar",
+        description="Index WebDataset-style tar shards for random access.",
+    )
+    parser.add_argument("--version", action="version", version=f"indextar {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "shards",
+        nargs="+",
+        help="shard paths, folders (their .tar files), globs or brace patterns "
+        "('data-{000..099}.tar')",
+    )
+    common.add_argument(
+        "--index-dir", help="keep indexes in this folder instead of next to the shards"
+    )
+    common.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=default_workers(),
+        help="parallel processes (default: two per core, at most cores + 4: builds also wait "
+        "on the disk)",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "index",
+        parents=[common],
+        help="build missing indexes",
+        description="Scan shards and write one SQLite index per shard.",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="rebuild indexes even if they are up to date or stale"
+    )
+    p.add_argument(
+        "--ignore-zeros",
+        action="store_true",
+        help="read on past zero blocks, as GNU tar -i: index every member of concatenated "
+        "archives (cat a.tar b.tar > c.tar); local shards only",
+    )
+    p.add_argument(
+        "--upload",
+        action="store_true",
+        help="put each remote shard's index next to it as <url>.idx.sqlite",
+    )
+    p.add_argument(
+        "--manifest",
+        metavar="FILE.json",
+        help="also write a dataset manifest (a superset of wids' shard list) of all the shards",
+    )
+    p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser(
+        "info",
+        parents=[common],
+        help="summarise indexed shards",
+        description="Samples, members, bytes, extensions, skipped entries, tar overhead.",
+    )
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="re-scan shards and check their indexes",
+        description="Re-scan every shard and compare it with its index, row by row.",
+    )
+    p.set_defaults(func=_cmd_verify)
+    add_tool_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 on success)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="indextar: %(levelname)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except IndextarError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"indextar: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,273 @@
+"""The ``indextar`` commands that make and inspect shards: create, reshard, ls, cat,
+get, export. Part of the command line (with :mod:`indextar.cli.commands`): they print and exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from tqdm import tqdm
+
+from ..index.shard import ShardIndex
+from ..patterns import expand_shards
+from ..read.lookup import describe_sample, read_member, shard_members
+from ..write.create import create_shards
+from ..write.export import export_dali, export_wids
+from ..write.reshard import reshard
+
+__all__ = ["add_tool_commands"]
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _size(text: str) -> float:
+    """A byte count such as ``3e9``, ``500MB`` or ``1GiB``, for argparse."""
+    number = text.strip().lower().rstrip("bkmgtio")
+    unit = text.strip().lower()[len(number) :]
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}; use bytes or a unit: 3e9, 500MB, 1GiB"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return value
+
+
+def _skipped_summary(skipped: dict[str, list[str]]) -> str:
+    return ", ".join(f"{reason} {len(paths):,}" for reason, paths in skipped.items())
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    bar = tqdm(desc="writing", unit="shard", disable=args.quiet or None, file=sys.stderr)
+
+    def progress(index: ShardIndex, planned: int) -> None:
+        bar.total = planned
+        bar.update()
+
+    try:
+        result = create_shards(
+            args.src,
+            args.pattern,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            start_shard=args.start_shard,
+            class_from_dir=args.class_from_dir,
+            jobs=args.jobs,
+            manifest=args.manifest,
+            progress=progress,
+        )
+    finally:
+        bar.close()
+    if args.json:
+        summary = asdict(result) | {"shards": [ix.shard for ix in result.shards]}
+        print(json.dumps(summary))
+        return 0
+    for reason, paths in result.skipped.items():
+        examples = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+        print(
+            f"indextar: warning: skipped {len(paths):,} {reason} files: {examples}", file=sys.stderr
+        )
+    if not args.quiet:
+        skipped = _skipped_summary(result.skipped)
+        classes = f", {len(result.classes)} classes" if args.class_from_dir else ""
+        print(
+            f"created {len(result.shards)} shards: {result.samples:,} samples from "
+            f"{result.files:,} files{classes}, {result.bytes / 1e6:,.1f} MB in "
+            f"{result.seconds:.2f} s; skipped {sum(map(len, result.skipped.values())):,} files"
+            + (f" ({skipped})" if skipped else "")
+        )
+    return 0
+
+
+def _cmd_reshard(args: argparse.Namespace) -> int:
+    shards = expand_shards(args.shards)
+    bar = tqdm(
+        desc="resharding", unit="B", unit_scale=True, disable=args.quiet or None, file=sys.stderr
+    )
+    try:
+        result = reshard(
+            shards,
+            args.pattern,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            start_shard=args.start_shard,
+            index_dir=args.index_dir,
+            manifest=args.manifest,
+            progress=lambda samples, nbytes: bar.update(nbytes),
+        )
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(asdict(result)))
+    elif not args.quiet:
+        print(
+            f"resharded {len(shards)} shards into {len(result.shards)}: {result.samples:,} "
+            f"samples, {result.bytes / 1e6:,.1f} MB in {result.seconds:.2f} s "
+            f"({result.bytes / 1e6 / max(result.seconds, 1e-9):,.0f} MB/s)"
+        )
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    table = shard_members(args.shard, index_dir=args.index_dir)
+    rows = [
+        (table.keys[i], [(table.exts[m], int(table.sizes[m])) for m in table.members_of(i)])
+        for i in range(len(table))
+    ]
+    try:
+        if args.json:
+            print(json.dumps([{"key": key, "members": dict(members)} for key, members in rows]))
+        else:
+            for key, members in rows:
+                print(key + "\t" + " ".join(f"{ext}:{size}" for ext, size in members))
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    return 0
+
+
+def _cmd_cat(args: argparse.Namespace) -> int:
+    data = read_member(args.shard, args.member, index_dir=args.index_dir)
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    return 0
+
+
+def _quiet_broken_pipe() -> None:
+    # The reader (head, less) went away: not an error. Keep Python from
+    # reporting the failed flush of stdout at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _cmd_get(args: argparse.Namespace) -> int:
+    info = describe_sample(args.dataset, args.index, index_dir=args.index_dir)
+    if args.json:
+        members = [asdict(m) | {"head": m.head.decode("utf-8", "replace")} for m in info.members]
+        print(json.dumps(asdict(info) | {"members": members}))
+        return 0
+    print(
+        f"sample {info.index}: key {info.key!r}\n  shard {info.shard}, sample {info.shard_sample}, "
+        f"bytes {info.start_offset}..{info.end_offset}"
+    )
+    for m in info.members:
+        print(f"  {m.ext:<10} {m.size:>12,} bytes  {_preview(m.head, m.size)}")
+    return 0
+
+
+def _preview(head: bytes, size: int) -> str:
+    """The start of a member that is printable text, quoted; nothing for binary data."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    if not text.replace("\n", " ").replace("\t", " ").isprintable():
+        return ""
+    return repr(text) + ("..." if size > len(head) else "")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    shards = expand_shards(args.shards)
+    if args.dali:
+        paths = export_dali(shards, args.dali, index_dir=args.index_dir)
+        written = [str(p) for p in paths]
+    else:
+        written = [str(export_wids(shards, args.wids, index_dir=args.index_dir))]
+    if args.json:
+        print(json.dumps({"written": written}))
+    elif not args.quiet:
+        what = f"{len(written)} DALI index files in {args.dali}" if args.dali else written[0]
+        print(f"exported {len(shards)} shards: wrote {what}")
+    return 0
+
+
+def _add_output_shards(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pattern", help="output shard names with a %%-format: 'out-%%06d.tar'")
+    p.add_argument("--maxcount", type=int, default=100_000, help="samples per shard (100000)")
+    p.add_argument(
+        "--maxsize", type=_size, default=3e9, help="bytes per shard on disk: 3e9, 1GB, 512MiB (3e9)"
+    )
+    p.add_argument("--start-shard", type=int, default=0, help="number of the first shard")
+    p.add_argument("--manifest", metavar="FILE.json", help="also write a dataset manifest")
+
+
+def add_tool_commands(sub: Any) -> None:
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    output.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    output.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    output.add_argument("--index-dir", help="where the (source) shards' indexes live")
+
+    p = sub.add_parser(
+        "create",
+        parents=[output],
+        help="make indexed shards from a folder tree",
+        description="Files sharing a key (path up to the first dot of the name) form a "
+        "sample; samples are written sorted by key into deterministic, indexed shards.",
+    )
+    p.add_argument("src", help="the folder to read")
+    _add_output_shards(p)
+    p.add_argument(
+        "-j", "--jobs", type=int, default=os.cpu_count() or 1, help="shards written in parallel"
+    )
+    p.add_argument(
+        "--class-from-dir",
+        action="store_true",
+        help="add a 'cls' member: the number of the sample's top folder, sorted by name",
+    )
+    p.set_defaults(func=_cmd_create)
+
+    p = sub.add_parser(
+        "reshard",
+        parents=[output],
+        help="copy samples into new shards (no decoding)",
+        description="Copy every sample's bytes from indexed shards into new indexed shards, "
+        "in order or in a seeded global random order.",
+    )
+    p.add_argument("shards", nargs="+", help="source shard paths, globs or brace patterns")
+    _add_output_shards(p)
+    p.add_argument("--shuffle", action="store_true", help="write samples in a random order")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (0)")
+    p.set_defaults(func=_cmd_reshard)
+
+    p = sub.add_parser("ls", parents=[output], help="list a shard's samples and members")
+    p.add_argument("shard")
+    p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser("cat", parents=[output], help="write one member's bytes to stdout")
+    p.add_argument("shard")
+    p.add_argument("member", metavar="KEY.EXT", help="the member, such as 'train/0001.jpg'")
+    p.set_defaults(func=_cmd_cat)
+
+    p = sub.add_parser("get", parents=[output], help="describe sample INDEX of a dataset")
+    p.add_argument("dataset", help="shard pattern ('data-{000..009}.tar') or manifest (.json)")
+    p.add_argument("index", type=int, help="sample number (negative counts from the end)")
+    p.set_defaults(func=_cmd_get)
+
+    p = sub.add_parser(
+        "export",
+        parents=[output],
+        help="write DALI indexes or a wids shard list",
+        description="Write DALI wds2idx v1.2 index files, or a wids shard list, from the indexes.",
+    )
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--dali", metavar="OUTDIR", help="write <shard>.idx files into OUTDIR")
+    target.add_argument("--wids", metavar="FILE.json", help="write a wids shard list")
+    p.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
+    p.set_defaults(func=_cmd_export)
+
+
+# -- parser ---------------------------------------------------------------------------

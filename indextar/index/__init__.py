@@ -1,0 +1,11 @@
+"""One shard's SQLite index, and many shards' builds.
+
+``shard`` builds, opens and validates one index (``schema.sql``, ``_sqlitebulk.c``);
+``naming`` groups members into samples; ``arrays`` packs the reader's arrays;
+``members`` and ``verify`` read and check the tables; ``build`` indexes many shards;
+``manifest`` lists a dataset's shards; ``remote`` finds, fetches or builds the index
+of a remote shard.
+
+May import: the shared modules, ``tar/`` and ``source/``.
+Must not import: ``order/``, ``read/``, ``write/``, ``cli/``.
+"""

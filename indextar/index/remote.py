@@ -1,0 +1,192 @@
+"""Indexes of remote shards: found next to the shard, kept in ``index_dir``, or built once.
+
+The index of ``<url>`` is looked for, in order:
+
+1. in ``index_dir`` (a local folder), under the shard's name plus a hash of its URL;
+2. next to the shard as ``<url>.idx.sqlite``, which is downloaded into ``index_dir``;
+3. nowhere: the shard is streamed once into ``index_dir``, indexed, and deleted.
+
+Every index is checked against the object before use: size and ETag, or, where the
+server gives no ETag, the content fingerprint (two ranged reads of 64 KiB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..atomic import write_atomic
+from ..errors import IndexFormatError, MissingIndexError, StaleIndexError
+from ..source.remote import (
+    DEFAULT_RETRY,
+    RangeSource,
+    RemoteStat,
+    RemoteStream,
+    filesystem,
+    with_retries,
+)
+from ..tar.scan import scan_tar
+from .naming import group_members
+from .shard import (
+    _FINGERPRINT_SPAN,
+    INDEX_SUFFIX,
+    IndexMeta,
+    ShardIndex,
+    _read_meta,
+    fingerprint,
+    fingerprint_parts,
+    write_index,
+)
+
+__all__ = ["remote_index_path", "open_remote_index", "upload_index"]
+
+log = logging.getLogger(__name__)
+
+
+def remote_index_path(url: str, index_dir: str | os.PathLike[str]) -> Path:
+    """Where the local copy of ``url``'s index lives in ``index_dir``."""
+    digest = hashlib.blake2b(url.encode(), digest_size=6).hexdigest()
+    return Path(index_dir) / f"{url.rstrip('/').rpartition('/')[2]}.{digest}{INDEX_SUFFIX}"
+
+
+def expected_stat(meta: IndexMeta) -> RemoteStat:
+    """The object version an index was built for."""
+    return RemoteStat(meta.shard_size, meta.etag)
+
+
+def _check(meta: IndexMeta, source: RangeSource, path: Path) -> None:
+    now = source.stat()
+    problems = []
+    if now.size != meta.shard_size:
+        problems.append(f"its size changed from {meta.shard_size} to {now.size} bytes")
+    elif meta.etag and now.etag:
+        if meta.etag != now.etag:
+            problems.append(f"its ETag changed from {meta.etag!r} to {now.etag!r}")
+    elif _remote_fingerprint(source, now.size) != meta.fingerprint:
+        problems.append("its content fingerprint (first and last 64 KiB) changed")
+    if problems:
+        raise StaleIndexError(
+            f"index {str(path)!r} does not match remote shard {source.url!r}: "
+            f"{'; '.join(problems)} since it was indexed; rebuild it "
+            "(build_missing=True rebuilds stale remote indexes)"
+        )
+
+
+def _remote_fingerprint(source: RangeSource, size: int) -> str:
+    tail_start = max(0, size - _FINGERPRINT_SPAN)
+    head, tail = source.read_many(
+        [0, tail_start], [min(size, _FINGERPRINT_SPAN), size - tail_start]
+    )
+    return fingerprint_parts(size, head, tail)
+
+
+def open_remote_index(
+    url: str,
+    *,
+    index_dir: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    build_missing: bool = True,
+) -> ShardIndex:
+    """Find, fetch or build the index of the remote shard ``url``; validated.
+
+    Raises
+    ------
+    MissingIndexError
+        If there is no index and ``build_missing`` is false.
+    StaleIndexError
+        If the only index there is no longer matches the object (and ``build_missing``
+        is false).
+    """
+    local = remote_index_path(url, index_dir)
+    source = RangeSource(url, storage_options=storage_options)
+    problem: Exception | None = None
+    if local.exists() or _fetch_sidecar(url, local, storage_options):
+        try:
+            meta = _read_meta(local)
+            _check(meta, source, local)
+            return ShardIndex(shard=url, path=local, meta=meta)
+        except (StaleIndexError, IndexFormatError) as e:
+            if not build_missing:
+                raise
+            problem = e
+            log.warning("rebuilding the index of %s: %s", url, e)
+    if not build_missing:
+        raise MissingIndexError(
+            f"remote shard {url!r} has no index (looked in {str(local)!r} and at "
+            f"{url + INDEX_SUFFIX!r}); "
+            "build it with build_missing=True or `indextar index`"
+        )
+    return build_remote_index(
+        url, index_dir=index_dir, storage_options=storage_options, reason=problem
+    )
+
+
+def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | None) -> bool:
+    """Download ``<url>.idx.sqlite`` to ``local``; whether there was one."""
+    fs, path = filesystem(url + INDEX_SUFFIX, storage_options)
+    try:
+        data = with_retries(
+            lambda: fs.cat_file(path),
+            DEFAULT_RETRY,
+            url=url + INDEX_SUFFIX,
+            offset=None,
+            length=None,
+        )
+    except FileNotFoundError:  # ShardNotFoundError from with_retries: no sidecar
+        return False
+    write_atomic(local, data)
+    log.info("fetched the index of %s from %s", url, url + INDEX_SUFFIX)
+    return True
+
+
+def build_remote_index(
+    url: str,
+    *,
+    index_dir: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    reason: Exception | None = None,
+) -> ShardIndex:
+    """Stream ``url`` once into ``index_dir``, index the copy, delete it."""
+    local = remote_index_path(url, index_dir)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    source = RangeSource(url, storage_options=storage_options)
+    stat = source.stat()
+    log.info("building the index of %s (%d bytes) by streaming it once", url, stat.size)
+    source = RangeSource(url, expected=stat, storage_options=storage_options)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".shard", dir=local.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f, RemoteStream(source) as stream:
+            shutil.copyfileobj(stream, f, 1 << 20)
+        with open(tmp, "rb") as copy, mmap.mmap(copy.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            scan = scan_tar(mm, shard=url)
+            content_fingerprint = fingerprint(mm, stat.size)
+        grouping = group_members(scan, shard=url)
+    finally:
+        tmp.unlink(missing_ok=True)
+    meta = IndexMeta.describe(
+        scan,
+        grouping,
+        shard_name=url,
+        shard_size=stat.size,
+        shard_mtime_ns=0,
+        fingerprint=content_fingerprint,
+        etag=stat.etag,
+    )
+    write_index(local, meta, scan, grouping)
+    return ShardIndex(shard=url, path=local, meta=meta)
+
+
+def upload_index(index: ShardIndex, *, storage_options: Mapping[str, Any] | None = None) -> str:
+    """Put ``index`` next to its remote shard as ``<url>.idx.sqlite``; return that URL."""
+    target = index.shard + INDEX_SUFFIX
+    fs, path = filesystem(target, storage_options)
+    fs.put_file(str(index.path), path)
+    return target

@@ -1,0 +1,157 @@
+"""Check an index against a fresh scan of its shard."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import IndexFormatError
+from .arrays import ShardArrays, read_arrays
+from .naming import from_sql, group_members, sql_text
+from .shard import IndexMeta, PathLike, _connect_ro, open_index, scan_arrays, scan_shard_file
+
+__all__ = ["VerifyReport", "verify_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The outcome of :func:`verify_index`.
+
+    ``problems`` lists where the index disagrees with the shard (an index with
+    problems must not be used); ``warnings`` lists things that are legal but
+    probably unintended, such as a key whose members are not adjacent.
+    """
+
+    shard: str
+    index: str
+    samples: int
+    members: int
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> VerifyReport:
+    """Re-scan ``shard`` and compare every row of its index with the scan.
+
+    Raises the same errors as :func:`~indextar.open_index` (missing, stale or
+    corrupt index) and as the scanner (malformed shard).
+    """
+    ix = open_index(shard, index_dir=index_dir)
+    shard_path = Path(shard)
+    scan, _ = scan_shard_file(shard_path, ignore_zeros=ix.meta.ignore_zeros)
+    grouping = group_members(scan, shard=str(shard_path))
+    rows = grouping.entries
+    expected_members = list(
+        zip(
+            range(len(rows)),
+            grouping.sample_of_member.tolist(),
+            [scan.names[i] for i in rows.tolist()],
+            [sql_text(ext) for ext in grouping.exts],  # the exact ones are in the arrays
+            scan.header_offsets[rows].tolist(),
+            scan.data_offsets[rows].tolist(),
+            scan.sizes[rows].tolist(),
+        )
+    )
+    arrays = scan_arrays(scan, grouping)
+    expected_samples = list(
+        zip(
+            range(len(grouping.keys)),
+            grouping.keys,
+            grouping.first_member.tolist(),
+            grouping.member_count.tolist(),
+            arrays.samples[:, 0].tolist(),  # start_offset
+            arrays.samples[:, 1].tolist(),  # end_offset
+        )
+    )
+    expected_skipped = sorted(
+        (int(scan.header_offsets[row]), scan.names[row], kind) for row, kind in grouping.skipped
+    )
+    problems: list[str] = []
+    warnings: list[str] = []
+    try:
+        with contextlib.closing(_connect_ro(ix.path)) as conn:
+            members = [
+                (*row[:2], from_sql(row[2], row[-1]), *row[3:-1])
+                for row in conn.execute(
+                    "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size, "
+                    "raw_name FROM members ORDER BY member_id"
+                )
+            ]
+            samples = [
+                (row[0], from_sql(row[1], row[-1]), *row[2:-1])
+                for row in conn.execute(
+                    "SELECT sample_id, key, first_member, member_count, start_offset, end_offset, "
+                    "raw_key FROM samples ORDER BY sample_id"
+                )
+            ]
+            skipped = [
+                (row[0], from_sql(row[1], row[3]), row[2])
+                for row in conn.execute(
+                    "SELECT header_offset, name, kind, raw_name FROM skipped ORDER BY header_offset"
+                )
+            ]
+            problems += _compare("member", members, expected_members)
+            problems += _compare("sample", samples, expected_samples)
+            problems += _compare("skipped entry", skipped, expected_skipped)
+            if not problems:  # the tables are the scan's: the arrays must be the scan's too
+                problems += _check_arrays(conn, ix.path, arrays, ix.meta, warnings)
+    except sqlite3.DatabaseError as e:
+        problems.append(f"index cannot be read: {e}")
+    if ix.meta.end_offset != scan.end_offset:
+        problems.append(f"end offset: index says {ix.meta.end_offset}, shard has {scan.end_offset}")
+    # Sample spans past the archive's end need no check of their own: the samples
+    # table equals the scan's, whose spans end within the archive.
+    warnings += [
+        f"key {key!r} occurs in several samples: its members are not adjacent in the tar"
+        for key in grouping.scattered_keys
+    ]
+    return VerifyReport(
+        shard=str(shard_path),
+        index=str(ix.path),
+        samples=len(grouping.keys),
+        members=len(rows),
+        problems=problems,
+        warnings=warnings,
+    )
+
+
+def _check_arrays(
+    conn: sqlite3.Connection,
+    path: Path,
+    expected: ShardArrays,
+    meta: IndexMeta,
+    warnings: list[str],
+) -> list[str]:
+    """Problems with the ``arrays`` blobs, which must say what the (checked) tables say."""
+    try:
+        stored = read_arrays(conn, path, meta.num_samples, meta.num_members)
+    except (IndexFormatError, sqlite3.DatabaseError, ValueError) as e:
+        return [f"arrays: {e}"]
+    if stored is None:
+        warnings.append(
+            "index has no arrays table (written by an older indextar): opening the shard reads "
+            "its tables, which is slower; rebuild it with build_index(shard, force=True)"
+        )
+        return []
+    if stored.equals(expected):
+        return []
+    return ["arrays: the packed arrays disagree with the samples and members tables"]
+
+
+def _compare(
+    what: str, got: Sequence[tuple[Any, ...]], expected: Sequence[tuple[Any, ...]]
+) -> list[str]:
+    if got == expected:
+        return []
+    if len(got) != len(expected):
+        return [f"{what} count: index has {len(got)}, shard has {len(expected)}"]
+    first = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
+    return [f"{what} {first}: index has {got[first]!r}, shard has {expected[first]!r}"]

@@ -1,0 +1,480 @@
+"""ResumableSampler: shuffled, distributed and exactly resumable, at any dataset size.
+
+One epoch has a *global order*: positions ``0 .. N-1`` map to dataset indices through
+an :class:`~indextar.order.epoch.EpochOrder` chosen by ``(seed, epoch)``. Ranks
+interleave over it: rank ``r`` of ``R`` takes positions ``s + r, s + r + R, ...`` where
+``s`` is where the pass starts (0, or the resume point). After every rank has handed
+out ``k`` indices, the first ``s + k * R`` positions are used, whatever the world size;
+that count is ``consumed`` in the state dict, and resuming from it on any world size
+hands out each remaining position exactly once.
+
+Every rank gets the same count, ``ceil((N - s) / R)``. With ``drop_last=False`` the last
+round of positions runs past ``N`` and wraps to the first positions of the epoch's
+order (padding, as :class:`torch.utils.data.DistributedSampler` does); with
+``drop_last=True`` the count is ``floor((N - s) / R)`` and the tail is dropped.
+
+The sampler does not need torch: it is a plain iterable with ``__len__``, which
+:class:`torch.utils.data.DataLoader` accepts as ``sampler=``. It is not an instance of
+``torch.utils.data.Sampler``, so that ``import indextar`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SamplerStateError
+from .epoch import (
+    BlockOrder,
+    EpochOrder,
+    GlobalOrder,
+    SequentialOrder,
+    UniformBlockOrder,
+)
+
+__all__ = ["ResumableSampler", "sampler_state_from_loader", "STATE_VERSION", "DEFAULT_BLOCK_SIZE"]
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+"""Version of the :meth:`ResumableSampler.state_dict` format."""
+
+DEFAULT_BLOCK_SIZE = 1024
+"""Block size for ``order="blocks"`` when the data source does not expose ``shard_sizes``."""
+
+_CHUNK = 1 << 16
+"""Indices computed per numpy call while iterating."""
+
+Order = Literal["global", "blocks"]
+
+# Fields that must match between a saved state and the sampler it is loaded into.
+_CONFIG_FIELDS = (
+    "num_samples",
+    "seed",
+    "shuffle",
+    "order",
+    "drop_last",
+    "block_size",
+    "window_blocks",
+)
+_REQUIRED_FIELDS = ("epoch", "consumed")
+_INFO_FIELDS = ("version", "num_replicas")
+_KNOWN_FIELDS = frozenset(_CONFIG_FIELDS + _REQUIRED_FIELDS + _INFO_FIELDS)
+
+
+@dataclass(slots=True)
+class _Pass:
+    """Progress of one ``iter(sampler)``: where it started and how far this rank got."""
+
+    start: int
+    count: int
+    finished: bool = False
+
+
+class ResumableSampler:
+    """Sample indices of a map-style dataset: shuffled, distributed, resumable.
+
+    Parameters
+    ----------
+    data_source_or_len
+        The dataset (anything with ``len()``) or its length. If it has a
+        ``shard_sizes`` attribute (per-shard sample counts), ``order="blocks"`` uses
+        shards as blocks by default.
+    shuffle
+        ``False`` gives the identity order ``0 .. N-1`` in every epoch.
+    seed
+        Selects the orders; only ``seed mod 2**64`` matters. Must be the same on every
+        rank.
+    num_replicas, rank
+        World size and this process's rank. Default to ``torch.distributed``'s when it
+        is initialised, else 1 and 0.
+    drop_last
+        ``False``: every rank gets ``ceil(remaining / num_replicas)`` indices, padded by
+        repeating the first positions of the epoch's order. ``True``: ``floor``, and
+        the last ``remaining % num_replicas`` positions are skipped.
+    order
+        ``"global"``: a uniform pseudorandom permutation of all indices each epoch, in
+        O(1) memory. ``"blocks"``: blocks in a random order, indices shuffled within
+        each window of ``window_blocks`` consecutive blocks, for shard-local reads.
+    block_size
+        Samples per block for ``order="blocks"``. Default: the data source's shards if
+        it exposes ``shard_sizes``, else :data:`DEFAULT_BLOCK_SIZE`.
+    window_blocks
+        Number of consecutive blocks shuffled together for ``order="blocks"``.
+    strict
+        If true, :meth:`load_state_dict` refuses a state saved with another dataset
+        size, seed, order or shuffling configuration; if false it logs a warning and
+        resumes with this sampler's configuration.
+
+    Notes
+    -----
+    ``num_samples`` is the dataset size ``N`` (also a state-dict field); ``len(sampler)``
+    is this rank's count for the current or next pass.
+
+    Examples
+    --------
+    >>> sampler = ResumableSampler(10, seed=1, num_replicas=2, rank=0)
+    >>> len(sampler), len(list(sampler))
+    (5, 5)
+    """
+
+    def __init__(
+        self,
+        data_source_or_len: Any,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        order: Order = "global",
+        block_size: int | None = None,
+        window_blocks: int = 4,
+        strict: bool = True,
+    ) -> None:
+        if isinstance(data_source_or_len, bool):
+            raise TypeError("data_source_or_len must be a dataset or an int; got a bool")
+        if isinstance(data_source_or_len, int | np.integer):
+            self.num_samples = int(data_source_or_len)
+            shard_sizes = None
+        else:
+            self.num_samples = len(data_source_or_len)
+            shard_sizes = getattr(data_source_or_len, "shard_sizes", None)
+        if self.num_samples < 0:
+            raise ValueError(f"data_source_or_len must be >= 0; got {self.num_samples}")
+        if order not in ("global", "blocks"):
+            raise ValueError(f"order must be 'global' or 'blocks'; got {order!r}")
+        if block_size is not None and (_as_int("block_size", block_size) < 1):
+            raise ValueError(f"block_size must be >= 1; got {block_size}")
+        if _as_int("window_blocks", window_blocks) < 1:
+            raise ValueError(f"window_blocks must be >= 1; got {window_blocks}")
+        self.shuffle = bool(shuffle)
+        self.seed = _as_int("seed", seed)
+        self.drop_last = bool(drop_last)
+        self.order: Order = order
+        self.block_size = block_size
+        self.window_blocks = int(window_blocks)
+        self.strict = bool(strict)
+        self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        self._shard_sizes = self._check_shard_sizes(shard_sizes) if block_size is None else None
+
+        self._epoch = 0
+        self._next_start = 0
+        self._current: _Pass | None = None
+        # The list iterator being handed out and where it sits in the pass, so that
+        # ``consumed`` is exact without a per-index counter.
+        self._slice: Iterator[int] = iter(())
+        self._slice_first = 0
+        self._slice_size = 0
+        self._order_cache: tuple[int, EpochOrder] | None = None
+
+    # -- epoch and progress -------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order is handed out."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next pass.
+
+        A different epoch starts at position 0. The current epoch is a no-op, so a
+        training loop that calls ``set_epoch`` at the top of every epoch keeps a
+        position restored by :meth:`load_state_dict`.
+        """
+        epoch = _as_int("epoch", epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0; got {epoch}")
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._next_start = 0
+            self._current = None
+
+    @property
+    def consumed(self) -> int:
+        """Positions of this epoch's global order handed out across all ranks.
+
+        Counts what this sampler's current pass has handed out, assuming every rank
+        keeps pace (``start + num_replicas * handed_out``), capped at ``num_samples``;
+        ``num_samples`` once the pass is over. Before a pass, the position it starts at.
+        """
+        current = self._current
+        if current is None:
+            return self._next_start
+        handed_out = self._slice_first + self._slice_size - operator.length_hint(self._slice)
+        if current.finished or handed_out >= current.count:
+            return self.num_samples  # a dropped tail (drop_last=True) counts as used
+        return current.start + self.num_replicas * handed_out
+
+    def __len__(self) -> int:
+        """This rank's number of indices in the current pass, or in the next one."""
+        start = self._current.start if self._current is not None else self._next_start
+        return self._count_from(start)
+
+    def _count_from(self, start: int) -> int:
+        remaining = self.num_samples - start
+        if self.drop_last:
+            return remaining // self.num_replicas
+        return -(-remaining // self.num_replicas)
+
+    # -- iteration ----------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[int]:
+        """Yield this rank's indices, from :attr:`consumed` to the end of the epoch.
+
+        The pass begins at the first ``next()``, not at ``iter()``: DataLoader creates
+        index iterators it never uses.
+        """
+        start = self._next_start
+        self._next_start = 0  # the pass after this one starts the epoch afresh
+        current = _Pass(start=start, count=self._count_from(start))
+        self._current = current
+        self._set_slice(iter(()), 0, 0)
+        order = self._epoch_order()
+        stride = self.num_replicas
+        first = current.start + self.rank
+        for chunk_start in range(0, current.count, _CHUNK):
+            chunk_end = min(chunk_start + _CHUNK, current.count)
+            positions = first + stride * np.arange(chunk_start, chunk_end, dtype=np.int64)
+            if first + stride * (chunk_end - 1) >= self.num_samples:
+                positions %= self.num_samples  # padding wraps to the epoch's first positions
+            indices = iter(order.indices(positions).tolist())
+            if self._current is current:
+                self._set_slice(indices, chunk_start, chunk_end - chunk_start)
+            yield from indices
+        current.finished = True
+
+    def _set_slice(self, indices: Iterator[int], first: int, size: int) -> None:
+        self._slice, self._slice_first, self._slice_size = indices, first, size
+
+    def indices(self, start: int, stop: int) -> npt.NDArray[np.int64]:
+        """Return the dataset indices at global positions ``start .. stop-1`` of this epoch.
+
+        Positions at or past ``num_samples`` wrap around (the padding). Useful to
+        inspect the order without iterating; independent of rank and progress.
+        """
+        if not 0 <= start <= stop:
+            raise ValueError(f"need 0 <= start <= stop; got start={start}, stop={stop}")
+        positions = np.arange(start, stop, dtype=np.int64)
+        if self.num_samples == 0:
+            if positions.size:
+                raise ValueError("the dataset is empty; there are no positions")
+            return positions
+        return self._epoch_order().indices(positions % self.num_samples)
+
+    def _epoch_order(self) -> EpochOrder:
+        cached = self._order_cache
+        if cached is not None and cached[0] == self._epoch:
+            return cached[1]
+        order: EpochOrder
+        if not self.shuffle or self.num_samples == 0:
+            order = SequentialOrder()
+        elif self.order == "global":
+            order = GlobalOrder(self.num_samples, self.seed, self._epoch)
+        else:
+            sizes = self._shard_sizes
+            if sizes is None:  # runs of block_size: the same order as BlockOrder, in O(1)
+                order = UniformBlockOrder(
+                    self.num_samples,
+                    self.block_size or DEFAULT_BLOCK_SIZE,
+                    self.seed,
+                    self._epoch,
+                    self.window_blocks,
+                )
+            else:
+                order = BlockOrder(sizes, self.seed, self._epoch, self.window_blocks)
+        self._order_cache = (self._epoch, order)
+        return order
+
+    def _check_shard_sizes(self, shard_sizes: Any) -> npt.NDArray[np.int64] | None:
+        if shard_sizes is None:
+            return None
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        if sizes.ndim != 1 or int(sizes.sum()) != self.num_samples or (sizes < 0).any():
+            raise ValueError(
+                f"data source's shard_sizes must be non-negative and sum to its length "
+                f"{self.num_samples}; got {sizes.size} shards summing to {int(sizes.sum())}"
+            )
+        return sizes
+
+    # -- state --------------------------------------------------------------------
+
+    def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
+        """Return a JSON-serialisable snapshot: the epoch, the position, the config.
+
+        Parameters
+        ----------
+        consumed
+            The position to record instead of :attr:`consumed`. A DataLoader with
+            workers draws indices ahead of the training loop, so a loop that checkpoints
+            by itself records what it has trained on: the position at which its pass
+            started plus ``steps * global_batch_size``.
+
+        Returns
+        -------
+        dict
+            ``version``, ``epoch``, ``consumed``, the fields that must match on load
+            (``num_samples``, ``seed``, ``shuffle``, ``order``, ``drop_last``,
+            ``block_size``, ``window_blocks``) and, for information, ``num_replicas``.
+        """
+        if consumed is None:
+            consumed = self.consumed
+        else:
+            consumed = self._check_consumed(consumed)
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "consumed": consumed,
+            "num_replicas": self.num_replicas,
+            **self._config(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state["consumed"]`` of ``state["epoch"]``, on this world size.
+
+        ``state`` is a :meth:`state_dict` or any mapping with at least ``epoch`` and
+        ``consumed``; configuration fields present in it must match this sampler's
+        (unless ``strict=False``). The next ``iter()`` hands out the remaining
+        positions, split over this sampler's ``num_replicas``. O(1): nothing is replayed.
+
+        Raises
+        ------
+        SamplerStateError
+            For a missing ``epoch`` or ``consumed``, an unknown key, a value of the
+            wrong type or range, or (``strict=True``) a configuration mismatch.
+        """
+        if not isinstance(state, Mapping):
+            raise SamplerStateError(f"sampler state must be a mapping; got {type(state).__name__}")
+        unknown = sorted(set(state) - _KNOWN_FIELDS, key=str)
+        if unknown:
+            raise SamplerStateError(
+                f"sampler state has unknown keys {unknown}; known keys are {sorted(_KNOWN_FIELDS)}"
+            )
+        missing = [name for name in _REQUIRED_FIELDS if name not in state]
+        if missing:
+            raise SamplerStateError(f"sampler state is missing {missing}; it has {sorted(state)}")
+        version = state.get("version", STATE_VERSION)
+        if version != STATE_VERSION:
+            raise SamplerStateError(
+                f"sampler state has version {version!r}; this sampler reads version {STATE_VERSION}"
+            )
+        epoch = _state_int(state, "epoch")
+        if epoch < 0:
+            raise SamplerStateError(f"sampler state has epoch={epoch}; expected >= 0")
+        config = self._config()
+        for name in _CONFIG_FIELDS:
+            if name in state and state[name] != config[name]:
+                message = (
+                    f"sampler state was saved with {name}={state[name]!r}; "
+                    f"this sampler has {name}={config[name]!r}"
+                )
+                if self.strict:
+                    raise SamplerStateError(message + " (pass strict=False to resume anyway)")
+                logger.warning("%s; resuming with this sampler's value (strict=False)", message)
+        try:
+            consumed = self._check_consumed(_state_int(state, "consumed"))
+        except ValueError as error:
+            raise SamplerStateError(f"sampler state: {error}") from error
+        self._epoch = epoch
+        self._next_start = consumed
+        self._current = None
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "order": self.order,
+            "drop_last": self.drop_last,
+            "block_size": self.block_size,
+            "window_blocks": self.window_blocks,
+        }
+
+    def _check_consumed(self, consumed: int) -> int:
+        consumed = _as_int("consumed", consumed)
+        if consumed < 0:
+            raise ValueError(f"consumed={consumed} is negative")
+        if consumed > self.num_samples:
+            raise ValueError(
+                f"consumed={consumed} exceeds num_samples={self.num_samples}; a finished "
+                f"epoch e is saved as epoch=e + 1, consumed=0"
+            )
+        return consumed
+
+    def __repr__(self) -> str:
+        return (
+            f"ResumableSampler(num_samples={self.num_samples}, shuffle={self.shuffle}, "
+            f"seed={self.seed}, num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"order={self.order!r}, epoch={self._epoch}, consumed={self.consumed})"
+        )
+
+
+def sampler_state_from_loader(loader_state: Mapping[str, Any]) -> dict[str, Any]:
+    """Find the :class:`ResumableSampler` state inside a ``StatefulDataLoader`` state.
+
+    torchdata's ``StatefulDataLoader.load_state_dict`` refuses a state saved with
+    another ``num_workers``. The sampler's part does not depend on workers: load it
+    into the sampler of a fresh loader, with any ``num_workers``, instead.
+
+    Raises
+    ------
+    SamplerStateError
+        If ``loader_state`` holds no sampler state, or was saved between snapshots
+        (use ``snapshot_every_n_steps=1``, the default).
+    """
+    steps_since = loader_state.get("_steps_since_snapshot", 0)
+    if steps_since:
+        raise SamplerStateError(
+            f"loader state is {steps_since} steps past its last snapshot; save it with "
+            f"StatefulDataLoader(snapshot_every_n_steps=1)"
+        )
+    pending: list[Any] = [loader_state]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Mapping):
+            found = item.get("sampler_state")
+            if isinstance(found, Mapping) and "consumed" in found and "epoch" in found:
+                return dict(found)
+            pending.extend(item.values())
+    raise SamplerStateError("loader state holds no ResumableSampler state ('sampler_state')")
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int; got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError as error:
+        raise TypeError(f"{name} must be an int; got {value!r}") from error
+
+
+def _state_int(state: Mapping[str, Any], name: str) -> int:
+    try:
+        return _as_int(name, state[name])
+    except TypeError as error:
+        raise SamplerStateError(f"sampler state: {error}") from error
+
+
+def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Fill in world size and rank from torch.distributed, without importing torch."""
+    distributed = sys.modules.get("torch.distributed")
+    initialised = bool(
+        distributed is not None and distributed.is_available() and distributed.is_initialized()
+    )
+    if num_replicas is None:
+        num_replicas = distributed.get_world_size() if initialised and distributed else 1
+    if rank is None:
+        rank = distributed.get_rank() if initialised and distributed else 0
+    num_replicas, rank = _as_int("num_replicas", num_replicas), _as_int("rank", rank)
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1; got {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in [0, {num_replicas}); got {rank}")
+    return num_replicas, rank

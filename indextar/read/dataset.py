@@ -1,0 +1,427 @@
+"""IndexedTarDataset: map-style random access over indexed tar shards.
+
+What a dataset holds is O(shards): shard paths, per-shard sample counts and their
+cumulative sums in numpy. Each process opens shards lazily, on first access, into an
+LRU of at most ``max_open_shards`` :class:`~indextar.read.shard.OpenShard` objects
+(numpy tables plus a byte source). Pickling drops that cache (``spawn`` workers start
+empty); a forked worker keeps the parent's tables, which are shared copy-on-write and
+never written, while its byte sources unmap their inherited mappings at once and map
+again on first read. No open file, mmap or SQLite connection crosses into a worker.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import operator
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import (
+    MissingIndexError,
+    SampleIndexError,
+    SampleKeyError,
+    ShardNotFoundError,
+    StaleIndexError,
+)
+from ..index.build import build_indexes
+from ..index.manifest import ManifestShard, is_manifest, read_manifest
+from ..index.shard import PathLike, ShardIndex, index_path, open_index, open_index_at
+from ..patterns import expand_shards, is_url
+from ..source.local import FileVersion, LRUCache, open_source
+from .decode import DecodeArg, Decoder, make_decoder, select_field
+from .remote_options import RemoteOptions, fetch_ranges
+from .shard import OpenShard
+
+__all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_OPEN_SHARDS = 64
+"""Shards a process keeps open at once (file descriptors and loaded offset tables)."""
+
+ShardsArg = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
+Sample = dict[str, Any]
+
+
+class IndexedTarDataset:
+    """Map-style dataset over WebDataset tar shards, one sample per ``ds[i]``.
+
+    Parameters
+    ----------
+    shards
+        A brace pattern (``"data-{000000..000099}.tar"``), a glob, a list of paths, or
+        the path of a dataset manifest (``*.json``, see :func:`~indextar.write_manifest`).
+    decode
+        ``None`` returns members as ``bytes``. A webdataset spec string (``"rgb8"``,
+        ``"torchrgb"``, ``"pil"``, ...), a handler ``fn(key, data)`` returning ``None``
+        to pass, or a list of those, decodes them as webdataset's ``decode()`` does.
+    keys
+        ``None`` returns dicts. A sequence such as ``("jpg;png", "cls")`` (or one
+        space-separated string) returns a tuple of those members instead; ``;`` separates
+        alternatives, as in webdataset's ``to_tuple``. Only these members are decoded.
+    transform
+        Applied to each sample (dict or tuple) after decoding.
+    index_dir
+        Folder of the indexes, when they are not next to their shards.
+    build_missing
+        Build missing indexes when the dataset is created (in parallel processes). If
+        false, a missing index raises :class:`~indextar.MissingIndexError`.
+    max_open_shards
+        Shards each process keeps open at once; older ones are closed.
+    allow_unsafe
+        Decode ``pyd``/``pickle``/``pkl``/``pth`` members, which runs code from the shard.
+    progress
+        Show a progress bar while building missing indexes.
+    build_workers
+        Processes for building missing indexes; default one per CPU.
+
+    Raises
+    ------
+    ShardNotFoundError
+        If a pattern matches nothing or a shard does not exist.
+    MissingIndexError
+        If ``build_missing=False`` and shards lack an index (all are named).
+    StaleIndexError
+        If a shard changed since it was indexed.
+    DecodeSpecError
+        If ``decode`` is not a known spec or callable.
+    """
+
+    def __init__(
+        self,
+        shards: ShardsArg,
+        *,
+        decode: DecodeArg = None,
+        keys: str | Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        index_dir: PathLike | None = None,
+        build_missing: bool = True,
+        max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
+        allow_unsafe: bool = False,
+        progress: bool = False,
+        build_workers: int | None = None,
+        remote: Literal["ranges", "cache"] = "ranges",
+        cache_dir: PathLike | None = None,
+        cache_limit: int | str = "50GB",
+        storage_options: Mapping[str, Any] | None = None,
+    ):
+        if max_open_shards < 1:
+            raise ValueError(f"max_open_shards must be at least 1, got {max_open_shards}")
+        self._decoder: Decoder | None = make_decoder(decode, allow_unsafe=allow_unsafe)
+        self._fields = _parse_keys(keys)
+        self._transform = transform
+        self._index_dir = None if index_dir is None else os.fspath(index_dir)
+        self._build_missing = build_missing
+        self._remote = RemoteOptions.make(
+            remote,
+            index_dir,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            storage_options=storage_options,
+        )
+        self.max_open_shards = max_open_shards
+        self.manifest: Path | None = None
+        if isinstance(shards, (str, os.PathLike)) and is_manifest(shards):
+            entries = list(read_manifest(shards).shards)
+            self.manifest = Path(shards)
+        else:
+            entries = _entries_from_indexes(
+                _open_indexes(
+                    expand_shards(shards),
+                    index_dir=self._index_dir,
+                    build_missing=build_missing,
+                    progress=progress,
+                    workers=build_workers,
+                    remote=self._remote,
+                )
+            )
+        self._entries: tuple[ManifestShard, ...] = tuple(entries)
+        self.shards: tuple[str, ...] = tuple(entry.url for entry in entries)
+        sizes = np.fromiter((entry.nsamples for entry in entries), np.int64, len(entries))
+        sizes.flags.writeable = False
+        self.shard_sizes: npt.NDArray[np.int64] = sizes
+        """Samples per shard, in shard order (``ResumableSampler(order="blocks")`` reads it)."""
+        self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        # The same boundaries as Python ints, for bisect in __getitem__ (O(shards)).
+        self._starts_list: list[int] = self._starts.tolist()
+        self._len = int(self._starts[-1])
+        # Whether a batch may need remote spans fetched together (checked per batch if so).
+        self._has_ranges = self._remote.strategy == "ranges" and any(map(is_url, self.shards))
+        self._reset_process_state()
+
+    # -- per-process state ----------------------------------------------------------
+
+    def _reset_process_state(self) -> None:
+        self._open: LRUCache[int, OpenShard] = LRUCache(self.max_open_shards, OpenShard.close)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_open"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def close(self) -> None:
+        """Close every open shard of this process (they reopen on the next access)."""
+        self._open.clear()
+
+    def _shard(self, shard_no: int) -> OpenShard:
+        shard = self._open.get(shard_no)
+        if shard is None:
+            index = self._shard_index(shard_no)
+            url = self.shards[shard_no]
+            if is_url(url):
+                source = self._remote.source(url, index)
+            else:
+                version = FileVersion(index.meta.shard_size, index.meta.shard_mtime_ns)
+                source = open_source(url, version)
+            shard = OpenShard.load(index, source)
+            self._open.put(shard_no, shard)
+        return shard
+
+    def _shard_index(self, shard_no: int) -> ShardIndex:
+        """Open and validate a shard's index, and check it against the manifest entry."""
+        entry = self._entries[shard_no]
+        try:
+            if is_url(entry.url):
+                index = self._remote.index(
+                    entry.url, entry.index, build_missing=self._build_missing
+                )
+            elif entry.index is not None:
+                index = open_index_at(entry.url, entry.index)
+            else:
+                index = open_index(entry.url, index_dir=self._index_dir)
+        except ShardNotFoundError as e:
+            raise ShardNotFoundError(
+                f"shard {entry.url!r} (number {shard_no} of the dataset) no longer exists: {e}"
+            ) from e
+        except MissingIndexError:
+            if not self._build_missing or entry.index is not None:
+                raise
+            index = build_indexes([entry.url], index_dir=self._index_dir, workers=1)[0]
+        if index.meta.num_samples != entry.nsamples or (
+            entry.fingerprint is not None and entry.fingerprint != index.meta.fingerprint
+        ):
+            raise StaleIndexError(
+                f"manifest {str(self.manifest)!r} lists shard {entry.url!r} with {entry.nsamples} "
+                f"samples and fingerprint {entry.fingerprint}; its index {str(index.path)!r} has "
+                f"{index.meta.num_samples} samples and fingerprint {index.meta.fingerprint}; "
+                "rewrite the manifest with write_manifest()"
+            )
+        return index
+
+    # -- access -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _normalize(self, index: int) -> int:
+        position = operator.index(index)
+        if position < 0:
+            position += self._len
+        if not 0 <= position < self._len:
+            raise SampleIndexError(
+                f"index {index} is out of range for a dataset of {self._len} samples"
+            )
+        return position
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, sample number within the shard)`` of dataset index ``index``."""
+        position = self._normalize(index)
+        shard_no = int(np.searchsorted(self._starts, position, side="right")) - 1
+        return shard_no, position - int(self._starts[shard_no])
+
+    def __getitem__(self, index: int) -> Any:
+        # The common case first: a plain int in range skips operator.index and wrapping.
+        position = (
+            index if type(index) is int and 0 <= index < self._len else self._normalize(index)
+        )
+        shard_no = bisect.bisect_right(self._starts_list, position) - 1
+        return self._sample(shard_no, position - self._starts_list[shard_no], position)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch of samples (the DataLoader calls this with each batch's indices)."""
+        positions = self._positions(indices)
+        shard_nos = self._starts.searchsorted(positions, side="right") - 1
+        locals_ = positions - self._starts[shard_nos]
+        sample = self._sample
+        if self._has_ranges and any(is_url(self.shards[n]) for n in set(shard_nos.tolist())):
+            spans = self._fetch_spans(shard_nos.tolist(), locals_.tolist())
+            return [
+                sample(shard_no, local, position, span)
+                for shard_no, local, position, span in zip(
+                    shard_nos.tolist(), locals_.tolist(), positions.tolist(), spans
+                )
+            ]
+        # Shard by shard: one read_many, so one size check of a local file, per shard.
+        groups: dict[int, list[int]] = {}
+        for at, shard_no in enumerate(shard_nos.tolist()):
+            groups.setdefault(shard_no, []).append(at)
+        results: list[Any] = [None] * len(positions)
+        local_list, position_list = locals_.tolist(), positions.tolist()
+        for shard_no, group in groups.items():
+            shard = self._shard(shard_no)
+            read = shard.read_many([local_list[at] for at in group])
+            for at, (key, members) in zip(group, read):
+                results[at] = self._build(shard, key, members, position_list[at])
+        return results
+
+    def _positions(self, indices: Sequence[int]) -> npt.NDArray[np.int64]:
+        """A batch's indices as positions, wrapped and checked as ``ds[i]`` does."""
+        # operator.index refuses floats, which np.fromiter would truncate.
+        with contextlib.suppress(OverflowError):
+            positions = np.fromiter(map(operator.index, indices), np.int64, len(indices))
+            if not len(positions) or (positions.min() >= 0 and positions.max() < self._len):
+                return positions
+        return np.fromiter(map(self._normalize, indices), np.int64, len(indices))
+
+    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
+        """The remote samples' bytes, all requests in flight at once; ``None`` for local ones."""
+        wanted = [(n, local) for n, local in zip(shard_nos, locals_) if is_url(self.shards[n])]
+        shards = [self._shard(n) for n, _ in wanted]
+        spans = [shard.span(local) for shard, (_, local) in zip(shards, wanted)]
+        fetched = iter(
+            fetch_ranges(
+                [shard.source for shard in shards],  # type: ignore[misc]
+                [offset for offset, _ in spans],
+                [length for _, length in spans],
+                max_in_flight=self._remote.max_in_flight,
+            )
+        )
+        return [next(fetched) if is_url(self.shards[n]) else None for n in shard_nos]
+
+    def _sample(self, shard_no: int, local: int, position: int, span: bytes | None = None) -> Any:
+        shard = self._shard(shard_no)
+        key, members = shard.read(local, span)
+        return self._build(shard, key, members, position)
+
+    def _build(
+        self, shard: OpenShard, key: str, members: list[tuple[str, bytes]], position: int
+    ) -> Any:
+        """The sample (dict or tuple, decoded and transformed) from a shard's members."""
+        sample: Sample = {"__key__": key, "__shard__": shard.shard, "__index__": position}
+        decoder = self._decoder
+        if self._fields is not None:
+            sample.update(members)
+            result: Any = tuple(self._field(sample, alternatives) for alternatives in self._fields)
+        elif decoder is None:
+            sample.update(members)
+            result = sample
+        else:
+            for ext, data in members:
+                sample[ext] = decoder.decode_member(ext, data, shard=shard.shard, key=key)
+            result = sample
+        return result if self._transform is None else self._transform(result)
+
+    def _field(self, sample: Sample, alternatives: tuple[str, ...]) -> Any:
+        return select_field(sample, alternatives, self._decoder)
+
+    def index_of(self, key: str) -> int:
+        """The dataset index of the first sample whose ``__key__`` is ``key``.
+
+        Opens shards' indexes in order until one has the key: O(shards) when the key is
+        near the end or absent.
+
+        Raises
+        ------
+        SampleKeyError
+            If no sample has that key.
+        """
+        for shard_no in range(len(self.shards)):
+            if self.shard_sizes[shard_no] == 0:
+                continue
+            found = self._shard_index(shard_no).find_key(key)
+            if found:
+                return int(self._starts[shard_no]) + found[0]
+        raise SampleKeyError(f"no sample has the key {key!r} in {len(self.shards)} shards")
+
+    def __repr__(self) -> str:
+        source = (
+            f"manifest={str(self.manifest)!r}"
+            if self.manifest is not None
+            else f"{len(self.shards)} shards"
+        )
+        return f"IndexedTarDataset({source}, {self._len} samples)"
+
+
+def _parse_keys(keys: str | Sequence[str] | None) -> tuple[tuple[str, ...], ...] | None:
+    if keys is None:
+        return None
+    fields = keys.split() if isinstance(keys, str) else list(keys)
+    if not fields or not all(isinstance(field, str) and field for field in fields):
+        raise ValueError(
+            f"keys= must be non-empty member names such as ('jpg;png', 'cls'); got {keys!r}"
+        )
+    return tuple(tuple(field.split(";")) for field in fields)
+
+
+def _open_indexes(
+    shards: list[str],
+    *,
+    index_dir: str | None,
+    build_missing: bool,
+    progress: bool,
+    workers: int | None,
+    remote: RemoteOptions,
+) -> list[ShardIndex]:
+    urls = {
+        shard: remote.index(shard, None, build_missing=build_missing)
+        for shard in shards
+        if is_url(shard)
+    }
+    if urls:
+        local = [shard for shard in shards if shard not in urls]
+        opened = {}
+        if local:
+            indexes = _open_indexes(
+                local,
+                index_dir=index_dir,
+                build_missing=build_missing,
+                progress=progress,
+                workers=workers,
+                remote=remote,
+            )
+            opened = dict(zip(local, indexes))
+        return [urls[shard] if shard in urls else opened[shard] for shard in shards]
+    missing = [shard for shard in shards if not index_path(shard, index_dir=index_dir).exists()]
+    if missing and not build_missing:
+        for shard in missing:
+            if not Path(shard).exists():
+                raise ShardNotFoundError(f"shard {shard!r} does not exist")
+        listed = ", ".join(repr(shard) for shard in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise MissingIndexError(
+            f"{len(missing)} of {len(shards)} shards have no index: {listed}{more}; "
+            "build them with build_index() or pass build_missing=True"
+        )
+    built = {}
+    if missing:
+        log.info("building %d missing indexes", len(missing))
+        indexes = build_indexes(missing, index_dir=index_dir, workers=workers, progress=progress)
+        built = dict(zip(missing, indexes))
+    return [
+        built[shard] if shard in built else open_index(shard, index_dir=index_dir)
+        for shard in shards
+    ]
+
+
+def _entries_from_indexes(indexes: list[ShardIndex]) -> list[ManifestShard]:
+    return [
+        ManifestShard(
+            url=index.shard,
+            nsamples=index.meta.num_samples,
+            filesize=index.meta.shard_size,
+            fingerprint=index.meta.fingerprint,
+            index=str(index.path),
+        )
+        for index in indexes
+    ]

@@ -1,0 +1,103 @@
+"""How a dataset reads remote shards: by ranged requests, or through the shard cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..index.remote import expected_stat, open_remote_index
+from ..index.shard import ShardIndex, _read_meta
+from ..source.cache import CachedSource, ShardCache
+from ..source.local import ByteSource
+from ..source.remote import RangeSource, fetch_ranges
+
+__all__ = ["RemoteOptions", "default_cache_root", "fetch_ranges"]
+
+Strategy = Literal["ranges", "cache"]
+
+
+def default_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/indextar`` (``~/.cache/indextar``): remote indexes and shards."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "indextar"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteOptions:
+    """A dataset's choices for its remote shards.
+
+    Attributes
+    ----------
+    strategy
+        ``"ranges"``: one ranged request per sample, batches in flight together.
+        ``"cache"``: whole shards downloaded into ``cache`` and read locally.
+    index_dir
+        Local folder of the remote shards' indexes.
+    cache
+        The shard cache (``"cache"`` only).
+    storage_options
+        fsspec options for every remote shard.
+    max_in_flight
+        Requests a batch keeps in flight at once.
+    """
+
+    strategy: Strategy
+    index_dir: Path
+    cache: ShardCache | None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    max_in_flight: int = 64
+
+    @classmethod
+    def make(
+        cls,
+        strategy: str,
+        index_dir: str | os.PathLike[str] | None,
+        *,
+        cache_dir: str | os.PathLike[str] | None,
+        cache_limit: int | str,
+        storage_options: Mapping[str, Any] | None,
+    ) -> RemoteOptions:
+        """Check the dataset's ``remote=`` arguments and fill in the default folders."""
+        if strategy not in ("ranges", "cache"):
+            raise ValueError(f"remote= must be 'ranges' or 'cache', got {strategy!r}")
+        root = default_cache_root()
+        folder = Path(index_dir) if index_dir is not None else root / "indexes"
+        cache = None
+        if strategy == "cache":
+            cache = ShardCache(
+                cache_dir if cache_dir is not None else root / "shards",
+                limit=cache_limit,
+                storage_options=storage_options,
+            )
+        return cls(
+            "ranges" if strategy == "ranges" else "cache",
+            folder,
+            cache,
+            dict(storage_options or {}),
+        )
+
+    def index(self, url: str, path: str | None, *, build_missing: bool) -> ShardIndex:
+        """The index of remote shard ``url``: at ``path`` if known (no request), else found
+        or built."""
+        if path is not None and Path(path).exists():
+            return ShardIndex(shard=url, path=Path(path), meta=_read_meta(Path(path)))
+        return open_remote_index(
+            url,
+            index_dir=self.index_dir,
+            storage_options=self.storage_options,
+            build_missing=build_missing,
+        )
+
+    def source(self, url: str, index: ShardIndex) -> ByteSource:
+        """The byte source of ``url``, checked against the object version ``index`` describes."""
+        expected = expected_stat(index.meta)
+        if self.cache is not None:
+            return CachedSource(url, cache=self.cache, expected=expected)
+        return RangeSource(
+            url,
+            expected=expected,
+            storage_options=self.storage_options,
+            max_in_flight=self.max_in_flight,
+        )

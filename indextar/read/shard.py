@@ -1,0 +1,101 @@
+"""One opened shard: its sample table in flat numpy arrays and its byte source.
+
+A sample's members are contiguous in the tar, so a sample is one read of its span
+``[start_offset, end_offset)``, split into members by offsets relative to the span,
+after a check that the span still begins with the sample's own headers
+(:mod:`indextar.tar.spancheck`). Keys are one ``bytes`` blob of raw names plus offsets,
+not a list of ``str``: a DataLoader worker that reads them copies no per-sample
+Python objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..index.shard import ShardIndex
+from ..source.local import ByteSource, Span, split_members
+
+__all__ = ["OpenShard"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenShard:
+    """A shard ready for random access, in one process.
+
+    Attributes
+    ----------
+    shard
+        The shard's path or URL.
+    source
+        Where its bytes are read from.
+    samples, members, key_blob, ext_names
+        The shard's :class:`~indextar.index.arrays.ShardArrays`, unpacked: a read then looks
+        up one attribute, not two.
+    """
+
+    shard: str
+    source: ByteSource
+    samples: npt.NDArray[np.int64]
+    members: npt.NDArray[np.int64]
+    key_blob: bytes
+    ext_names: tuple[str, ...]
+
+    @classmethod
+    def load(cls, index: ShardIndex, source: ByteSource) -> OpenShard:
+        """Load the arrays of an opened index: one query and ``np.frombuffer``."""
+        arrays = index.load_arrays()
+        return cls(
+            shard=index.shard,
+            source=source,
+            samples=arrays.samples,
+            members=arrays.members,
+            key_blob=arrays.key_blob,
+            ext_names=arrays.ext_names,
+        )
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def span(self, local: int) -> tuple[int, int]:
+        """``(offset, length)`` of sample ``local``'s bytes in the shard."""
+        start, end = self.samples[local, :2].tolist()
+        return start, end - start
+
+    def read(self, local: int, span: bytes | None = None) -> tuple[str, list[tuple[str, bytes]]]:
+        """Sample ``local``'s key and ``(extension, data)`` members, in one read.
+
+        ``span``, if given, is the sample's bytes already fetched (remote batches).
+        """
+        start, end, first, count, key_start, key_end = self.samples[local].tolist()
+        names = self.ext_names
+        key = self.key_blob[key_start:key_end]
+        if span is None:
+            members = self.source.read_members(
+                start, end - start, self.members, first, count, names, key
+            )
+        else:
+            members = split_members(
+                span, self.members, first, count, names, key, shard=self.shard, offset=start
+            )
+        return key.decode("utf-8", "surrogateescape"), members
+
+    def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
+        """What :meth:`read` returns for each of the samples ``local``, with one
+        ``read_many`` of their spans (local files: one size check for all)."""
+        key_blob = self.key_blob
+        spans: list[Span] = [
+            (start, end - start, first, count, key_blob[key_start:key_end])
+            for start, end, first, count, key_start, key_end in self.samples[local].tolist()
+        ]
+        read = self.source.read_members_many(spans, self.members, self.ext_names)
+        return [
+            (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
+            for span, members in zip(spans, read)
+        ]
+
+    def close(self) -> None:
+        """Close the byte source."""
+        self.source.close()

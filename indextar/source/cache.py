@@ -1,0 +1,287 @@
+"""A bounded local cache of whole remote shards, shared by processes.
+
+Layout of the cache folder, one entry per shard version::
+
+    <digest>-<name>          a complete shard, read by any number of processes
+    <digest>-<name>.part     a download in progress, created at its full (sparse) size
+    <digest>-<name>.lock     held while one process downloads the shard
+    .cache.lock              held while space is reserved or shards are evicted
+
+``<digest>`` hashes the URL, size and ETag the index recorded, so a replaced object
+never matches an old entry. Every process that reads a shard holds a shared
+``flock`` on it; eviction takes an exclusive one without waiting and skips shards
+it cannot get, so a shard in use is never evicted. A download's ``.part`` counts at
+its full size from the start, so the folder never holds more than ``limit`` bytes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import CacheFullError, IndextarError, TruncatedShardError
+from .local import LocalFileSource
+from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RetryPolicy
+
+__all__ = ["ShardCache", "CachedSource", "parse_size"]
+
+log = logging.getLogger(__name__)
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)B?\s*$", re.I)
+_CHUNK = 8 << 20
+_CHUNKS_IN_FLIGHT = 8
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string such as ``"50GB"``, ``"512MiB"``, ``"2e9"``.
+
+    >>> parse_size("1.5GB"), parse_size("1KiB")
+    (1500000000, 1024)
+    """
+    if isinstance(size, int):
+        return size
+    match = _SIZE.match(size)
+    if match is None:
+        try:
+            return int(float(size))
+        except ValueError:
+            raise ValueError(f"cannot read {size!r} as a size such as '50GB' or '512MiB'") from None
+    number, unit, binary = match.groups()
+    scale = 1024 ** "KMGT".index(unit.upper()) * 1024 if binary and unit else _UNITS[unit.upper()]
+    return int(float(number) * scale)
+
+
+class ShardCache:
+    """Whole shards downloaded into ``directory``, at most ``limit`` bytes, LRU-evicted.
+
+    Parameters
+    ----------
+    directory
+        The cache folder; processes that share it share the shards.
+    limit
+        Most bytes the folder holds (``"50GB"``, ``"512MiB"`` or an int).
+    storage_options, retry
+        For the downloads, as :class:`~indextar.source.remote.RangeSource`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        limit: int | str,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ):
+        self.directory = Path(directory)
+        self.limit = parse_size(limit)
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry
+        if self.limit <= 0:
+            raise ValueError(f"a shard cache needs a positive limit, got {limit!r}")
+
+    def path_for(self, url: str, expected: RemoteStat) -> Path:
+        """Where the version ``expected`` of ``url`` is cached."""
+        digest = hashlib.blake2b(
+            f"{url}\0{expected.size}\0{expected.etag}".encode(), digest_size=8
+        ).hexdigest()
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rpartition("/")[2])[-80:]
+        return self.directory / f"{digest}-{name}"
+
+    def usage(self) -> int:
+        """Bytes the cache holds, counting downloads in progress at their full size."""
+        return sum(size for _, size, _ in self._entries())
+
+    def open(self, url: str, expected: RemoteStat) -> int:
+        """A read-only descriptor of the cached shard, downloading it first if needed.
+
+        The descriptor carries a shared lock that keeps the shard from being evicted
+        until it is closed.
+
+        Raises
+        ------
+        CacheFullError
+            If the shard does not fit even after evicting every shard not in use.
+        RemoteReadError, StaleIndexError
+            If the download fails or the object no longer matches ``expected``.
+        """
+        path = self.path_for(url, expected)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock
+
+        while True:
+            with FileLock(f"{path}.lock"):
+                if not path.exists():
+                    self._download(url, expected, path)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.fstat(fd).st_nlink > 0:  # not evicted between open and lock
+                os.utime(fd)  # least recently used goes first
+                return fd
+            os.close(fd)
+
+    def _download(self, url: str, expected: RemoteStat, path: Path) -> None:
+        part = Path(f"{path}.part")
+        self._reserve(part, expected.size, url)
+        log.info(
+            "downloading %s (%d bytes) into the shard cache %s", url, expected.size, self.directory
+        )
+        started = time.perf_counter()
+        source = RangeSource(
+            url, expected=expected, storage_options=self.storage_options, retry=self.retry
+        )
+        try:
+            with open(part, "r+b") as f:
+                fd = f.fileno()
+                ranges = [
+                    (offset, min(_CHUNK, expected.size - offset))
+                    for offset in range(0, expected.size, _CHUNK)
+                ]
+                for start in range(0, len(ranges), _CHUNKS_IN_FLIGHT):
+                    batch = ranges[start : start + _CHUNKS_IN_FLIGHT]
+                    datas = source.read_many([o for o, _ in batch], [n for _, n in batch])
+                    for (offset, _), data in zip(batch, datas):
+                        _pwrite_all(fd, data, offset)
+                os.fsync(fd)
+                if os.fstat(fd).st_size != expected.size:
+                    raise TruncatedShardError(
+                        f"downloaded {os.fstat(fd).st_size} bytes; its index says {expected.size}",
+                        shard=url,
+                    )
+            os.replace(part, path)
+        except BaseException as e:
+            part.unlink(missing_ok=True)
+            if isinstance(e, OSError) and not isinstance(e, IndextarError):
+                raise self._disk_error(e, url, expected.size) from e
+            raise
+        finally:
+            source.close()
+        log.info("downloaded %s in %.2fs", url, time.perf_counter() - started)
+
+    def _reserve(self, part: Path, size: int, url: str) -> None:
+        """Create ``part`` at ``size`` bytes (sparse) once that fits, evicting LRU shards."""
+        if size > self.limit:
+            raise CacheFullError(
+                f"shard {url!r} has {size} bytes, more than the whole shard cache "
+                f"({self.limit} bytes in {str(self.directory)!r}); "
+                "raise cache_limit= or read it with remote='ranges'"
+            )
+        from filelock import FileLock
+
+        with FileLock(self.directory / ".cache.lock"):
+            entries = self._entries()
+            used = sum(entry_size for _, entry_size, _ in entries)
+            # Oldest first; downloads in progress are not candidates.
+            for entry, entry_size, _ in sorted(
+                (e for e in entries if not e[2]), key=lambda e: e[0].stat().st_mtime
+            ):
+                if used + size <= self.limit:
+                    break
+                if self._evict(entry):
+                    used -= entry_size
+            if used + size > self.limit:
+                raise CacheFullError(
+                    f"shard {url!r} ({size} bytes) does not fit into the shard cache "
+                    f"{str(self.directory)!r}: {used} of {self.limit} bytes are in shards that are "
+                    "open or downloading; raise cache_limit= or open fewer shards at once"
+                )
+            try:
+                with open(part, "wb") as f:
+                    f.truncate(size)
+            except OSError as e:
+                part.unlink(missing_ok=True)
+                raise self._disk_error(e, url, size) from e
+
+    def _disk_error(self, error: OSError, url: str, size: int) -> CacheFullError:
+        """The error for a disk that is full (or refuses the file) under the cache folder."""
+        return CacheFullError(
+            f"cannot store shard {url!r} ({size} bytes) in the shard cache "
+            f"{str(self.directory)!r}: {error.strerror or error}; free space there, or choose "
+            "another folder with cache_dir= or read the shard with remote='ranges'"
+        )
+
+    def _entries(self) -> list[tuple[Path, int, bool]]:
+        """``(path, size, is_download)`` of every cached shard and download."""
+        entries = []
+        for entry in self.directory.iterdir() if self.directory.exists() else ():
+            if entry.name.startswith(".") or entry.name.endswith(".lock"):
+                continue
+            try:
+                entries.append((entry, entry.stat().st_size, entry.name.endswith(".part")))
+            except FileNotFoundError:
+                continue
+        return entries
+
+    def _evict(self, path: Path) -> bool:
+        """Delete ``path`` unless a process has it open; whether it was deleted."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            path.unlink(missing_ok=True)
+            log.info("evicted %s from the shard cache", path.name)
+        finally:
+            os.close(fd)
+        return True
+
+    def __repr__(self) -> str:
+        return f"ShardCache({str(self.directory)!r}, limit={self.limit})"
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset``: on a full disk ``pwrite`` may write only part of
+    it without an error (the file is pre-sized, so the rest would read as zeros); the
+    retry of the rest then raises ``ENOSPC``."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+class CachedSource(LocalFileSource):
+    """A remote shard read from the local :class:`ShardCache`, downloaded on first read.
+
+    A :class:`~indextar.source.local.LocalFileSource` of the cached file, so a warm cache
+    reads as local shards do, by the same paths; ``url`` stays the remote URL, which
+    errors name. Mapping the file first takes a descriptor with a shared lock (and
+    downloads the shard if needed), which keeps it from being evicted until
+    :meth:`close`.
+    """
+
+    __slots__ = ("cache", "expected")
+
+    def __init__(self, url: str, *, cache: ShardCache, expected: RemoteStat):
+        super().__init__(url)
+        self.cache = cache
+        self.expected = expected
+
+    def _open_descriptor(self) -> int:
+        # The cache's locked descriptor: the map is made of it, and closing it (close(),
+        # or a forked child's copy, which leaves the parent's lock) lets it be evicted.
+        return self.cache.open(self.url, self.expected)
+
+    @property
+    def size(self) -> int:
+        return self.expected.size
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "cache": self.cache, "expected": self.expected}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], cache=state["cache"], expected=state["expected"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"CachedSource({self.url!r}, {self.cache!r})"

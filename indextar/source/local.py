@@ -1,0 +1,516 @@
+"""Byte sources: read byte ranges of a shard, locally or remotely.
+
+A :class:`ByteSource` has two primitives, :attr:`~ByteSource.size` and
+:meth:`~ByteSource.read`; :meth:`~ByteSource.read_many` and the member reads are built
+on them, and a backend may override them to batch requests or to copy less. Local
+shards are :class:`LocalFileSource`; remote ones come from
+:mod:`indextar.source.remote` (ranges) and :mod:`indextar.source.cache` (a local copy).
+
+Sources open what they need lazily and never carry an open file across a fork or a
+pickle: they remember the process that opened the file and reopen in any other.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import mmap
+import operator
+import os
+import resource
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import native
+from ..errors import IndextarError, ShardNotFoundError, StaleIndexError, TruncatedShardError
+from ..tar.spancheck import FILE_CHANGED, OK, check_headers, stale_error
+
+# The guarded copy out of maps; chosen once, at import (INDEXTAR_PURE_PYTHON=1: none).
+_MAPREAD = native.mapread()
+_MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0  # larger: sliced
+
+__all__ = [
+    "ByteSource",
+    "FileVersion",
+    "LocalFileSource",
+    "LRUCache",
+    "fork_generation",
+    "open_source",
+    "split_members",
+]
+
+
+class ByteSource(abc.ABC):
+    """Random access to the bytes of one shard.
+
+    Subclasses implement :attr:`size` and :meth:`read`. A source must be picklable and
+    must hold no open resource across ``fork`` or pickle.
+    """
+
+    url: str
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Size of the shard in bytes."""
+
+    @abc.abstractmethod
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``offset``.
+
+        Raises
+        ------
+        TruncatedShardError
+            If the shard ends before ``offset + length``.
+        """
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Several ranges at once; backends with request overhead batch them."""
+        read = self.read
+        return [read(offset, length) for offset, length in zip(offsets, lengths)]
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        """A sample's ``(extension, data)`` members, from one read of its span.
+
+        ``offset`` and ``length`` are the sample's span; ``member_rows[first : first +
+        count]`` its members as ``(span_offset, size, ext_code)`` rows (the index's
+        packed ``members`` array). With ``key`` (the sample's key as raw bytes), the
+        span's headers are checked first (:mod:`indextar.tar.spancheck`). Sources that can
+        copy members straight out of their storage (a memory map) override this to
+        skip the span's copy.
+        """
+        return split_members(
+            self.read(offset, length), member_rows, first, count, ext_names,
+            key, shard=self.url, offset=offset,
+        )  # fmt: skip
+
+    def read_members_many(
+        self,
+        spans: Sequence[Span],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` for several samples, ``(offset, length, first, count,
+        key)`` each, with one :meth:`read_many` of their spans."""
+        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
+        return [
+            split_members(
+                data, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+            )
+            for (offset, _, first, count, key), data in zip(spans, datas)
+        ]
+
+    def close(self) -> None:  # noqa: B027 (a hook: sources that hold nothing need not close)
+        """Release open resources; the source reopens on the next read."""
+
+    def __enter__(self) -> ByteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Span = tuple[int, int, int, int, "bytes | None"]
+"""A sample to read: ``(offset, length, first member row, member count, key or None)``."""
+
+
+def split_members(
+    span: bytes,
+    member_rows: npt.NDArray[np.int64],
+    first: int,
+    count: int,
+    ext_names: tuple[str, ...],
+    key: bytes | None = None,
+    *,
+    shard: str = "",
+    offset: int = 0,
+) -> list[tuple[str, bytes]]:
+    """A sample's ``(extension, data)`` members, sliced out of its span's bytes.
+
+    With ``key``, the span's headers must still be those of a member named ``key``:
+    else :class:`~indextar.errors.StaleIndexError`, naming ``shard`` and ``offset``.
+    """
+    rows = member_rows[first : first + count].tolist()
+    if key is not None and rows:
+        headers = span[: rows[0][0]]
+        failed = check_headers(headers, key)
+        if failed != OK:
+            raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
+    return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class FileVersion:
+    """What a local shard's index recorded of it: its size and modification time."""
+
+    size: int
+    mtime_ns: int
+
+
+class LocalFileSource(ByteSource):
+    """A local file, memory-mapped on first read: a range is one slice, no system call.
+
+    The mapping is made in the process that reads and replaced after a fork. The source
+    keeps a descriptor of the mapped file, and every read first checks its ``fstat`` (about
+    0.8 us; once per batch in :meth:`read_members_many`):
+
+    * a shard **changed in place** since it was mapped (another size or mtime) is
+      refused: :class:`TruncatedShardError` if it shrank, which also keeps a read from
+      touching pages past the new end (a ``SIGBUS``), else :class:`StaleIndexError`
+      naming what changed;
+    * a shard **replaced by rename** keeps serving its old mapping, whose bytes are
+      still the ones its index describes; a process that maps it again (a forked
+      DataLoader worker, or after the map was dropped for descriptors) finds the new
+      file and refuses it;
+    * with ``version``, the file must still be the one the index recorded when it is
+      first mapped.
+
+    A sample's members (:meth:`read_members`, what the dataset reads) are copied by
+    ``_mapread``, which also checks that the span still begins with the sample's own
+    tar headers (:mod:`indextar.tar.spancheck`) and catches the ``SIGBUS`` of a truncation
+    landing between the ``fstat`` and the copy.
+    """
+
+    __slots__ = ("url", "version", "_map", "_fd", "_generation", "_size", "_identity")
+
+    def __init__(self, path: str | os.PathLike[str], *, version: FileVersion | None = None):
+        self.url = os.fspath(path)
+        self.version = version
+        self._map: mmap.mmap | None = None
+        self._fd = -1
+        self._generation = -1
+        self._size = -1
+        self._identity: tuple[int, int, int, int] | None = None  # dev, ino, size, mtime_ns
+
+    def _open_descriptor(self) -> int:
+        """A read-only descriptor of the file to map (a subclass may keep the bytes
+        elsewhere than ``url``)."""
+        return os.open(self.url, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _open(self) -> None:
+        self._unmap()  # inherited through fork: closing the child's copies leaves the parent's
+        _make_room_for_a_map(self)
+        try:
+            fd = self._open_descriptor()
+        except FileNotFoundError:
+            raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
+        try:
+            st = os.fstat(fd)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._identity is not None and identity != self._identity:
+                # Mapped again (after a fork, or to free descriptors): the bytes
+                # must be those the caller's index describes.
+                raise StaleIndexError(
+                    f"shard {self.url!r} was replaced or rewritten since it was first "
+                    "opened; open the dataset again to use the new file"
+                )
+            if self.version is not None and (st.st_size, st.st_mtime_ns) != (
+                self.version.size,
+                self.version.mtime_ns,
+            ):
+                raise _changed(self.url, self.version.size, self.version.mtime_ns, st, "indexed")
+            self._identity = identity
+            self._size = st.st_size
+            if self._size:
+                self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                _mapped[self] = next(_map_counter)
+                if _MAPREAD is not None:
+                    _MAPREAD.install()  # in case another SIGBUS handler replaced ours
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._generation = _fork_generation
+
+    @property
+    def size(self) -> int:
+        if self._generation != _fork_generation:
+            self._open()
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        mapped = self._checked_map(offset, length)
+        return b"" if mapped is None else mapped[offset : offset + length]
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        """The members copied straight out of the map by ``_mapread``, which also makes
+        the ``fstat`` and header checks: no copy of the whole span."""
+        if self._generation != _fork_generation:
+            self._open()
+        if self._map is None or _MAPREAD is None or count > _MAX_C_MEMBERS:
+            return super().read_members(offset, length, member_rows, first, count, ext_names, key)
+        if offset < 0 or offset + length > self._size:
+            self._checked_map(offset, length)  # raises, naming the range
+        _, ino, size, mtime_ns = self._identity  # type: ignore[misc]
+        got = _MAPREAD.members(
+            self._map, offset, member_rows, first, count, ext_names, key, self._fd, ino,
+            size, mtime_ns,
+        )  # fmt: skip
+        if type(got) is list:
+            return got
+        raise self._copy_error(got, offset, length, member_rows, first, key)
+
+    def read_members_many(
+        self,
+        spans: Sequence[Span],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` for several samples, with one ``fstat`` for all."""
+        if not spans or _MAPREAD is None:
+            return super().read_members_many(spans, member_rows, ext_names)
+        start = min(span[0] for span in spans)
+        end = max(span[0] + span[1] for span in spans)
+        try:
+            mapped = self._checked_map(start, end - start)
+        except TruncatedShardError:
+            mapped = None  # the range-by-range path says which sample it was
+        if mapped is None or max(span[3] for span in spans) > _MAX_C_MEMBERS:
+            return super().read_members_many(spans, member_rows, ext_names)
+        members = _MAPREAD.members
+        result: list[list[tuple[str, bytes]]] = []
+        for offset, length, first, count, key in spans:
+            got = members(mapped, offset, member_rows, first, count, ext_names, key)
+            if type(got) is not list:
+                raise self._copy_error(got, offset, length, member_rows, first, key)
+            result.append(got)
+        return result
+
+    def _copy_error(
+        self,
+        code: int | None,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        key: bytes | None,
+    ) -> IndextarError:
+        """The error for a ``_mapread`` copy that did not return members."""
+        if code is None:
+            return TruncatedShardError(
+                f"bytes {offset}..{offset + length} could not be read: the shard was "
+                f"truncated while open (indexed at {self._size} bytes)",
+                shard=self.url,
+                offset=offset,
+            )
+        if code == FILE_CHANGED:
+            return self._changed_error()
+        assert self._map is not None and key is not None
+        headers = self._map[offset : offset + int(member_rows[first, 0])]
+        return stale_error(code, shard=self.url, offset=offset, key=key, headers=headers)
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Several ranges; the checks of :meth:`read` (an ``fstat``) run once for all."""
+        if not offsets:
+            return []
+        start = min(offsets)
+        end = max(map(operator.add, offsets, lengths))
+        try:
+            mapped = self._checked_map(start, end - start)
+        except TruncatedShardError:
+            return super().read_many(offsets, lengths)  # the error names the range
+        if mapped is None:
+            return [b""] * len(offsets)
+        return [mapped[offset : offset + length] for offset, length in zip(offsets, lengths)]
+
+    def _checked_map(self, offset: int, length: int) -> mmap.mmap | None:
+        """The mapping, once the file is unchanged since it was mapped and bytes
+        ``offset .. offset + length`` are in it."""
+        if self._generation != _fork_generation:
+            self._open()
+        if offset < 0 or offset + length > self._size:
+            raise TruncatedShardError(
+                f"wanted bytes {offset}..{offset + length} but the shard has {self._size} "
+                "(was it changed after indexing?)",
+                shard=self.url,
+                offset=offset,
+            )
+        if self._map is None:
+            return None
+        st = os.fstat(self._fd)
+        if st.st_mtime_ns != self._identity[3] or st.st_size != self._size:  # type: ignore[index]
+            raise self._changed_error(st)
+        return self._map
+
+    def _changed_error(self, st: os.stat_result | None = None) -> IndextarError:
+        """What changed in the mapped file since it was mapped, as an error."""
+        _, _, size, mtime_ns = self._identity  # type: ignore[misc]
+        return _changed(self.url, size, mtime_ns, st or os.fstat(self._fd), "opened")
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def close(self) -> None:
+        self._unmap()
+        _mapped.pop(self, None)
+        self._generation = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, TypeError):  # TypeError: at interpreter exit, os may be gone
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "version": self.version}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], version=state["version"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"LocalFileSource({self.url!r})"
+
+
+def _changed(url: str, size: int, mtime_ns: int, st: os.stat_result, since: str) -> IndextarError:
+    """The error for a shard whose ``fstat`` no longer shows ``size`` and ``mtime_ns``."""
+    if st.st_size < size:
+        return TruncatedShardError(
+            f"the shard now has {st.st_size} bytes: it was truncated while open "
+            f"(indexed at {size} bytes)",
+            shard=url,
+            offset=st.st_size,
+        )
+    changes = []
+    if st.st_size != size:
+        changes.append(f"its size changed from {size} to {st.st_size} bytes")
+    if st.st_mtime_ns != mtime_ns:
+        changes.append(f"its mtime changed from {mtime_ns} to {st.st_mtime_ns} ns")
+    return StaleIndexError(
+        f"shard {url!r} was changed in place since it was {since}: {'; '.join(changes)}; "
+        "no sample is read through its old index (replace shards by renaming a new file "
+        "over them, then rebuild the index with build_index(shard, force=True))"
+    )
+
+
+# Incremented in every forked child: objects that opened something compare it with the
+# value they opened under, which is cheaper than os.getpid() (a system call) per read.
+_fork_generation = 0
+# Sources with a live mapping, and when each was mapped: a forked child unmaps its copies
+# at once, so that nothing opened by the parent lives on in DataLoader workers.
+_mapped: weakref.WeakKeyDictionary[LocalFileSource, int] = weakref.WeakKeyDictionary()
+_map_counter = itertools.count()
+
+
+def _make_room_for_a_map(opening: LocalFileSource) -> None:
+    """Unmap the longest-mapped sources while maps hold half the process's fd limit.
+
+    Each map keeps two file descriptors; under ``ulimit -n 64`` a dataset's 32 open
+    shards would leave none for index files. An unmapped source maps again on its
+    next read.
+    """
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    # Each mapped source holds two descriptors: its own and the map's duplicate.
+    if soft == resource.RLIM_INFINITY or len(_mapped) < soft // 4:
+        return
+    for source, _ in sorted(_mapped.items(), key=lambda item: item[1]):
+        if len(_mapped) < max(1, soft // 4):
+            break
+        if source is not opening:
+            source.close()
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+    for source in list(_mapped):
+        source.close()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """A number that changes in every forked child process (see :func:`os.register_at_fork`)."""
+    return _fork_generation
+
+
+def open_source(path: str | os.PathLike[str], version: FileVersion | None = None) -> ByteSource:
+    """The byte source of a local shard (opened lazily), checked against ``version`` if
+    given. Remote shards' sources come from
+    :class:`~indextar.read.remote_options.RemoteOptions`, which knows their storage options
+    and cache."""
+    return LocalFileSource(path, version=version)
+
+
+# -- bounded cache ---------------------------------------------------------------
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LRUCache(Generic[K, V]):
+    """A least-recently-used map of at most ``capacity`` entries.
+
+    ``on_evict(value)`` runs for every entry pushed out or cleared: the dataset closes
+    evicted shards there, so the number of open files stays bounded.
+    """
+
+    __slots__ = ("capacity", "_entries", "_on_evict")
+
+    def __init__(self, capacity: int, on_evict: Callable[[V], None] | None = None):
+        if capacity < 1:
+            raise ValueError(f"an LRU cache needs a capacity of at least 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._on_evict = on_evict
+
+    def get(self, key: K) -> V | None:
+        """The entry for ``key``, marked most recently used; ``None`` if absent."""
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        """Add or replace an entry, evicting the least recently used one if full."""
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            _, evicted = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+
+    def clear(self) -> None:
+        """Evict every entry."""
+        while self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._entries)

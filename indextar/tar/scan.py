@@ -1,0 +1,422 @@
+"""Scan an uncompressed tar held in memory (bytes or an mmap) into its members.
+
+No SQLite and no torch here: this module only turns bytes into arrays.
+
+How the scan works
+------------------
+A tar is a chain of 512-byte header blocks, each followed by its member's data
+rounded up to whole blocks. Finding the chain is inherently sequential, so the
+scan proceeds in three steps:
+
+1. **Walk.** Find the offset of every header block (:mod:`indextar.tar.walk`). The
+   *sequential* walker reads one header at a time and jumps over the data, which is
+   what large members want; the *vectorised* walker checks every block of a window
+   at once, which pays off on dense shards. The scan starts sequentially and
+   switches to the vectorised walker once the members it has seen are small on
+   average. Where the C walker (:mod:`indextar.native`) is built it goes first, and
+   hands back any shard with extension headers or anything unusual.
+2. **Decode.** All header blocks are gathered into one ``(n, 512)`` array and
+   checked at once: checksums (unsigned or signed, as strict readers accept),
+   numeric fields (octal or base-256), names (ending at their first NUL), the
+   ustar ``prefix`` field and type flags.
+3. **Resolve.** GNU long-name (``L``/``K``) and PAX (``x``/``g``) extension
+   headers are applied to the member they precede (:mod:`indextar.tar.ext`). The
+   final sizes are checked against the chain found in step 1; a mismatch (possible
+   only when an extension header changes a size) means the walk is redone
+   sequentially with full knowledge of the extension headers.
+
+The checks that point into the shard's bytes are in :mod:`indextar.tar.blocks`.
+The result is a :class:`TarScan`: parallel numpy arrays plus the member names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import native
+from ..errors import CompressedShardError, IndextarError, ShardFormatError, TruncatedShardError
+from .blocks import BLOCK as BLOCK
+from .blocks import NO_DATA_TYPES, ShardBytes
+from .compress import compressed_message, sniff_compression
+from .ext import EXTENSION_TYPES, fold_extensions
+from .fields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at, parse_octal
+from .sparse import GNU_SPARSE, unsupported_member_error
+from .walk import walk_sequential
+from .walk import walk_window as _walk_window
+
+__all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
+
+log = logging.getLogger(__name__)
+
+_GNU_MULTIVOL, _GNU_VOLHDR = ord("M"), ord("V")
+
+#: What each skipped type flag is reported as.
+MEMBER_KINDS: dict[int, str] = {
+    ord("1"): "hardlink",
+    ord("2"): "symlink",
+    ord("3"): "chardev",
+    ord("4"): "blockdev",
+    ord("5"): "directory",
+    ord("6"): "fifo",
+    _GNU_VOLHDR: "volume-header",
+}
+_REGULAR_TYPES = frozenset({ord("0"), 0, ord("7")})
+
+# Switch to the vectorised walker once members average under this many bytes:
+# it reads every block, which only pays off when headers are dense.
+_DENSE_MEMBER_BYTES = 16 * 1024
+_PROBE_HEADERS = 64
+_WINDOW_BLOCKS = 1 << 16  # 32 MiB per vectorised window
+_DECODE_CHUNK = 1 << 15  # header rows decoded at once (16 MiB)
+
+
+@dataclass(frozen=True, slots=True)
+class TarScan:
+    """Every entry of a tar, in archive order.
+
+    Extension headers (GNU ``L``/``K``, PAX ``x``/``g``) are folded into the entry
+    they describe, so each row is one logical entry.
+
+    Attributes
+    ----------
+    names
+        Entry names, decoded as UTF-8.
+    types
+        Type flag byte of each entry (``ord('0')`` for a regular file).
+    header_offsets
+        Offset of each entry's first header block, extension headers included.
+    data_offsets
+        Offset of each entry's data.
+    sizes
+        Each entry's data size in bytes (0 for entries that carry no data).
+    end_offset
+        Offset of the end-of-archive marker.
+    file_size
+        Size of the scanned bytes.
+    """
+
+    names: list[str]
+    types: npt.NDArray[np.uint8]
+    header_offsets: npt.NDArray[np.int64]
+    data_offsets: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    end_offset: int
+    file_size: int
+    extension_headers: int = field(default=0)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def is_regular(self) -> npt.NDArray[np.bool_]:
+        """Mask of entries that are regular files."""
+        return np.isin(self.types, np.array(sorted(_REGULAR_TYPES), dtype=np.uint8))
+
+    def kind(self, i: int) -> str:
+        """What entry ``i`` is: ``"file"``, ``"directory"``, ``"symlink"``, ..."""
+        t = int(self.types[i])
+        if t in _REGULAR_TYPES:
+            return "file"
+        return MEMBER_KINDS.get(t, f"type-{chr(t)!r}")
+
+
+def scan_tar(
+    buf: Any, *, shard: str | None = None, fd: int | None = None, ignore_zeros: bool = False
+) -> TarScan:
+    """Scan an uncompressed tar in ``buf`` (bytes, bytearray, memoryview or mmap).
+
+    Parameters
+    ----------
+    buf
+        The whole archive, supporting the buffer protocol.
+    shard
+        Name used in error messages.
+    fd
+        Optionally, an open descriptor of the file that ``buf`` maps. Headers are then
+        read with ``pread`` rather than through the map: on large members a page
+        fault per header costs several times a read on some machines.
+    ignore_zeros
+        As GNU tar's ``--ignore-zeros``: read on past zero blocks, so that every member
+        of concatenated archives (``cat a.tar b.tar``) is found. Otherwise anything but
+        zeros after the first end-of-archive marker is an error.
+
+    Raises
+    ------
+    ShardFormatError
+        On any malformed header, with the byte offset (subclasses
+        :class:`TruncatedShardError`, :class:`CompressedShardError`,
+        :class:`UnsupportedMemberError` say more).
+    """
+    scanner = _Scanner(buf, shard, -1 if fd is None else fd)
+    scanner.ignore_zeros = ignore_zeros
+    return scanner.scan()
+
+
+# The C walker's chain: offsets, sizes, types, the end marker's offset, decoded names.
+_Chain = tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8], int, "list[str] | None"
+]
+
+
+class _Scanner(ShardBytes):
+    """One scan of one shard: :func:`scan_tar`'s working state."""
+
+    ignore_zeros = False
+
+    # -- entry point --------------------------------------------------------
+
+    def scan(self) -> TarScan:
+        self.check_start()
+        plain = self.walk_c()
+        if plain is not None and not (self.ignore_zeros and self.next_part(plain[3]) is not None):
+            return self.resolve_plain(*plain)
+        try:
+            offsets, end = self.walk_parts(self.walk_fast)
+            return self.resolve(offsets, end)
+        except (_ChainMismatch, ShardFormatError):
+            # The fast walk can be misled where extension headers change sizes, or stop
+            # at a point where a sequential walk reports the problem better. The
+            # sequential walk is the reference: its result, or its error, stands.
+            log.debug("%s: walking sequentially", self.shard)
+        offsets, end = self.walk_parts(lambda pos: walk_sequential(self, pos, self.size))
+        try:
+            return self.resolve(offsets, end)
+        except _ChainMismatch as e:
+            raise self.error(
+                ShardFormatError,
+                "header chain is inconsistent: an extension header gives a size that does not "
+                "match where the next header starts",
+                e.offset,
+            ) from None
+
+    def check_start(self) -> None:
+        if self.size == 0:
+            raise self.error(ShardFormatError, "file is empty (0 bytes); not a tar archive", 0)
+        compressed = compressed_message(self.data[:8].tobytes(), self.shard)
+        if compressed is not None:
+            raise self.error(CompressedShardError, compressed, 0)
+        if self.size < BLOCK:
+            raise self.error(
+                TruncatedShardError,
+                f"file has {self.size} bytes, less than one 512-byte tar header",
+                0,
+            )
+        first = self.data[:BLOCK].reshape(1, BLOCK)
+        if first.any() and not checksums_ok(first).all():
+            raise self.error(
+                ShardFormatError,
+                "not a tar archive: the first 512 bytes are not a valid tar header "
+                "(checksum mismatch)",
+                0,
+            )
+
+    # -- step 1: the walk ---------------------------------------------------
+
+    def walk_parts(
+        self, walk: Callable[[int], tuple[npt.NDArray[np.int64], int]]
+    ) -> tuple[npt.NDArray[np.int64], int]:
+        """``walk`` from the start to the end marker, and with ``ignore_zeros`` past
+        zero blocks through every later part; the offsets and the last end marker."""
+        parts = []
+        offsets, end = walk(0)
+        parts.append(offsets)
+        while self.ignore_zeros and (start := self.next_part(end)) is not None:
+            offsets, end = walk(start)
+            parts.append(offsets)
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0]), end
+
+    def next_part(self, end: int) -> int | None:
+        """The first block after ``end`` that is not all zeros, if any (a later part)."""
+        if end % BLOCK or end >= len(self.blocks) * BLOCK:
+            return None  # past the last whole block: check_end judges what is left
+        nonzero = np.flatnonzero(self.blocks[end // BLOCK :].any(axis=1))
+        return end + int(nonzero[0]) * BLOCK if nonzero.size else None
+
+    def walk_fast(self, start: int) -> tuple[npt.NDArray[np.int64], int]:
+        """Header offsets from ``start`` and the end-of-archive offset, choosing walkers
+        adaptively."""
+        chunks: list[npt.NDArray[np.int64]] = []
+        probe, pos = walk_sequential(self, start, self.size, max_headers=_PROBE_HEADERS)
+        chunks.append(probe)
+        while pos is not None and pos < self.size and not self.is_zero_block(pos):
+            # pos is a header offset still to be walked.
+            walked = pos - start
+            dense = len(probe) and (walked / max(1, sum(map(len, chunks)))) < _DENSE_MEMBER_BYTES
+            if dense:
+                window, nxt = self.walk_window(pos)
+                if window is not None:
+                    chunks.append(window)
+                    pos = nxt
+                    continue
+            seq, pos = walk_sequential(self, pos, self.size, max_headers=_PROBE_HEADERS * 16)
+            chunks.append(seq)
+        offsets = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        assert pos is not None
+        return offsets, pos
+
+    def walk_window(self, start: int) -> tuple[npt.NDArray[np.int64] | None, int]:
+        """Vectorised walk of one window starting at header ``start``.
+
+        Returns ``(None, start)`` when the candidates do not form one chain.
+        """
+        return _walk_window(self, start, window_blocks=_WINDOW_BLOCKS)
+
+    # -- steps 2 and 3: decode and resolve -----------------------------------
+
+    def resolve(self, offsets: npt.NDArray[np.int64], end: int) -> TarScan:
+        if len(offsets) == 0:
+            self.check_end(end)
+            empty = np.zeros(0, np.int64)
+            return TarScan([], np.zeros(0, np.uint8), empty, empty, empty, end, self.size)
+        types_parts, sizes_parts, names = [], [], []
+        # Decode in chunks so that gathering header rows never holds more than a few
+        # tens of MB, whatever the member count.
+        for lo in range(0, len(offsets), _DECODE_CHUNK):
+            chunk = offsets[lo : lo + _DECODE_CHUNK]
+            types, sizes, raw_names = self.decode_headers(self.blocks[chunk // BLOCK], chunk)
+            types_parts.append(types)
+            sizes_parts.append(sizes)
+            names.extend(raw_names)
+        types = np.concatenate(types_parts)
+        sizes = np.concatenate(sizes_parts)
+        # Only now that every checksum is known good: a corrupt size field makes the
+        # walk overrun, and the bad header is the better report than a truncation.
+        self.check_end(end, int(offsets[-1]))
+
+        unsupported = np.isin(types, np.array([GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
+        if unsupported.any():
+            i = int(np.flatnonzero(unsupported)[0])
+            raise unsupported_member_error(self, offsets, types, sizes, names, i)
+        extension = np.isin(types, np.array(sorted(EXTENSION_TYPES), np.uint8))
+        if extension.any():
+            return self.resolve_extensions(offsets, types, sizes, names, extension, end)
+        self.check_chain(offsets, sizes, end)
+        return self.plain_scan(self.decode_all(names), types, offsets, sizes, end)
+
+    def walk_c(self) -> _Chain | None:
+        """The C walker's chain, if it could walk the whole shard (plain headers only)."""
+        walker = native.tarwalk()
+        if walker is None:
+            return None
+        try:
+            status, end, offsets, sizes, types, names = walker.walk(self.buf, self.fd)
+        except OSError as e:
+            raise IndextarError(f"cannot read shard {self.shard!r}: {e.strerror}") from e
+        if status == 2:
+            raise IndextarError(
+                f"shard {self.shard!r} changed while it was being indexed: it now ends "
+                f"before byte {end + BLOCK}"
+            )
+        if status != 0 or offsets is None or sizes is None or types is None:
+            return None  # something unusual: the numpy scanner takes over
+        return (
+            np.frombuffer(offsets, np.int64),
+            np.frombuffer(sizes, np.int64),
+            np.frombuffer(types, np.uint8).copy(),
+            end,
+            names,
+        )
+
+    def resolve_plain(
+        self,
+        offsets: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        types: npt.NDArray[np.uint8],
+        end: int,
+        decoded: list[str] | None,
+    ) -> TarScan:
+        """A :class:`TarScan` from a chain the C walker checked (no extension headers)."""
+        self.check_end(end, int(offsets[-1]) if len(offsets) else 0)
+        if decoded is not None:  # all valid UTF-8: only V7 directories are left to mark
+            for i in np.flatnonzero(types == 0).tolist():
+                if decoded[i].endswith("/"):
+                    types[i] = ord("5")
+            return self.plain_scan(decoded, types, offsets, sizes, end)
+        names = names_at(self.blocks, offsets // BLOCK, types)
+        return self.plain_scan(self.decode_all(names), types, offsets, sizes, end)
+
+    def plain_scan(
+        self,
+        names: list[str],
+        types: npt.NDArray[np.uint8],
+        offsets: npt.NDArray[np.int64],
+        sizes: npt.NDArray[np.int64],
+        end: int,
+    ) -> TarScan:
+        """The scan of a shard without extension headers: one header per entry."""
+        return TarScan(
+            names=names,
+            types=types,
+            header_offsets=offsets,
+            data_offsets=offsets + BLOCK,
+            sizes=sizes,
+            end_offset=end,
+            file_size=self.size,
+        )
+
+    def decode_headers(
+        self, rows: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], list[bytes]]:
+        """Check and decode a batch of header blocks: types, data sizes, raw names."""
+        sizes, stored_sums, canonical = canonical_numbers(rows)
+        self.check_checksums(rows, offsets, (stored_sums, canonical))
+        for i in np.flatnonzero(~canonical):  # rare: other layouts, base-256, or corrupt
+            for name, (start, width) in FIELDS.items():
+                raw = rows[i, start : start + width].tobytes()
+                value = parse_octal(raw)
+                if value is None:
+                    value = self.base256(raw, int(offsets[i]) + start, name)
+                if name == "size":
+                    sizes[i] = value
+        types = rows[:, 156].copy()
+        sizes = np.where(np.isin(types, np.frombuffer(NO_DATA_TYPES, np.uint8)), 0, sizes)
+        return types, sizes, decode_names(rows, types)
+
+    def check_chain(
+        self, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[Any], end: int
+    ) -> None:
+        successor = offsets + BLOCK + (sizes + BLOCK - 1) // BLOCK * BLOCK
+        expected = np.append(offsets[1:], end)
+        if not np.array_equal(successor, expected):
+            for i in np.flatnonzero(successor != expected).tolist():
+                # With ignore_zeros, zero blocks (end markers of the parts) may lie between.
+                gap = self.data[successor[i] : expected[i]]
+                if not (self.ignore_zeros and successor[i] < expected[i] and not gap.any()):
+                    raise _ChainMismatch(int(offsets[i]))
+
+    def resolve_extensions(
+        self,
+        offsets: npt.NDArray[np.int64],
+        types: npt.NDArray[np.uint8],
+        sizes: npt.NDArray[Any],
+        raw_names: list[bytes],
+        extension: npt.NDArray[np.bool_],
+        end: int,
+    ) -> TarScan:
+        """The scan of a shard with extension headers, folded into their entries."""
+        folded = fold_extensions(self, offsets, types, sizes, raw_names)
+        self.check_chain(offsets, folded.sizes, end)
+        keep = np.flatnonzero(~extension)
+        return TarScan(
+            names=folded.names,
+            types=types[keep],
+            header_offsets=folded.header_offsets[keep],
+            data_offsets=offsets[keep] + BLOCK,
+            sizes=folded.sizes[keep],
+            end_offset=end,
+            file_size=self.size,
+            extension_headers=int(extension.sum()),
+        )
+
+
+class _ChainMismatch(Exception):
+    """The walk's chain disagrees with the decoded sizes; walk again sequentially."""
+
+    def __init__(self, offset: int):
+        super().__init__(offset)
+        self.offset = offset

@@ -1,0 +1,116 @@
+"""Is this still the sample its index describes? A check of the headers its span begins with.
+
+A sample's span ``[start_offset, end_offset)`` begins with its first member's header
+blocks: any GNU long-name or PAX extension headers, then the member's own header.
+Before a sample is returned, those blocks must carry valid checksums and name a member
+``key + "."``. A shard rewritten under an open index (a source that cannot tell, such as
+a server without ETags, or an in-place rewrite that kept size and mtime) then fails
+loudly instead of returning another sample's bytes under this key.
+
+The same rule is written in C in ``_mapread.c`` (``check_headers``); the two agree on
+every input (``tests/test_spancheck.py``). Headers beyond :data:`MAX_HEADERS` bytes
+(PAX records of several KiB) are checked as far as that reaches.
+"""
+
+from __future__ import annotations
+
+from ..errors import StaleIndexError
+from .fields import parse_octal
+
+__all__ = ["OK", "BAD_CHECKSUM", "OTHER_NAME", "MAX_HEADERS", "check_headers", "stale_error"]
+
+OK, FILE_CHANGED, BAD_CHECKSUM, OTHER_NAME = 0, 1, 2, 3
+MAX_HEADERS = 8192
+_BLOCK = 512
+
+
+def _checksum_ok(block: bytes) -> bool:
+    stored = parse_octal(block[148:156])
+    if stored is None:
+        return False
+    field = block[148:156]
+    unsigned = sum(block) - sum(field) + 8 * ord(" ")
+    if stored == unsigned:
+        return True
+    # Old tars summed signed bytes; only headers with bytes >= 128 differ.
+    signed = unsigned - 256 * sum(1 for i, b in enumerate(block) if b > 127 and not 148 <= i < 156)
+    return stored == signed
+
+
+def _size(field: bytes) -> int | None:
+    if field[0] == 0x80:  # base-256, as GNU tar writes sizes of 8 GiB and more
+        return int.from_bytes(field[1:], "big")
+    return parse_octal(field)
+
+
+def _pax_path(records: bytes) -> bytes | None:
+    """The value of the PAX record ``path``, or ``None``."""
+    at = 0
+    while at < len(records) and records[at] != 0:
+        space = records.find(b" ", at)
+        digits = records[at:space] if space > at else b""
+        if not digits.isdigit():
+            return None
+        length = int(digits)
+        if length <= space + 1 - at or at + length > len(records):
+            return None
+        record = records[space + 1 : at + length - 1]
+        if record.startswith(b"path="):
+            return record[5:]
+        at += length
+    return None
+
+
+def check_headers(headers: bytes, key: bytes) -> int:
+    """:data:`OK` if ``headers`` (a span's bytes before its first member's data) hold
+    valid checksums and end in a member named ``key + "."``; else :data:`BAD_CHECKSUM`
+    or :data:`OTHER_NAME`."""
+    headers = headers[:MAX_HEADERS]
+    name: bytes | None = None
+    at = 0
+    while at + _BLOCK <= len(headers):
+        block = headers[at : at + _BLOCK]
+        size = _size(block[124:136])
+        if size is None or not _checksum_ok(block):
+            return BAD_CHECKSUM
+        data = at + _BLOCK
+        payload = headers[data : data + size]
+        kind = block[156:157]
+        if kind == b"x":
+            path = _pax_path(payload)
+            if path is not None:
+                name = path
+        elif kind == b"L":
+            if name is None:
+                name = payload.split(b"\0", 1)[0]
+        elif kind not in (b"K", b"g"):  # the member's own header
+            if name is None:
+                name = block[:100].split(b"\0", 1)[0]
+                if block[257:262] == b"ustar":
+                    prefix = block[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix + b"/" + name
+            return OK if name.startswith(key + b".") else OTHER_NAME
+        at = data + -(-size // _BLOCK) * _BLOCK
+    return OK
+
+
+def member_name(headers: bytes) -> bytes:
+    """The name field of the member's own header (the last block), for error messages."""
+    return headers[-_BLOCK:][:100].split(b"\0", 1)[0]
+
+
+def stale_error(
+    code: int, *, shard: str, offset: int, key: bytes, headers: bytes
+) -> StaleIndexError:
+    """The error for a failed check: what the index promised at ``offset``, and what is there."""
+    wanted = key.decode("utf-8", "surrogateescape")
+    if code == BAD_CHECKSUM:
+        found = "a header with a bad checksum"
+    else:
+        found = f"a member named {member_name(headers).decode('utf-8', 'surrogateescape')!r}"
+    return StaleIndexError(
+        f"shard {shard!r} changed since it was indexed: at byte offset {offset} its index "
+        f"promised sample {wanted!r} but the shard holds {found}; rebuild its index "
+        "(build_index(shard, force=True))"
+    )

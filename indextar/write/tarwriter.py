@@ -1,0 +1,262 @@
+"""Write one deterministic tar shard, and index it on close without reading it again.
+
+:class:`TarWriter` appends encoded samples (:mod:`indextar.write.sample`) to a hidden
+temporary file next to the shard, keeps every member's offsets as it goes, and on
+close renames the file into place and writes ``<shard>.idx.sqlite`` from those
+offsets. :class:`ClosingWriter` is the ``with`` behaviour it shares with
+:class:`~indextar.write.shardwriter.ShardWriter`.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, TypeVar
+
+import numpy as np
+
+from ..atomic import create_temp
+from ..errors import WriterError
+from ..index.naming import group_members
+from ..index.shard import (
+    IndexMeta,
+    PathLike,
+    ShardIndex,
+    _file_fingerprint,
+    index_path,
+    write_index,
+)
+from ..tar.header import END_OF_ARCHIVE
+from ..tar.scan import TarScan
+from .sample import TarSample, encode_sample
+
+__all__ = [
+    "ClosingWriter",
+    "TarWriter",
+]
+
+log = logging.getLogger(__name__)
+
+_REGULAR = ord("0")
+_BUFFER_BYTES = 1 << 20
+
+_Writer = TypeVar("_Writer", bound="ClosingWriter")
+
+
+class ClosingWriter(abc.ABC):
+    """A writer used as a context manager: ``with`` closes it, or aborts it on an exception.
+
+    So an exception inside ``with`` never leaves a half-written shard under its final
+    name.
+    """
+
+    @abc.abstractmethod
+    def close(self) -> object:
+        """Finish writing; calling it again does nothing."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Abandon what is being written."""
+
+    def __enter__(self: _Writer) -> _Writer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class TarWriter(ClosingWriter):
+    """Write samples to one deterministic tar shard, and index it on close.
+
+    Parameters
+    ----------
+    path_or_fileobj
+        The shard's path, or a binary file object to write to (then ``index`` must be
+        false: there is no path to index, and no temporary file or rename).
+    encoder
+        Encode values by extension (:mod:`indextar.write.encode`); ``False`` takes bytes only.
+    index
+        Write ``<shard>.idx.sqlite`` next to the shard on close.
+
+    Examples
+    --------
+    >>> with TarWriter("out.tar") as sink:  # doctest: +SKIP
+    ...     sink.write({"__key__": "a", "txt": "hello", "cls": 3})
+    """
+
+    def __init__(
+        self, path_or_fileobj: PathLike | IO[bytes], *, encoder: bool = True, index: bool = True
+    ):
+        self.encoder = encoder
+        self.index: ShardIndex | None = None
+        self._path: Path | None = None
+        self._tmp: Path | None = None
+        if isinstance(path_or_fileobj, (str, os.PathLike)):
+            self._path = Path(path_or_fileobj)
+            self.name = str(self._path)
+            try:  # hidden, locked while this writer lives (see atomic.py)
+                fd, tmp = create_temp(self._path)
+            except OSError as e:
+                raise WriterError(
+                    f"cannot create a file in {str(self._path.parent)!r} ({e.strerror})",
+                    shard=self.name,
+                ) from e
+            self._tmp = tmp
+            self._file: IO[bytes] = os.fdopen(fd, "wb", buffering=_BUFFER_BYTES)
+        else:
+            if index:
+                raise WriterError(
+                    "index=True needs a path to write the index next to; pass a path, or "
+                    "index=False to write to a file object"
+                )
+            self.name = str(getattr(path_or_fileobj, "name", "<stream>"))
+            self._file = path_or_fileobj
+        self._index = index
+        self._state = "open"
+        self._pos = 0
+        self._keys: set[str] = set()
+        self._names: list[str] = []
+        self._header_offsets: list[int] = []
+        self._data_offsets: list[int] = []
+        self._sizes: list[int] = []
+
+    # -- writing -----------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """Samples written so far."""
+        return len(self._keys)
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far, not counting the end-of-archive blocks."""
+        return self._pos
+
+    @property
+    def path(self) -> Path | None:
+        """The shard's final path (``None`` when writing to a file object)."""
+        return self._path
+
+    def write(self, sample: Mapping[str, Any]) -> int:
+        """Encode and append one sample; return the bytes it added to the shard.
+
+        A sample that fails to encode raises before anything is written, so the
+        shard stays usable.
+        """
+        self._check_open()
+        return self.append(encode_sample(sample, encoder=self.encoder, shard=self.name))
+
+    def append(self, sample: TarSample) -> int:
+        """Append an already encoded sample; return the bytes it added."""
+        self._check_open()
+        if sample.key in self._keys:
+            raise WriterError(
+                "duplicate key: a sample with this key is already in this shard",
+                shard=self.name,
+                key=sample.key,
+            )
+        try:
+            write = self._file.write
+            for part in sample.parts:
+                write(part)
+        except BaseException:
+            self._state = "failed"
+            raise
+        base = self._pos
+        self._keys.add(sample.key)
+        self._names += sample.names
+        self._header_offsets += [base + offset for offset in sample.header_offsets]
+        self._data_offsets += [base + offset for offset in sample.data_offsets]
+        self._sizes += sample.sizes
+        self._pos += sample.nbytes
+        return sample.nbytes
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise WriterError(
+                "cannot write: the writer is closed"
+                if self._state == "closed"
+                else "cannot write: an earlier write failed and the shard was abandoned",
+                shard=self.name,
+            )
+
+    # -- finishing ---------------------------------------------------------------
+
+    def close(self) -> ShardIndex | None:
+        """Finish the shard: end marker, rename into place, index. Returns the index.
+
+        Calling it again does nothing. After a failed write the temporary file is
+        removed and :class:`WriterError` is raised.
+        """
+        if self._state == "closed":
+            return self.index
+        if self._state == "failed":
+            self.abort()
+            raise WriterError("an earlier write failed; the shard was not written", shard=self.name)
+        try:
+            self._file.write(END_OF_ARCHIVE)
+            self._file.flush()
+            if self._tmp is None:
+                self._state = "closed"
+                return None
+            os.fsync(self._file.fileno())
+            self._file.close()
+            assert self._path is not None
+            os.replace(self._tmp, self._path)
+            self._tmp = None
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "closed"
+        if self._index:
+            self.index = self._write_index(self._path)
+        log.debug("wrote %s: %d samples, %d bytes", self._path, self.count, self._pos)
+        return self.index
+
+    def abort(self) -> None:
+        """Abandon the shard: close and delete the temporary file. Nothing is renamed."""
+        self._state = "closed"
+        if self._tmp is not None:
+            try:
+                self._file.close()
+            finally:
+                self._tmp.unlink(missing_ok=True)
+                self._tmp = None
+
+    def _write_index(self, path: Path) -> ShardIndex:
+        st = path.stat()
+        content_fingerprint = _file_fingerprint(path, st.st_size)
+        n = len(self._names)
+        scan = TarScan(
+            names=self._names,
+            types=np.full(n, _REGULAR, dtype=np.uint8),
+            header_offsets=np.asarray(self._header_offsets, dtype=np.int64),
+            data_offsets=np.asarray(self._data_offsets, dtype=np.int64),
+            sizes=np.asarray(self._sizes, dtype=np.int64),
+            end_offset=self._pos,
+            file_size=st.st_size,
+        )
+        grouping = group_members(scan, shard=str(path))
+        meta = IndexMeta.describe(
+            scan,
+            grouping,
+            shard_name=path.name,
+            shard_size=st.st_size,
+            shard_mtime_ns=st.st_mtime_ns,
+            fingerprint=content_fingerprint,
+        )
+        target = index_path(path)
+        write_index(target, meta, scan, grouping)
+        return ShardIndex(shard=str(path), path=target, meta=meta)
