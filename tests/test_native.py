@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from indextar import IndextarError, build_index, native, scan_tar
-from indextar.index.naming import _group_c, _group_numpy, group_members
 from indextar.index import shard as index
+from indextar.index.naming import _group_c, _group_numpy, group_members
 from indextar.tar.scan import TarScan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
