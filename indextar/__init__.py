@@ -33,8 +33,9 @@ from .errors import (
 )
 from .index.build import build_indexes
 from .index.manifest import read_manifest, write_manifest
+from .index.meta import IndexMeta
 from .index.naming import split_name
-from .index.shard import IndexMeta, SampleTable, ShardIndex, build_index, index_path, open_index
+from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_index
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset

@@ -26,7 +26,7 @@ from indextar import (
     index_path,
     open_index,
 )
-from indextar.index.shard import FORMAT_VERSION
+from indextar.index.meta import FORMAT_VERSION
 
 MEMBERS = {**sample_members(50, ("jpg", "cls", "json")), "d/": None, "README": b"skip me"}
 

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from .meta import _connect_ro
 from .naming import from_sql, group_members, split_name
-from .shard import ShardIndex, _connect_ro, _sample_spans, scan_shard_file
+from .shard import ShardIndex, scan_shard_file
+from .write import _sample_spans
 
 __all__ = ["MemberTable", "load_members", "scan_members"]
 

@@ -33,17 +33,10 @@ from ..source.remote import (
     with_retries,
 )
 from ..tar.scan import scan_tar
+from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint, fingerprint_parts
 from .naming import group_members
-from .shard import (
-    _FINGERPRINT_SPAN,
-    INDEX_SUFFIX,
-    IndexMeta,
-    ShardIndex,
-    _read_meta,
-    fingerprint,
-    fingerprint_parts,
-    write_index,
-)
+from .shard import INDEX_SUFFIX, ShardIndex
+from .write import write_index
 
 __all__ = ["remote_index_path", "open_remote_index", "upload_index"]
 

@@ -11,8 +11,10 @@ from typing import Any
 
 from ..errors import IndexFormatError
 from .arrays import ShardArrays, read_arrays
+from .meta import IndexMeta, _connect_ro
 from .naming import from_sql, group_members, sql_text
-from .shard import IndexMeta, PathLike, _connect_ro, open_index, scan_arrays, scan_shard_file
+from .shard import PathLike, open_index, scan_shard_file
+from .write import scan_arrays
 
 __all__ = ["VerifyReport", "verify_index"]
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..index.meta import _read_meta
 from ..index.remote import expected_stat, open_remote_index
-from ..index.shard import ShardIndex, _read_meta
+from ..index.shard import ShardIndex
 from ..source.cache import CachedSource, ShardCache
 from ..source.local import ByteSource
 from ..source.remote import RangeSource, fetch_ranges

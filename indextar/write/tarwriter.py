@@ -21,15 +21,10 @@ import numpy as np
 
 from ..atomic import create_temp
 from ..errors import WriterError
+from ..index.meta import IndexMeta, _file_fingerprint
 from ..index.naming import group_members
-from ..index.shard import (
-    IndexMeta,
-    PathLike,
-    ShardIndex,
-    _file_fingerprint,
-    index_path,
-    write_index,
-)
+from ..index.shard import PathLike, ShardIndex, index_path
+from ..index.write import write_index
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
 from .sample import TarSample, encode_sample

@@ -1,0 +1,195 @@
+"""What an index records about its shard, and the checks that it still describes it.
+
+:class:`IndexMeta` is the ``meta`` table: the shard's size, mtime and a content
+fingerprint (:func:`fingerprint`, blake2b of the size and the first and last 64 KiB),
+the format version and the options the index was built with. ``_read_meta``
+refuses a file that is not an index of this format, and ``_check_fresh`` one whose
+shard changed since (:class:`~indextar.errors.StaleIndexError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import mmap
+import os
+import sqlite3
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._version import __version__
+from ..errors import IndexFormatError, ShardNotFoundError, StaleIndexError
+from ..tar.scan import TarScan
+from .naming import Grouping
+
+__all__ = ["FORMAT_VERSION", "IndexMeta", "fingerprint", "fingerprint_parts"]
+
+FORMAT_VERSION = 2  # 2: raw_name and raw_key columns for names that are not UTF-8
+NAMING = "webdataset-1"
+_FINGERPRINT_SPAN = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMeta:
+    """What an index records about its shard and its own build."""
+
+    format_version: int
+    indextar_version: str
+    shard_name: str
+    shard_size: int
+    shard_mtime_ns: int
+    fingerprint: str
+    end_offset: int
+    num_members: int
+    num_samples: int
+    num_skipped: int
+    naming: str
+    created: str
+    etag: str = ""
+    """The remote object's ETag when it was indexed; empty for local shards."""
+    ignore_zeros: bool = False
+    """Whether it was built with ``ignore_zeros`` (members after zero blocks indexed too)."""
+
+    @classmethod
+    def describe(
+        cls,
+        scan: TarScan,
+        grouping: Grouping,
+        *,
+        shard_name: str,
+        shard_size: int,
+        shard_mtime_ns: int,
+        fingerprint: str,
+        etag: str = "",
+        ignore_zeros: bool = False,
+    ) -> IndexMeta:
+        """The metadata of an index built now from ``scan`` and ``grouping``."""
+        return cls(
+            format_version=FORMAT_VERSION,
+            indextar_version=__version__,
+            shard_name=shard_name,
+            shard_size=shard_size,
+            shard_mtime_ns=shard_mtime_ns,
+            fingerprint=fingerprint,
+            end_offset=scan.end_offset,
+            num_members=len(grouping.entries),
+            num_samples=len(grouping.keys),
+            num_skipped=len(grouping.skipped),
+            naming=NAMING,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            etag=etag,
+            ignore_zeros=ignore_zeros,
+        )
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, str], path: Path) -> IndexMeta:
+        """The ``meta`` table's ``key``/``value`` rows of the index at ``path``, parsed."""
+        try:
+            return cls(
+                format_version=int(rows["format_version"]),
+                indextar_version=rows["indextar_version"],
+                shard_name=rows["shard_name"],
+                shard_size=int(rows["shard_size"]),
+                shard_mtime_ns=int(rows["shard_mtime_ns"]),
+                fingerprint=rows["fingerprint"],
+                end_offset=int(rows["end_offset"]),
+                num_members=int(rows["num_members"]),
+                num_samples=int(rows["num_samples"]),
+                num_skipped=int(rows["num_skipped"]),
+                naming=rows["naming"],
+                created=rows["created"],
+                etag=rows.get("etag", ""),
+                ignore_zeros=rows.get("ignore_zeros", "0") == "1",
+            )
+        except (KeyError, ValueError) as e:
+            raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e
+
+
+def fingerprint(buf: mmap.mmap | bytes, size: int) -> str:
+    """A cheap content fingerprint: blake2b-128 of the size, first and last 64 KiB."""
+    return fingerprint_parts(
+        size, buf[:_FINGERPRINT_SPAN], buf[max(0, size - _FINGERPRINT_SPAN) : size]
+    )
+
+
+def fingerprint_parts(size: int, head: bytes, tail: bytes) -> str:
+    """:func:`fingerprint` from the size and the first and last 64 KiB, however read."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    h.update(head)
+    h.update(tail)
+    return h.hexdigest()
+
+
+def _file_fingerprint(path: Path, size: int) -> str:
+    with open(path, "rb") as f:
+        head = f.read(_FINGERPRINT_SPAN)
+        f.seek(max(0, size - _FINGERPRINT_SPAN))
+        tail = f.read(_FINGERPRINT_SPAN)
+    return fingerprint_parts(size, head, tail)
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    # immutable=1: index files are replaced, never modified in place, so SQLite
+    # may skip locking; this also works on read-only filesystems.
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
+    return sqlite3.connect(uri, uri=True)
+
+
+def _stat_shard(shard: Path) -> os.stat_result:
+    try:
+        return shard.stat()
+    except FileNotFoundError:
+        raise ShardNotFoundError(f"shard {str(shard)!r} does not exist") from None
+
+
+def _read_meta(path: Path) -> IndexMeta:
+    try:
+        with contextlib.closing(_connect_ro(path)) as conn:
+            rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            for table in ("members", "samples", "skipped"):
+                conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise IndexFormatError(
+            f"{str(path)!r} is not an indextar index ({e}); delete it or rebuild it "
+            "with build_index(..., force=True)"
+        ) from e
+    if "format_version" not in rows:
+        raise IndexFormatError(f"{str(path)!r} is not an indextar index (no format_version)")
+    try:
+        version = int(rows["format_version"])
+    except ValueError:
+        raise IndexFormatError(
+            f"{str(path)!r} is not an indextar index (format_version is "
+            f"{rows['format_version']!r}, not a number)"
+        ) from None
+    if version != FORMAT_VERSION:
+        newer = "a newer" if version > FORMAT_VERSION else "an older"
+        raise IndexFormatError(
+            f"index {str(path)!r} has format version {version}, written by {newer} indextar; "
+            f"indextar {__version__} reads format {FORMAT_VERSION} (rebuild with force=True)"
+        )
+    meta = IndexMeta.from_rows(rows, path)
+    if meta.naming != NAMING:
+        raise IndexFormatError(
+            f"index {str(path)!r} uses naming rules {meta.naming!r}, not {NAMING!r}"
+        )
+    return meta
+
+
+def _check_fresh(shard: Path, meta: IndexMeta, path: Path) -> None:
+    st = _stat_shard(shard)
+    problems = []
+    if st.st_size != meta.shard_size:
+        problems.append(f"its size changed from {meta.shard_size} to {st.st_size} bytes")
+    if st.st_mtime_ns != meta.shard_mtime_ns:
+        problems.append(f"its mtime changed from {meta.shard_mtime_ns} to {st.st_mtime_ns} ns")
+    if not problems and _file_fingerprint(shard, st.st_size) != meta.fingerprint:
+        problems.append("its content fingerprint (first and last 64 KiB) changed")
+    if problems:
+        raise StaleIndexError(
+            f"index {str(path)!r} does not match shard {str(shard)!r}: {'; '.join(problems)} "
+            "since it was indexed; rebuild it with build_index(shard, force=True)"
+        )
