@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from indextar.errors import SamplerStateError
-from indextar.order.sampler import ResumableSampler, sampler_state_from_loader
+from indextar.order.sampler import ResumableSampler
+from indextar.order.state import sampler_state_from_loader
 
 
 def ranks(size: int, world: int, **options: Any) -> list[ResumableSampler]:

@@ -38,13 +38,11 @@ from .epoch import (
     SequentialOrder,
     UniformBlockOrder,
 )
+from .state import STATE_VERSION, as_int, check_consumed, config_drift, state_consumed, state_epoch
 
-__all__ = ["ResumableSampler", "sampler_state_from_loader", "STATE_VERSION", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["ResumableSampler", "DEFAULT_BLOCK_SIZE"]
 
 logger = logging.getLogger(__name__)
-
-STATE_VERSION = 1
-"""Version of the :meth:`ResumableSampler.state_dict` format."""
 
 DEFAULT_BLOCK_SIZE = 1024
 """Block size for ``order="blocks"`` when the data source does not expose ``shard_sizes``."""
@@ -53,20 +51,6 @@ _CHUNK = 1 << 16
 """Indices computed per numpy call while iterating."""
 
 Order = Literal["global", "blocks"]
-
-# Fields that must match between a saved state and the sampler it is loaded into.
-_CONFIG_FIELDS = (
-    "num_samples",
-    "seed",
-    "shuffle",
-    "order",
-    "drop_last",
-    "block_size",
-    "window_blocks",
-)
-_REQUIRED_FIELDS = ("epoch", "consumed")
-_INFO_FIELDS = ("version", "num_replicas")
-_KNOWN_FIELDS = frozenset(_CONFIG_FIELDS + _REQUIRED_FIELDS + _INFO_FIELDS)
 
 
 @dataclass(slots=True)
@@ -151,12 +135,12 @@ class ResumableSampler:
             raise ValueError(f"data_source_or_len must be >= 0; got {self.num_samples}")
         if order not in ("global", "blocks"):
             raise ValueError(f"order must be 'global' or 'blocks'; got {order!r}")
-        if block_size is not None and (_as_int("block_size", block_size) < 1):
+        if block_size is not None and (as_int("block_size", block_size) < 1):
             raise ValueError(f"block_size must be >= 1; got {block_size}")
-        if _as_int("window_blocks", window_blocks) < 1:
+        if as_int("window_blocks", window_blocks) < 1:
             raise ValueError(f"window_blocks must be >= 1; got {window_blocks}")
         self.shuffle = bool(shuffle)
-        self.seed = _as_int("seed", seed)
+        self.seed = as_int("seed", seed)
         self.drop_last = bool(drop_last)
         self.order: Order = order
         self.block_size = block_size
@@ -189,7 +173,7 @@ class ResumableSampler:
         training loop that calls ``set_epoch`` at the top of every epoch keeps a
         position restored by :meth:`load_state_dict`.
         """
-        epoch = _as_int("epoch", epoch)
+        epoch = as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0; got {epoch}")
         if epoch != self._epoch:
@@ -327,7 +311,7 @@ class ResumableSampler:
         if consumed is None:
             consumed = self.consumed
         else:
-            consumed = self._check_consumed(consumed)
+            consumed = check_consumed(consumed, self.num_samples)
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
@@ -350,38 +334,12 @@ class ResumableSampler:
             For a missing ``epoch`` or ``consumed``, an unknown key, a value of the
             wrong type or range, or (``strict=True``) a configuration mismatch.
         """
-        if not isinstance(state, Mapping):
-            raise SamplerStateError(f"sampler state must be a mapping; got {type(state).__name__}")
-        unknown = sorted(set(state) - _KNOWN_FIELDS, key=str)
-        if unknown:
-            raise SamplerStateError(
-                f"sampler state has unknown keys {unknown}; known keys are {sorted(_KNOWN_FIELDS)}"
-            )
-        missing = [name for name in _REQUIRED_FIELDS if name not in state]
-        if missing:
-            raise SamplerStateError(f"sampler state is missing {missing}; it has {sorted(state)}")
-        version = state.get("version", STATE_VERSION)
-        if version != STATE_VERSION:
-            raise SamplerStateError(
-                f"sampler state has version {version!r}; this sampler reads version {STATE_VERSION}"
-            )
-        epoch = _state_int(state, "epoch")
-        if epoch < 0:
-            raise SamplerStateError(f"sampler state has epoch={epoch}; expected >= 0")
-        config = self._config()
-        for name in _CONFIG_FIELDS:
-            if name in state and state[name] != config[name]:
-                message = (
-                    f"sampler state was saved with {name}={state[name]!r}; "
-                    f"this sampler has {name}={config[name]!r}"
-                )
-                if self.strict:
-                    raise SamplerStateError(message + " (pass strict=False to resume anyway)")
-                logger.warning("%s; resuming with this sampler's value (strict=False)", message)
-        try:
-            consumed = self._check_consumed(_state_int(state, "consumed"))
-        except ValueError as error:
-            raise SamplerStateError(f"sampler state: {error}") from error
+        epoch = state_epoch(state)
+        for message in config_drift(state, self._config()):
+            if self.strict:
+                raise SamplerStateError(message + " (pass strict=False to resume anyway)")
+            logger.warning("%s; resuming with this sampler's value (strict=False)", message)
+        consumed = state_consumed(state, self.num_samples)
         self._epoch = epoch
         self._next_start = consumed
         self._current = None
@@ -397,69 +355,12 @@ class ResumableSampler:
             "window_blocks": self.window_blocks,
         }
 
-    def _check_consumed(self, consumed: int) -> int:
-        consumed = _as_int("consumed", consumed)
-        if consumed < 0:
-            raise ValueError(f"consumed={consumed} is negative")
-        if consumed > self.num_samples:
-            raise ValueError(
-                f"consumed={consumed} exceeds num_samples={self.num_samples}; a finished "
-                f"epoch e is saved as epoch=e + 1, consumed=0"
-            )
-        return consumed
-
     def __repr__(self) -> str:
         return (
             f"ResumableSampler(num_samples={self.num_samples}, shuffle={self.shuffle}, "
             f"seed={self.seed}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"order={self.order!r}, epoch={self._epoch}, consumed={self.consumed})"
         )
-
-
-def sampler_state_from_loader(loader_state: Mapping[str, Any]) -> dict[str, Any]:
-    """Find the :class:`ResumableSampler` state inside a ``StatefulDataLoader`` state.
-
-    torchdata's ``StatefulDataLoader.load_state_dict`` refuses a state saved with
-    another ``num_workers``. The sampler's part does not depend on workers: load it
-    into the sampler of a fresh loader, with any ``num_workers``, instead.
-
-    Raises
-    ------
-    SamplerStateError
-        If ``loader_state`` holds no sampler state, or was saved between snapshots
-        (use ``snapshot_every_n_steps=1``, the default).
-    """
-    steps_since = loader_state.get("_steps_since_snapshot", 0)
-    if steps_since:
-        raise SamplerStateError(
-            f"loader state is {steps_since} steps past its last snapshot; save it with "
-            f"StatefulDataLoader(snapshot_every_n_steps=1)"
-        )
-    pending: list[Any] = [loader_state]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, Mapping):
-            found = item.get("sampler_state")
-            if isinstance(found, Mapping) and "consumed" in found and "epoch" in found:
-                return dict(found)
-            pending.extend(item.values())
-    raise SamplerStateError("loader state holds no ResumableSampler state ('sampler_state')")
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int; got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError as error:
-        raise TypeError(f"{name} must be an int; got {value!r}") from error
-
-
-def _state_int(state: Mapping[str, Any], name: str) -> int:
-    try:
-        return _as_int(name, state[name])
-    except TypeError as error:
-        raise SamplerStateError(f"sampler state: {error}") from error
 
 
 def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -472,7 +373,7 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
         num_replicas = distributed.get_world_size() if initialised and distributed else 1
     if rank is None:
         rank = distributed.get_rank() if initialised and distributed else 0
-    num_replicas, rank = _as_int("num_replicas", num_replicas), _as_int("rank", rank)
+    num_replicas, rank = as_int("num_replicas", num_replicas), as_int("rank", rank)
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1; got {num_replicas}")
     if not 0 <= rank < num_replicas:
