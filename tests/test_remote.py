@@ -218,7 +218,7 @@ def _fill(directory: str, url: str, size: int, etag: str, barrier: Any) -> None:
 
 
 def _stat(size: int, etag: str) -> Any:
-    from indextar.source.remote import RemoteStat
+    from indextar.source.conditional import RemoteStat
 
     return RemoteStat(size, etag)
 

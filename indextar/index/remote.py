@@ -24,14 +24,10 @@ from typing import Any
 
 from ..atomic import write_atomic
 from ..errors import IndexFormatError, MissingIndexError, StaleIndexError
-from ..source.remote import (
-    DEFAULT_RETRY,
-    RangeSource,
-    RemoteStat,
-    RemoteStream,
-    filesystem,
-    with_retries,
-)
+from ..source.conditional import RemoteStat, check_version
+from ..source.filesystems import filesystem
+from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
+from ..source.stream import RemoteStream
 from ..tar.scan import scan_tar
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint, fingerprint_parts
 from .naming import group_members
@@ -56,20 +52,14 @@ def expected_stat(meta: IndexMeta) -> RemoteStat:
 
 def _check(meta: IndexMeta, source: RangeSource, path: Path) -> None:
     now = source.stat()
-    problems = []
-    if now.size != meta.shard_size:
-        problems.append(f"its size changed from {meta.shard_size} to {now.size} bytes")
-    elif meta.etag and now.etag:
-        if meta.etag != now.etag:
-            problems.append(f"its ETag changed from {meta.etag!r} to {now.etag!r}")
-    elif _remote_fingerprint(source, now.size) != meta.fingerprint:
-        problems.append("its content fingerprint (first and last 64 KiB) changed")
-    if problems:
-        raise StaleIndexError(
-            f"index {str(path)!r} does not match remote shard {source.url!r}: "
-            f"{'; '.join(problems)} since it was indexed; rebuild it "
-            "(build_missing=True rebuilds stale remote indexes)"
-        )
+    check_version(
+        source.url,
+        expected_stat(meta),
+        now,
+        index=str(path),
+        remedy="build_missing=True rebuilds stale remote indexes",
+        content_matches=lambda: _remote_fingerprint(source, now.size) == meta.fingerprint,
+    )
 
 
 def _remote_fingerprint(source: RangeSource, size: int) -> str:

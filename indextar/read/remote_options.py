@@ -11,8 +11,8 @@ from typing import Any, Literal
 from ..index.meta import _read_meta
 from ..index.remote import expected_stat, open_remote_index
 from ..index.shard import ShardIndex
+from ..source.base import ByteSource
 from ..source.cache import CachedSource, ShardCache
-from ..source.local import ByteSource
 from ..source.remote import RangeSource, fetch_ranges
 
 __all__ = ["RemoteOptions", "default_cache_root", "fetch_ranges"]

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..index.shard import ShardIndex
-from ..source.local import ByteSource, Span, split_members
+from ..source.base import ByteSource, Span, split_members
 
 __all__ = ["OpenShard"]
 

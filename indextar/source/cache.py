@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheFullError, IndextarError, TruncatedShardError
+from .conditional import RemoteStat
 from .local import LocalFileSource
-from .remote import DEFAULT_RETRY, RangeSource, RemoteStat, RetryPolicy
+from .remote import DEFAULT_RETRY, RangeSource, RetryPolicy
 
 __all__ = ["ShardCache", "CachedSource", "parse_size"]
 

@@ -1,18 +1,14 @@
-"""Byte sources: read byte ranges of a shard, locally or remotely.
+"""Local shards: memory-mapped, read by slices and by ``_mapread``'s guarded copy.
 
-A :class:`ByteSource` has two primitives, :attr:`~ByteSource.size` and
-:meth:`~ByteSource.read`; :meth:`~ByteSource.read_many` and the member reads are built
-on them, and a backend may override them to batch requests or to copy less. Local
-shards are :class:`LocalFileSource`; remote ones come from
-:mod:`indextar.source.remote` (ranges) and :mod:`indextar.source.cache` (a local copy).
-
-Sources open what they need lazily and never carry an open file across a fork or a
-pickle: they remember the process that opened the file and reopen in any other.
+:class:`LocalFileSource` maps a shard on its first read, in the process that reads, and
+refuses a file changed since (:class:`FileVersion` is what an index recorded of it).
+The mapped sources are tracked so that a forked child drops its parent's maps at once
+and a process near its descriptor limit unmaps the longest-mapped ones; the dataset's
+:class:`LRUCache` of open shards bounds them too.
 """
 
 from __future__ import annotations
 
-import abc
 import itertools
 import mmap
 import operator
@@ -29,129 +25,20 @@ import numpy.typing as npt
 
 from .. import native
 from ..errors import IndextarError, ShardNotFoundError, StaleIndexError, TruncatedShardError
-from ..tar.spancheck import FILE_CHANGED, OK, check_headers, stale_error
+from ..tar.spancheck import FILE_CHANGED, stale_error
+from . import base
+from .base import ByteSource, Span
 
 # The guarded copy out of maps; chosen once, at import (INDEXTAR_PURE_PYTHON=1: none).
 _MAPREAD = native.mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0  # larger: sliced
 
 __all__ = [
-    "ByteSource",
     "FileVersion",
     "LocalFileSource",
     "LRUCache",
-    "fork_generation",
     "open_source",
-    "split_members",
 ]
-
-
-class ByteSource(abc.ABC):
-    """Random access to the bytes of one shard.
-
-    Subclasses implement :attr:`size` and :meth:`read`. A source must be picklable and
-    must hold no open resource across ``fork`` or pickle.
-    """
-
-    url: str
-
-    @property
-    @abc.abstractmethod
-    def size(self) -> int:
-        """Size of the shard in bytes."""
-
-    @abc.abstractmethod
-    def read(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes from ``offset``.
-
-        Raises
-        ------
-        TruncatedShardError
-            If the shard ends before ``offset + length``.
-        """
-
-    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-        """Several ranges at once; backends with request overhead batch them."""
-        read = self.read
-        return [read(offset, length) for offset, length in zip(offsets, lengths)]
-
-    def read_members(
-        self,
-        offset: int,
-        length: int,
-        member_rows: npt.NDArray[np.int64],
-        first: int,
-        count: int,
-        ext_names: tuple[str, ...],
-        key: bytes | None = None,
-    ) -> list[tuple[str, bytes]]:
-        """A sample's ``(extension, data)`` members, from one read of its span.
-
-        ``offset`` and ``length`` are the sample's span; ``member_rows[first : first +
-        count]`` its members as ``(span_offset, size, ext_code)`` rows (the index's
-        packed ``members`` array). With ``key`` (the sample's key as raw bytes), the
-        span's headers are checked first (:mod:`indextar.tar.spancheck`). Sources that can
-        copy members straight out of their storage (a memory map) override this to
-        skip the span's copy.
-        """
-        return split_members(
-            self.read(offset, length), member_rows, first, count, ext_names,
-            key, shard=self.url, offset=offset,
-        )  # fmt: skip
-
-    def read_members_many(
-        self,
-        spans: Sequence[Span],
-        member_rows: npt.NDArray[np.int64],
-        ext_names: tuple[str, ...],
-    ) -> list[list[tuple[str, bytes]]]:
-        """:meth:`read_members` for several samples, ``(offset, length, first, count,
-        key)`` each, with one :meth:`read_many` of their spans."""
-        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
-        return [
-            split_members(
-                data, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-            )
-            for (offset, _, first, count, key), data in zip(spans, datas)
-        ]
-
-    def close(self) -> None:  # noqa: B027 (a hook: sources that hold nothing need not close)
-        """Release open resources; the source reopens on the next read."""
-
-    def __enter__(self) -> ByteSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-Span = tuple[int, int, int, int, "bytes | None"]
-"""A sample to read: ``(offset, length, first member row, member count, key or None)``."""
-
-
-def split_members(
-    span: bytes,
-    member_rows: npt.NDArray[np.int64],
-    first: int,
-    count: int,
-    ext_names: tuple[str, ...],
-    key: bytes | None = None,
-    *,
-    shard: str = "",
-    offset: int = 0,
-) -> list[tuple[str, bytes]]:
-    """A sample's ``(extension, data)`` members, sliced out of its span's bytes.
-
-    With ``key``, the span's headers must still be those of a member named ``key``:
-    else :class:`~indextar.errors.StaleIndexError`, naming ``shard`` and ``offset``.
-    """
-    rows = member_rows[first : first + count].tolist()
-    if key is not None and rows:
-        headers = span[: rows[0][0]]
-        failed = check_headers(headers, key)
-        if failed != OK:
-            raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
-    return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,11 +122,11 @@ class LocalFileSource(ByteSource):
             os.close(fd)
             raise
         self._fd = fd
-        self._generation = _fork_generation
+        self._generation = base._fork_generation
 
     @property
     def size(self) -> int:
-        if self._generation != _fork_generation:
+        if self._generation != base._fork_generation:
             self._open()
         return self._size
 
@@ -259,7 +146,7 @@ class LocalFileSource(ByteSource):
     ) -> list[tuple[str, bytes]]:
         """The members copied straight out of the map by ``_mapread``, which also makes
         the ``fstat`` and header checks: no copy of the whole span."""
-        if self._generation != _fork_generation:
+        if self._generation != base._fork_generation:
             self._open()
         if self._map is None or _MAPREAD is None or count > _MAX_C_MEMBERS:
             return super().read_members(offset, length, member_rows, first, count, ext_names, key)
@@ -340,7 +227,7 @@ class LocalFileSource(ByteSource):
     def _checked_map(self, offset: int, length: int) -> mmap.mmap | None:
         """The mapping, once the file is unchanged since it was mapped and bytes
         ``offset .. offset + length`` are in it."""
-        if self._generation != _fork_generation:
+        if self._generation != base._fork_generation:
             self._open()
         if offset < 0 or offset + length > self._size:
             raise TruncatedShardError(
@@ -411,9 +298,6 @@ def _changed(url: str, size: int, mtime_ns: int, st: os.stat_result, since: str)
     )
 
 
-# Incremented in every forked child: objects that opened something compare it with the
-# value they opened under, which is cheaper than os.getpid() (a system call) per read.
-_fork_generation = 0
 # Sources with a live mapping, and when each was mapped: a forked child unmaps its copies
 # at once, so that nothing opened by the parent lives on in DataLoader workers.
 _mapped: weakref.WeakKeyDictionary[LocalFileSource, int] = weakref.WeakKeyDictionary()
@@ -438,19 +322,12 @@ def _make_room_for_a_map(opening: LocalFileSource) -> None:
             source.close()
 
 
-def _after_fork_in_child() -> None:
-    global _fork_generation
-    _fork_generation += 1
+def _unmap_inherited() -> None:
     for source in list(_mapped):
         source.close()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def fork_generation() -> int:
-    """A number that changes in every forked child process (see :func:`os.register_at_fork`)."""
-    return _fork_generation
+os.register_at_fork(after_in_child=_unmap_inherited)
 
 
 def open_source(path: str | os.PathLike[str], version: FileVersion | None = None) -> ByteSource:

@@ -26,7 +26,8 @@ from ..errors import (
     UnsupportedMemberError,
 )
 from ..patterns import is_url
-from ..source.remote import RangeSource, RemoteStream, check_pipe_allowed
+from ..source.remote import RangeSource, check_pipe_allowed
+from ..source.stream import RemoteStream
 from .blocks import decode_name
 from .ext import is_pax_sparse, pax_size, pax_sparse_error
 from .fields import MAGIC_OFFSET, POSIX_MAGIC, parse_octal

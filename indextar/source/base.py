@@ -1,0 +1,153 @@
+"""The byte-source primitives every backend builds on.
+
+A :class:`ByteSource` has two primitives, :attr:`~ByteSource.size` and
+:meth:`~ByteSource.read`; :meth:`~ByteSource.read_many` and the member reads are built
+on them, and a backend may override them to batch requests or to copy less: local
+shards are :class:`~indextar.source.local.LocalFileSource`, remote ones
+:class:`~indextar.source.remote.RangeSource` (ranges) and
+:class:`~indextar.source.cache.CachedSource` (a local copy).
+
+Sources open what they need lazily and never carry an open file across a fork or a
+pickle: they remember the :func:`fork_generation` they opened under and reopen in any
+other.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ..tar.spancheck import OK, check_headers, stale_error
+
+__all__ = ["ByteSource", "Span", "fork_generation", "split_members"]
+
+
+class ByteSource(abc.ABC):
+    """Random access to the bytes of one shard.
+
+    Subclasses implement :attr:`size` and :meth:`read`. A source must be picklable and
+    must hold no open resource across ``fork`` or pickle.
+    """
+
+    url: str
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Size of the shard in bytes."""
+
+    @abc.abstractmethod
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``offset``.
+
+        Raises
+        ------
+        TruncatedShardError
+            If the shard ends before ``offset + length``.
+        """
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Several ranges at once; backends with request overhead batch them."""
+        read = self.read
+        return [read(offset, length) for offset, length in zip(offsets, lengths)]
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        """A sample's ``(extension, data)`` members, from one read of its span.
+
+        ``offset`` and ``length`` are the sample's span; ``member_rows[first : first +
+        count]`` its members as ``(span_offset, size, ext_code)`` rows (the index's
+        packed ``members`` array). With ``key`` (the sample's key as raw bytes), the
+        span's headers are checked first (:mod:`indextar.tar.spancheck`). Sources that can
+        copy members straight out of their storage (a memory map) override this to
+        skip the span's copy.
+        """
+        return split_members(
+            self.read(offset, length), member_rows, first, count, ext_names,
+            key, shard=self.url, offset=offset,
+        )  # fmt: skip
+
+    def read_members_many(
+        self,
+        spans: Sequence[Span],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` for several samples, ``(offset, length, first, count,
+        key)`` each, with one :meth:`read_many` of their spans."""
+        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
+        return [
+            split_members(
+                data, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+            )
+            for (offset, _, first, count, key), data in zip(spans, datas)
+        ]
+
+    def close(self) -> None:  # noqa: B027 (a hook: sources that hold nothing need not close)
+        """Release open resources; the source reopens on the next read."""
+
+    def __enter__(self) -> ByteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Span = tuple[int, int, int, int, "bytes | None"]
+"""A sample to read: ``(offset, length, first member row, member count, key or None)``."""
+
+
+def split_members(
+    span: bytes,
+    member_rows: npt.NDArray[np.int64],
+    first: int,
+    count: int,
+    ext_names: tuple[str, ...],
+    key: bytes | None = None,
+    *,
+    shard: str = "",
+    offset: int = 0,
+) -> list[tuple[str, bytes]]:
+    """A sample's ``(extension, data)`` members, sliced out of its span's bytes.
+
+    With ``key``, the span's headers must still be those of a member named ``key``:
+    else :class:`~indextar.errors.StaleIndexError`, naming ``shard`` and ``offset``.
+    """
+    rows = member_rows[first : first + count].tolist()
+    if key is not None and rows:
+        headers = span[: rows[0][0]]
+        failed = check_headers(headers, key)
+        if failed != OK:
+            raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
+    return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+
+
+# Incremented in every forked child: objects that opened something compare it with the
+# value they opened under, which is cheaper than os.getpid() (a system call) per read.
+# LocalFileSource reads it as ``base._fork_generation``, one attribute load per read.
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """A number that changes in every forked child process (see :func:`os.register_at_fork`)."""
+    return _fork_generation

@@ -1,0 +1,181 @@
+"""One version of a remote object: what identifies it, and reads that insist on it.
+
+:class:`RemoteStat` is an object's size and ETag; :func:`check_version` refuses an
+object that is no longer the version an index recorded, before its first read. Every
+ranged read of an indexed shard then carries that ETag (HTTP ``If-Match``, S3
+``IfMatch``), so that an object replaced mid-epoch is refused by the server (412) or,
+where the server ignores the precondition, by the ETag it answers with: never read as
+bytes. Protocols without conditional reads get plain ranges (the span check still
+guards those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RemoteReadError, StaleIndexError
+
+__all__ = ["RemoteStat", "check_version", "get_ranges"]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStat:
+    """What identifies a version of a remote object: its size and, if served, its ETag."""
+
+    size: int
+    etag: str = ""
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any], url: str) -> RemoteStat:
+        size = info.get("size")
+        if size is None:
+            raise RemoteReadError("the server reports no size (no Content-Length)", url=url)
+        etag = info.get("ETag") or info.get("etag") or ""
+        return cls(int(size), str(etag).strip('"'))
+
+
+def check_version(
+    url: str,
+    expected: RemoteStat,
+    now: RemoteStat,
+    *,
+    index: str = "",
+    remedy: str = "rebuild the index (build_index(url, index_dir=..., force=True))",
+    content_matches: Callable[[], bool] | None = None,
+) -> None:
+    """Refuse an object that is no longer the version its index recorded.
+
+    Sizes are compared, and ETags where both sides have one; where the sizes agree and
+    ETags cannot tell, ``content_matches()``, if given, decides (an index compares its
+    content fingerprint).
+
+    Raises
+    ------
+    StaleIndexError
+        Naming what changed, the index (its path ``index``, if given) and ``remedy``.
+    """
+    changes = []
+    if now.size != expected.size:
+        changes.append(f"its size changed from {expected.size} to {now.size} bytes")
+    if expected.etag and now.etag:
+        if now.etag != expected.etag:
+            changes.append(f"its ETag changed from {expected.etag!r} to {now.etag!r}")
+    elif not changes and content_matches is not None and not content_matches():
+        changes.append("its content fingerprint changed")
+    if changes:
+        where = f" (index {index!r})" if index else ""
+        raise StaleIndexError(
+            f"remote shard {url!r} changed since it was indexed{where}: "
+            f"{'; '.join(changes)}; {remedy}"
+        )
+
+
+def _stale(url: str, etag: str, what: str) -> StaleIndexError:
+    return StaleIndexError(
+        f"remote shard {url!r} changed since it was indexed (ETag {etag!r}): {what}; "
+        "no sample is read through its old index; rebuild it "
+        "(build_index(url, index_dir=..., force=True))"
+    )
+
+
+def _answered_etag(url: str, etag: str, answered: str | None) -> None:
+    """Refuse a response whose ETag is another version's."""
+    got = (answered or "").removeprefix("W/").strip('"')
+    if got and got != etag:
+        raise _stale(url, etag, f"the server answered a ranged read with ETag {got!r}")
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) is an HTTP 412 answer."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "status", None) == 412:  # aiohttp
+            return True
+        response = getattr(seen, "response", None)  # botocore ClientError
+        if isinstance(response, Mapping):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "PreconditionFailed" or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    kwargs = dict(fs.kwargs)
+    headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
+    if not etag.startswith("W/"):  # If-Match compares strongly: a weak tag never matches
+        headers["If-Match"] = f'"{etag}"'
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
+        if response.status == 412:
+            raise _stale(url, etag, "the server answered 412 Precondition Failed")
+        fs._raise_not_found_for_status(response, path)
+        _answered_etag(url, etag, response.headers.get("ETag"))
+        data: bytes = await response.read()
+        return data
+
+
+async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    bucket, key, version = fs.split_path(path)
+    request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
+    request["IfMatch"] = f'"{etag}"'
+    if version:
+        request["VersionId"] = version
+    try:
+        response = await fs._call_s3("get_object", **request)
+    except Exception as e:
+        if _precondition_failed(e):
+            raise _stale(url, etag, "the server answered 412 Precondition Failed") from e
+        raise
+    try:
+        _answered_etag(url, etag, response.get("ETag"))
+        data: bytes = await response["Body"].read()
+        return data
+    finally:
+        response["Body"].close()
+
+
+# protocol -> a ranged GET that carries If-Match and checks the answered ETag
+_CONDITIONAL_GETS = {
+    "http": _http_range,
+    "https": _http_range,
+    "s3": _s3_range,
+    "s3a": _s3_range,
+}
+
+
+async def _get_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    """Bytes ``start .. end`` of ``path``: conditional on ``etag`` where the protocol
+    allows it (HTTP, S3), plain elsewhere (the span check still guards those)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    conditional = _CONDITIONAL_GETS.get(protocol)
+    if conditional is None or not etag:
+        data: bytes = await fs._cat_file(path, start=start, end=end)
+        return data
+    return await conditional(fs, path, start, end, etag, url)
+
+
+def get_ranges(
+    fs: Any, requests: Sequence[tuple[str, int, int, str, str]], max_in_flight: int
+) -> list[Any]:
+    """``_get_range`` of each ``(path, start, end, etag, url)``, at most
+    ``max_in_flight`` at once on the filesystem's event loop; exceptions are returned."""
+    import fsspec.asyn
+
+    async def gather() -> list[Any]:
+        limit = asyncio.Semaphore(max_in_flight)
+
+        async def one(path: str, start: int, end: int, etag: str, url: str) -> Any:
+            async with limit:
+                try:
+                    return await _get_range(fs, path, start, end, etag, url)
+                except Exception as e:
+                    return e
+
+        return await asyncio.gather(*(one(*request) for request in requests))
+
+    return fsspec.asyn.sync(fs.loop, gather)  # type: ignore[no-any-return]

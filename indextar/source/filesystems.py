@@ -1,0 +1,71 @@
+"""fsspec filesystems by URL scheme, imported on first use.
+
+A missing fsspec, or a protocol's missing package, raises an ImportError that says what
+to install. A forked child keeps the filesystems its parent used (see
+:func:`_keep_inherited_filesystems`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["filesystem"]
+
+# protocol -> the package fsspec needs for it, for the ImportError's install hint.
+_PROTOCOL_PACKAGES = {
+    "http": "aiohttp",
+    "https": "aiohttp",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "hf": "huggingface_hub",
+}
+
+_USED_CLASSES: set[type] = set()
+_INHERITED: list[Any] = []
+
+
+def _keep_inherited_filesystems() -> None:
+    # A forked child (a DataLoader worker) must never close its parent's async
+    # filesystems: their sockets are registered in the parent's epoll instance, which
+    # the child shares, so closing them here unregisters them there and the parent
+    # then waits forever for its next response. fsspec drops its cached instances in
+    # a child (and finalizers would close them); keeping a reference prevents that.
+    for cls in _USED_CLASSES:
+        _INHERITED.extend(getattr(cls, "_cache", {}).values())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_keep_inherited_filesystems)
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the path within it.
+
+    Raises
+    ------
+    ImportError
+        If fsspec or the protocol's package is not installed, saying what to install.
+    """
+    protocol = url.partition("://")[0]
+    try:
+        import fsspec.core
+    except ImportError as e:
+        raise ImportError(
+            f"reading {protocol}:// shards needs fsspec: pip install 'indextar[remote]'"
+        ) from e
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except ImportError as e:
+        package = _PROTOCOL_PACKAGES.get(protocol, f"the fsspec backend for {protocol}://")
+        raise ImportError(
+            f"reading {protocol}:// shards needs {package}: pip install {package} "
+            f"(or 'indextar[remote]' for http and s3) ({e})"
+        ) from e
+    _USED_CLASSES.add(type(fs))
+    return fs, path

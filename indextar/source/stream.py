@@ -1,0 +1,64 @@
+"""A remote object read front to back in prefetched ranged chunks."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+from typing import Any
+
+from .remote import RangeSource
+
+__all__ = ["RemoteStream"]
+
+
+class RemoteStream(io.RawIOBase):
+    """A remote object read front to back in ranged chunks, the next ones prefetched.
+
+    Each chunk is one retried ranged read, so a connection cut mid-object costs one
+    chunk, not the whole stream. Wrap it in :class:`io.BufferedReader` for small reads.
+    """
+
+    def __init__(self, source: RangeSource, *, chunk_size: int = 8 << 20, prefetch: int = 2):
+        super().__init__()
+        self.source = source
+        self.chunk_size = chunk_size
+        self.prefetch = prefetch
+        self._buffer = memoryview(b"")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ahead: list[concurrent.futures.Future[bytes]] = []
+        self._next = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _schedule(self) -> None:
+        size = self.source.size
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.prefetch, thread_name_prefix="indextar-stream"
+            )
+        while len(self._ahead) < self.prefetch and self._next < size:
+            length = min(self.chunk_size, size - self._next)
+            self._ahead.append(self._pool.submit(self.source.read, self._next, length))
+            self._next += length
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._buffer:
+            self._schedule()
+            if not self._ahead:
+                return 0
+            self._buffer = memoryview(self._ahead.pop(0).result())
+            self._schedule()
+        n = min(len(buffer), len(self._buffer))
+        buffer[:n] = self._buffer[:n]
+        self._buffer = self._buffer[n:]
+        return n
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._ahead:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._ahead.clear()
+        super().close()
