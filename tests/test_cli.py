@@ -162,7 +162,7 @@ def test_import_and_cli_work_without_torch(shards: Path) -> None:
         "import sys; sys.modules['torch'] = None\n"
         "import indextar, indextar.cli.commands\n"
         "assert indextar.build_index('x-000002.tar').meta.num_samples == 50\n"
-        "sys.exit(indextar.cli.commands.main(['info', 'x-000002.tar', '-q']))\n"
+        "sys.exit(indextar.cli.commands.main(['info', 'x-000002.tar']))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(

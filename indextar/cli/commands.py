@@ -24,6 +24,7 @@ from ..index.shard import ShardIndex, build_index, index_path, open_index
 from ..index.verify import verify_index
 from ..patterns import expand_shards, is_url
 from ..read.remote_options import default_cache_root
+from .options import add_options
 from .tools import add_tool_commands
 
 __all__ = ["main", "build_parser"]
@@ -291,9 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
         "('data-{000..099}.tar')",
     )
     common.add_argument(
-        "--index-dir", help="keep indexes in this folder instead of next to the shards"
-    )
-    common.add_argument(
         "-j",
         "--jobs",
         type=int,
@@ -301,9 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="parallel processes (default: two per core, at most cores + 4: builds also wait "
         "on the disk)",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
-    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    own_indexes = "keep indexes in this folder instead of next to the shards"
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -312,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="build missing indexes",
         description="Scan shards and write one SQLite index per shard.",
     )
+    add_options(p, index_dir=own_indexes, json=True, quiet=True)
     p.add_argument(
         "--force", action="store_true", help="rebuild indexes even if they are up to date or stale"
     )
@@ -339,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise indexed shards",
         description="Samples, members, bytes, extensions, skipped entries, tar overhead.",
     )
+    add_options(p, index_dir=own_indexes, json=True)
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
@@ -347,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-scan shards and check their indexes",
         description="Re-scan every shard and compare it with its index, row by row.",
     )
+    add_options(p, index_dir=own_indexes, json=True, quiet=True)
     p.set_defaults(func=_cmd_verify)
     add_tool_commands(sub)
     return parser

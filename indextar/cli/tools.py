@@ -19,12 +19,14 @@ from ..read.lookup import describe_sample, read_member, shard_members
 from ..write.create import create_shards
 from ..write.export import export_dali, export_wids
 from ..write.reshard import reshard
+from .options import add_options
 
 __all__ = ["add_tool_commands"]
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SOURCE_INDEXES = "where the (source) shards' indexes live"
 
 
 def _size(text: str) -> float:
@@ -205,19 +207,13 @@ def _add_output_shards(p: argparse.ArgumentParser) -> None:
 
 
 def add_tool_commands(sub: Any) -> None:
-    output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    output.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
-    output.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
-    output.add_argument("--index-dir", help="where the (source) shards' indexes live")
-
     p = sub.add_parser(
         "create",
-        parents=[output],
         help="make indexed shards from a folder tree",
         description="Files sharing a key (path up to the first dot of the name) form a "
         "sample; samples are written sorted by key into deterministic, indexed shards.",
     )
+    add_options(p, json=True, quiet=True)
     p.add_argument("src", help="the folder to read")
     _add_output_shards(p)
     p.add_argument(
@@ -232,42 +228,42 @@ def add_tool_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "reshard",
-        parents=[output],
         help="copy samples into new shards (no decoding)",
         description="Copy every sample's bytes from indexed shards into new indexed shards, "
         "in order or in a seeded global random order.",
     )
+    add_options(p, index_dir=_SOURCE_INDEXES, json=True, quiet=True)
     p.add_argument("shards", nargs="+", help="source shard paths, globs or brace patterns")
     _add_output_shards(p)
     p.add_argument("--shuffle", action="store_true", help="write samples in a random order")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (0)")
     p.set_defaults(func=_cmd_reshard)
 
-    p = sub.add_parser("ls", parents=[output], help="list a shard's samples and members")
+    p = sub.add_parser("ls", help="list a shard's samples and members")
+    add_options(p, index_dir=_SOURCE_INDEXES, json=True)
     p.add_argument("shard")
     p.set_defaults(func=_cmd_ls)
 
-    p = sub.add_parser("cat", parents=[output], help="write one member's bytes to stdout")
+    p = sub.add_parser("cat", help="write one member's bytes to stdout")
+    add_options(p, index_dir=_SOURCE_INDEXES)
     p.add_argument("shard")
     p.add_argument("member", metavar="KEY.EXT", help="the member, such as 'train/0001.jpg'")
     p.set_defaults(func=_cmd_cat)
 
-    p = sub.add_parser("get", parents=[output], help="describe sample INDEX of a dataset")
+    p = sub.add_parser("get", help="describe sample INDEX of a dataset")
+    add_options(p, index_dir=_SOURCE_INDEXES, json=True)
     p.add_argument("dataset", help="shard pattern ('data-{000..009}.tar') or manifest (.json)")
     p.add_argument("index", type=int, help="sample number (negative counts from the end)")
     p.set_defaults(func=_cmd_get)
 
     p = sub.add_parser(
         "export",
-        parents=[output],
         help="write DALI indexes or a wids shard list",
         description="Write DALI wds2idx v1.2 index files, or a wids shard list, from the indexes.",
     )
+    add_options(p, index_dir=_SOURCE_INDEXES, json=True, quiet=True)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--dali", metavar="OUTDIR", help="write <shard>.idx files into OUTDIR")
     target.add_argument("--wids", metavar="FILE.json", help="write a wids shard list")
     p.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     p.set_defaults(func=_cmd_export)
-
-
-# -- parser ---------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import logging
 import operator
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,31 +22,23 @@ from typing import Any, Literal, Union
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import (
-    MissingIndexError,
-    SampleIndexError,
-    SampleKeyError,
-    ShardNotFoundError,
-    StaleIndexError,
-)
-from ..index.build import build_indexes
+from ..errors import SampleIndexError, SampleKeyError
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
-from ..index.shard import PathLike, ShardIndex, index_path, open_index, open_index_at
+from ..index.shard import PathLike, ShardIndex
 from ..patterns import expand_shards, is_url
 from ..source.local import FileVersion, LRUCache, open_source
-from .decode import DecodeArg, Decoder, make_decoder, select_field
+from .decode import DecodeArg
+from .entries import index_entries, open_entry_index
 from .remote_options import RemoteOptions, fetch_ranges
+from .sample import SampleBuilder
 from .shard import OpenShard
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_OPEN_SHARDS = 64
 """Shards a process keeps open at once (file descriptors and loaded offset tables)."""
 
 ShardsArg = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
-Sample = dict[str, Any]
 
 
 class IndexedTarDataset:
@@ -114,9 +105,9 @@ class IndexedTarDataset:
     ):
         if max_open_shards < 1:
             raise ValueError(f"max_open_shards must be at least 1, got {max_open_shards}")
-        self._decoder: Decoder | None = make_decoder(decode, allow_unsafe=allow_unsafe)
-        self._fields = _parse_keys(keys)
-        self._transform = transform
+        self._builder = SampleBuilder.make(
+            decode=decode, keys=keys, allow_unsafe=allow_unsafe, transform=transform
+        )
         self._index_dir = None if index_dir is None else os.fspath(index_dir)
         self._build_missing = build_missing
         self._remote = RemoteOptions.make(
@@ -132,15 +123,13 @@ class IndexedTarDataset:
             entries = list(read_manifest(shards).shards)
             self.manifest = Path(shards)
         else:
-            entries = _entries_from_indexes(
-                _open_indexes(
-                    expand_shards(shards),
-                    index_dir=self._index_dir,
-                    build_missing=build_missing,
-                    progress=progress,
-                    workers=build_workers,
-                    remote=self._remote,
-                )
+            entries = index_entries(
+                expand_shards(shards),
+                index_dir=self._index_dir,
+                build_missing=build_missing,
+                progress=progress,
+                workers=build_workers,
+                remote=self._remote,
             )
         self._entries: tuple[ManifestShard, ...] = tuple(entries)
         self.shards: tuple[str, ...] = tuple(entry.url for entry in entries)
@@ -190,34 +179,14 @@ class IndexedTarDataset:
 
     def _shard_index(self, shard_no: int) -> ShardIndex:
         """Open and validate a shard's index, and check it against the manifest entry."""
-        entry = self._entries[shard_no]
-        try:
-            if is_url(entry.url):
-                index = self._remote.index(
-                    entry.url, entry.index, build_missing=self._build_missing
-                )
-            elif entry.index is not None:
-                index = open_index_at(entry.url, entry.index)
-            else:
-                index = open_index(entry.url, index_dir=self._index_dir)
-        except ShardNotFoundError as e:
-            raise ShardNotFoundError(
-                f"shard {entry.url!r} (number {shard_no} of the dataset) no longer exists: {e}"
-            ) from e
-        except MissingIndexError:
-            if not self._build_missing or entry.index is not None:
-                raise
-            index = build_indexes([entry.url], index_dir=self._index_dir, workers=1)[0]
-        if index.meta.num_samples != entry.nsamples or (
-            entry.fingerprint is not None and entry.fingerprint != index.meta.fingerprint
-        ):
-            raise StaleIndexError(
-                f"manifest {str(self.manifest)!r} lists shard {entry.url!r} with {entry.nsamples} "
-                f"samples and fingerprint {entry.fingerprint}; its index {str(index.path)!r} has "
-                f"{index.meta.num_samples} samples and fingerprint {index.meta.fingerprint}; "
-                "rewrite the manifest with write_manifest()"
-            )
-        return index
+        return open_entry_index(
+            self._entries[shard_no],
+            number=shard_no,
+            manifest=self.manifest,
+            index_dir=self._index_dir,
+            build_missing=self._build_missing,
+            remote=self._remote,
+        )
 
     # -- access -----------------------------------------------------------------
 
@@ -268,11 +237,13 @@ class IndexedTarDataset:
             groups.setdefault(shard_no, []).append(at)
         results: list[Any] = [None] * len(positions)
         local_list, position_list = locals_.tolist(), positions.tolist()
+        build = self._builder.build
         for shard_no, group in groups.items():
             shard = self._shard(shard_no)
             read = shard.read_many([local_list[at] for at in group])
             for at, (key, members) in zip(group, read):
-                results[at] = self._build(shard, key, members, position_list[at])
+                fields = {"__key__": key, "__shard__": shard.shard, "__index__": position_list[at]}
+                results[at] = build(fields, members)
         return results
 
     def _positions(self, indices: Sequence[int]) -> npt.NDArray[np.int64]:
@@ -302,28 +273,8 @@ class IndexedTarDataset:
     def _sample(self, shard_no: int, local: int, position: int, span: bytes | None = None) -> Any:
         shard = self._shard(shard_no)
         key, members = shard.read(local, span)
-        return self._build(shard, key, members, position)
-
-    def _build(
-        self, shard: OpenShard, key: str, members: list[tuple[str, bytes]], position: int
-    ) -> Any:
-        """The sample (dict or tuple, decoded and transformed) from a shard's members."""
-        sample: Sample = {"__key__": key, "__shard__": shard.shard, "__index__": position}
-        decoder = self._decoder
-        if self._fields is not None:
-            sample.update(members)
-            result: Any = tuple(self._field(sample, alternatives) for alternatives in self._fields)
-        elif decoder is None:
-            sample.update(members)
-            result = sample
-        else:
-            for ext, data in members:
-                sample[ext] = decoder.decode_member(ext, data, shard=shard.shard, key=key)
-            result = sample
-        return result if self._transform is None else self._transform(result)
-
-    def _field(self, sample: Sample, alternatives: tuple[str, ...]) -> Any:
-        return select_field(sample, alternatives, self._decoder)
+        fields = {"__key__": key, "__shard__": shard.shard, "__index__": position}
+        return self._builder.build(fields, members)
 
     def index_of(self, key: str) -> int:
         """The dataset index of the first sample whose ``__key__`` is ``key``.
@@ -351,77 +302,3 @@ class IndexedTarDataset:
             else f"{len(self.shards)} shards"
         )
         return f"IndexedTarDataset({source}, {self._len} samples)"
-
-
-def _parse_keys(keys: str | Sequence[str] | None) -> tuple[tuple[str, ...], ...] | None:
-    if keys is None:
-        return None
-    fields = keys.split() if isinstance(keys, str) else list(keys)
-    if not fields or not all(isinstance(field, str) and field for field in fields):
-        raise ValueError(
-            f"keys= must be non-empty member names such as ('jpg;png', 'cls'); got {keys!r}"
-        )
-    return tuple(tuple(field.split(";")) for field in fields)
-
-
-def _open_indexes(
-    shards: list[str],
-    *,
-    index_dir: str | None,
-    build_missing: bool,
-    progress: bool,
-    workers: int | None,
-    remote: RemoteOptions,
-) -> list[ShardIndex]:
-    urls = {
-        shard: remote.index(shard, None, build_missing=build_missing)
-        for shard in shards
-        if is_url(shard)
-    }
-    if urls:
-        local = [shard for shard in shards if shard not in urls]
-        opened = {}
-        if local:
-            indexes = _open_indexes(
-                local,
-                index_dir=index_dir,
-                build_missing=build_missing,
-                progress=progress,
-                workers=workers,
-                remote=remote,
-            )
-            opened = dict(zip(local, indexes))
-        return [urls[shard] if shard in urls else opened[shard] for shard in shards]
-    missing = [shard for shard in shards if not index_path(shard, index_dir=index_dir).exists()]
-    if missing and not build_missing:
-        for shard in missing:
-            if not Path(shard).exists():
-                raise ShardNotFoundError(f"shard {shard!r} does not exist")
-        listed = ", ".join(repr(shard) for shard in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise MissingIndexError(
-            f"{len(missing)} of {len(shards)} shards have no index: {listed}{more}; "
-            "build them with build_index() or pass build_missing=True"
-        )
-    built = {}
-    if missing:
-        log.info("building %d missing indexes", len(missing))
-        indexes = build_indexes(missing, index_dir=index_dir, workers=workers, progress=progress)
-        built = dict(zip(missing, indexes))
-    return [
-        built[shard] if shard in built else open_index(shard, index_dir=index_dir)
-        for shard in shards
-    ]
-
-
-def _entries_from_indexes(indexes: list[ShardIndex]) -> list[ManifestShard]:
-    return [
-        ManifestShard(
-            url=index.shard,
-            nsamples=index.meta.num_samples,
-            filesize=index.meta.shard_size,
-            fingerprint=index.meta.fingerprint,
-            index=str(index.path),
-        )
-        for index in indexes
-    ]

@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DecodeError, DecodeSpecError, SampleKeyError, UnsafeMemberError
+from ..errors import DecodeError, DecodeSpecError, UnsafeMemberError
 
 __all__ = [
-    "select_field",
     "Handler",
     "DecodeArg",
     "Decoder",
@@ -265,29 +264,3 @@ def make_decoder(decode: DecodeArg, *, allow_unsafe: bool = False) -> Decoder | 
             )
     handlers.append(BasicHandler(allow_unsafe=allow_unsafe))
     return Decoder(tuple(handlers))
-
-
-def select_field(
-    sample: dict[str, Any], alternatives: tuple[str, ...], decoder: Decoder | None
-) -> Any:
-    """The first of ``alternatives`` (as in ``"jpg;png"``) that ``sample`` has, decoded.
-
-    Raises
-    ------
-    SampleKeyError
-        Naming the sample, its shard and the members it does have.
-    """
-    for name in alternatives:
-        if name in sample:
-            value = sample[name]
-            if decoder is not None and not name.startswith("__"):
-                value = decoder.decode_member(
-                    name, value, shard=sample["__shard__"], key=sample["__key__"]
-                )
-            return value
-    present = sorted(name for name in sample if not name.startswith("__"))
-    index = f" (index {sample['__index__']})" if "__index__" in sample else ""
-    raise SampleKeyError(
-        f"sample {sample['__key__']!r}{index} in shard {sample['__shard__']!r} has no "
-        f"{' or '.join(repr(a) for a in alternatives)} member; it has {present}"
-    )

@@ -6,7 +6,7 @@ scanned in memory; nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,8 +15,9 @@ from ..errors import MissingIndexError, SampleIndexError, SampleKeyError
 from ..index.manifest import is_manifest, read_manifest
 from ..index.members import MemberTable, load_members, scan_members
 from ..index.naming import split_name
-from ..index.shard import PathLike, ShardIndex, open_index, open_index_at
+from ..index.shard import PathLike, ShardIndex, open_index
 from ..patterns import expand_shards
+from .entries import open_entry_index
 
 __all__ = ["MemberInfo", "SampleInfo", "shard_members", "read_member", "describe_sample"]
 
@@ -87,19 +88,20 @@ def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = No
 
 def _dataset_shards(
     dataset: str | Sequence[str], index_dir: PathLike | None
-) -> tuple[list[str], list[int], list[ShardIndex | None], list[str | None]]:
-    """Shards, sample counts, opened indexes (where opened) and recorded index paths."""
+) -> tuple[list[int], Callable[[int], ShardIndex]]:
+    """Each shard's sample count, and a function giving shard ``n``'s index (a
+    manifest's shards are opened only then)."""
     if isinstance(dataset, str) and is_manifest(dataset):
         manifest = read_manifest(dataset)
-        return (
-            [s.url for s in manifest.shards],
-            [s.nsamples for s in manifest.shards],
-            [None] * len(manifest.shards),
-            [s.index for s in manifest.shards],
-        )
-    shards = expand_shards(dataset)
-    indexes = [open_index(shard, index_dir=index_dir) for shard in shards]
-    return shards, [len(ix) for ix in indexes], list(indexes), [None] * len(shards)
+
+        def open_shard(n: int) -> ShardIndex:
+            return open_entry_index(
+                manifest.shards[n], number=n, manifest=manifest.path, index_dir=index_dir
+            )
+
+        return [s.nsamples for s in manifest.shards], open_shard
+    indexes = [open_index(shard, index_dir=index_dir) for shard in expand_shards(dataset)]
+    return [len(ix) for ix in indexes], indexes.__getitem__
 
 
 def describe_sample(
@@ -118,7 +120,7 @@ def describe_sample(
     SampleIndexError
         If ``index`` is out of range.
     """
-    shards, counts, indexes, index_paths = _dataset_shards(dataset, index_dir)
+    counts, open_shard = _dataset_shards(dataset, index_dir)
     total = sum(counts)
     position = index + total if index < 0 else index
     if not 0 <= position < total:
@@ -126,15 +128,7 @@ def describe_sample(
     ends = np.cumsum(counts)
     which = int(np.searchsorted(ends, position, side="right"))
     local = position - int(ends[which] - counts[which])
-    shard_index = indexes[which]
-    if shard_index is None:
-        recorded = index_paths[which]
-        shard_index = (
-            open_index_at(shards[which], recorded)
-            if recorded is not None
-            else open_index(shards[which], index_dir=index_dir)
-        )
-    table = load_members(shard_index)
+    table = load_members(open_shard(which))
     members = tuple(
         MemberInfo(
             name=table.names[row],

@@ -22,14 +22,12 @@ from ..index.naming import skip_reason, split_name
 from ..patterns import expand_shards
 from ..source.remote import check_pipe_allowed
 from ..tar.stream import iter_members, open_stream
-from .dataset import _parse_keys
-from .decode import DecodeArg, Decoder, make_decoder, select_field
+from .decode import DecodeArg
+from .sample import Sample, SampleBuilder
 
 __all__ = ["StreamingTarDataset"]
 
 log = logging.getLogger(__name__)
-
-Sample = dict[str, Any]
 
 
 def _split_info() -> tuple[int, int, int, int]:
@@ -114,8 +112,7 @@ class StreamingTarDataset(torch.utils.data.IterableDataset[Any]):
         self.handler = handler
         self.allow_pipe = allow_pipe
         self.storage_options = dict(storage_options or {})
-        self._decoder: Decoder | None = make_decoder(decode, allow_unsafe=allow_unsafe)
-        self._fields = _parse_keys(keys)
+        self._builder = SampleBuilder.make(decode=decode, keys=keys, allow_unsafe=allow_unsafe)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -203,18 +200,10 @@ class StreamingTarDataset(torch.utils.data.IterableDataset[Any]):
         log.warning("skipping %s: %s", where, error)
 
     def _finish(self, sample: Sample) -> Any:
-        decoder, fields = self._decoder, self._fields
-        if fields is not None:
-            return tuple(self._field(sample, alternatives) for alternatives in fields)
-        if decoder is not None:
-            key, shard = sample["__key__"], sample["__shard__"]
-            for name, value in sample.items():
-                if not name.startswith("__"):
-                    sample[name] = decoder.decode_member(name, value, shard=shard, key=key)
-        return sample
-
-    def _field(self, sample: Sample, alternatives: tuple[str, ...]) -> Any:
-        return select_field(sample, alternatives, self._decoder)
+        # _group has put the members into the sample already; those named like a
+        # field (an extension such as "__bad__") stay as they are, never decoded.
+        members = [(name, data) for name, data in sample.items() if not name.startswith("__")]
+        return self._builder.build(sample, members)
 
     def __repr__(self) -> str:
         return (

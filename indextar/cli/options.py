@@ -1,0 +1,25 @@
+"""The options several commands share, each given only to the commands that honour it."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_options"]
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    *,
+    index_dir: str | None = None,
+    json: bool = False,
+    quiet: bool = False,
+) -> None:
+    """Add ``--debug``, and ``--index-dir`` (with the help text ``index_dir``), ``--json`` and
+    ``--quiet`` where the command's handler reads them."""
+    if index_dir is not None:
+        parser.add_argument("--index-dir", help=index_dir)
+    if json:
+        parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    if quiet:
+        parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
