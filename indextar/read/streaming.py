@@ -21,8 +21,9 @@ from ..errors import IndextarError, SampleFormatError
 from ..index.naming import skip_reason, split_name
 from ..patterns import expand_shards
 from ..source.remote import check_pipe_allowed
-from ..tar.stream import iter_members, open_stream
+from ..tar.stream import iter_members
 from .decode import DecodeArg
+from .opening import open_stream
 from .sample import Sample, SampleBuilder
 
 __all__ = ["StreamingTarDataset"]

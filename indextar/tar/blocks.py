@@ -2,9 +2,10 @@
 
 :class:`ShardBytes` holds the scanned buffer and the shard's name. The scan's modules
 (:mod:`indextar.tar.scan`, :mod:`indextar.tar.walk`, :mod:`indextar.tar.ext`) build on
-it: bounds-checked reads, numeric fields that may be base-256, header
-checksums and the end of the archive, each failing with a :class:`ShardFormatError`
-that names the shard and the byte offset.
+it: bounds-checked reads, header checksums and the end of the archive, each failing
+with a :class:`ShardFormatError` that names the shard and the byte offset. Numeric
+fields, octal or base-256, are read by :func:`header_number`, which the stream
+(:mod:`indextar.tar.stream`) uses too.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ShardFormatError, TruncatedShardError
-from .fields import checksums_ok, parse_octal
+from .fields import checksums_ok, parse_number
 
 __all__ = [
     "BLOCK",
     "MAX_MEMBER_SIZE",
     "NO_DATA_TYPES",
+    "REGULAR_TYPES",
     "ShardBytes",
     "decode_name",
+    "header_number",
     "size_too_large",
 ]
 
@@ -31,6 +34,8 @@ BLOCK = 512
 # Type flags that carry no data blocks, whatever their size field says
 # (as in tarfile and GNU tar).
 NO_DATA_TYPES = b"123456"
+# Type flags of regular files: '0', '7' (contiguous) and NUL (old tars).
+REGULAR_TYPES = frozenset(b"07\0")
 # Sizes are int64 arrays and offsets add to them: a size field claiming more than this
 # (GNU base-256 and PAX sizes are unbounded) is refused before it can overflow.
 MAX_MEMBER_SIZE = 1 << 62
@@ -43,6 +48,26 @@ def size_too_large(size: int | str) -> str:
         f"corrupt tar header: a member size of {size} bytes is more than any shard holds "
         f"(at most {MAX_MEMBER_SIZE})"
     )
+
+
+def header_number(raw: bytes, name: str, shard: str | None, where: int) -> int:
+    """The numeric header field ``name``, ``raw`` at offset ``where`` of ``shard``: octal
+    or GNU base-256; a size may be neither negative nor more than any shard holds.
+
+    The scan and the stream (:mod:`indextar.tar.stream`) both read numbers here, so
+    that they refuse the same fields with the same message.
+    """
+    value = parse_number(raw)
+    if value is None:
+        raise ShardFormatError(
+            f"corrupt tar header: the {name} field {raw!r} is neither octal nor base-256",
+            shard=shard,
+            offset=where,
+        )
+    if name == "size" and not 0 <= value <= MAX_MEMBER_SIZE:
+        wrong = f"corrupt tar header: negative size {value}" if value < 0 else size_too_large(value)
+        raise ShardFormatError(wrong, shard=shard, offset=where)
+    return value
 
 
 def decode_name(raw: bytes) -> str:
@@ -97,46 +122,6 @@ class ShardBytes:
                 header_pos,
             )
         return self.data[start : start + size].tobytes()
-
-    # -- fields -------------------------------------------------------------
-
-    def parse_size(self, raw: bytes, pos: int) -> int:
-        """The size field ``raw`` of the header at ``pos``: octal or base-256."""
-        if raw[0] & 0x80:
-            return self.base256(raw, pos + 124, "size")
-        value = parse_octal(raw)
-        if value is None:
-            raise self.error(
-                ShardFormatError,
-                f"corrupt tar header: the size field {raw!r} is neither octal nor base-256",
-                pos + 124,  # the field's offset, as for every other numeric field
-            )
-        return value
-
-    def base256(self, raw: bytes, where: int, name: str) -> int:
-        """The GNU base-256 numeric field ``name`` (``raw``, at offset ``where``)."""
-        if raw[0] not in (0x80, 0xFF):
-            self.bad_numeric(name, raw, where)
-        value = int.from_bytes(raw[1:], "big")
-        if raw[0] == 0xFF:
-            value -= 1 << (8 * (len(raw) - 1))
-        if value < 0 and name == "size":
-            raise self.error(ShardFormatError, f"corrupt tar header: negative size {value}", where)
-        return self.check_size(value, where) if name == "size" else value
-
-    def bad_numeric(self, name: str, raw: bytes, where: int) -> None:
-        """Raise for the numeric field ``name`` that is neither octal nor base-256."""
-        raise self.error(
-            ShardFormatError,
-            f"corrupt tar header: the {name} field {raw!r} is neither octal nor base-256",
-            where,
-        )
-
-    def check_size(self, value: int, where: int) -> int:
-        """``value``, if no larger than any member size a scan can hold."""
-        if value > MAX_MEMBER_SIZE:
-            raise self.error(ShardFormatError, size_too_large(value), where)
-        return value
 
     def decode_all(self, raw_names: list[bytes]) -> list[str]:
         """Every name of ``raw_names`` decoded as :func:`decode_name` does."""

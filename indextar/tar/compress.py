@@ -2,7 +2,8 @@
 
 Random access needs an uncompressed tar: :mod:`indextar.tar.scan` refuses a
 compressed shard with the command that turns it into a plain one, and
-:mod:`indextar.tar.stream` names the format it must decompress.
+the streaming reader's opening (:mod:`indextar.read.opening`) names the format it must
+decompress.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Tar extension headers: GNU long names (``L``/``K``) and PAX records (``x``/``g``).
 
 An extension header's data describes the header that follows it: a longer name, or
-PAX records that override its path and size. :func:`fold_extensions` applies them to
-the entries they describe; :func:`parse_pax` and :func:`pax_size` are also used by the
-sequential walk, which must honour PAX sizes to find the next header.
+PAX records that override its path and size. :class:`PendingExtensions` holds the
+rules, GNU tar's, of which header wins: the scan's fold (:func:`fold_extensions`, which
+applies them to the entries they describe) and sequential walk (which must honour PAX
+sizes to find the next header), and the stream, all read extension headers through it.
 :mod:`indextar.tar.scan` builds on them.
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "PAX_GLOBAL",
     "PAX_LOCAL",
     "Folded",
+    "PendingExtensions",
     "fold_extensions",
     "is_pax_sparse",
     "pax_sparse_error",
@@ -81,63 +83,135 @@ def fold_extensions(
     archive order. Old V7 tars mark a directory as a regular file whose name ends in
     '/': such entries get type ``'5'`` in ``types``.
     """
-    sizes = sizes.astype(np.int64).copy()
+    # Python lists in the loop: a numpy element access costs several list accesses.
+    size_list: list[int] = sizes.tolist()
+    start_list: list[int] = offsets.tolist()
     names: list[str] = []
-    header_offsets = offsets.copy()
-    global_pax: dict[str, str] = {}
-    pending: dict[str, str] = {}
-    pending_name: str | None = None
-    first_header: int | None = None
-    for i in range(len(offsets)):
-        pos = int(offsets[i])
-        t = int(types[i])
+    pending = PendingExtensions(shard.shard)
+    for i, (pos, t) in enumerate(zip(start_list, types.tolist())):
         if t in EXTENSION_TYPES:
-            if first_header is None:
-                first_header = pos
-            size = int(sizes[i])
-            if t == GNU_LONGNAME:
-                # As GNU tar: the name runs to its NUL, even past the size into the
-                # padding (the chain guarantees the padded blocks are in the file).
-                padded = shard.read_data(pos, -(-size // BLOCK) * BLOCK)
-                pending_name = decode_name(padded.split(b"\0", 1)[0])
-            elif t == PAX_LOCAL:  # a later one replaces an earlier one, as in GNU tar
-                pending = parse_pax(shard.read_data(pos, size), shard, pos)
-            elif t == PAX_GLOBAL:  # replaces every earlier one too, as in GNU tar
-                global_pax = parse_pax(shard.read_data(pos, size), shard, pos, keep_first=True)
+            size = size_list[i]
+            if t == GNU_LONGNAME:  # the chain guarantees its padded blocks are in the file
+                data = shard.read_data(pos, -(-size // BLOCK) * BLOCK)
+            else:
+                data = b"" if t == GNU_LONGLINK else shard.read_data(pos, size)
+            pending.read(t, data, pos)
             continue
-        pax = {**global_pax, **pending} if global_pax else pending
-        if is_pax_sparse(pax):
-            shown = pax.get("path") or pending_name or decode_name(raw_names[i])
-            where = first_header if first_header is not None else pos
-            raise pax_sparse_error(pax, shown, shard.shard, where)
-        name: str
-        if "path" in pax:
-            name = pax["path"]
-            if "\0" in name:  # GNU tar would cut it there; no file can be named so
-                raise shard.error(
-                    ShardFormatError,
-                    f"PAX path {name!r} contains a NUL byte",
-                    first_header if first_header is not None else pos,
-                )
-        elif pending_name is not None:
-            name = pending_name
-        else:
-            name = decode_name(raw_names[i])
-        if types[i] == 0 and name.endswith("/"):
+        size_list[i] = pending.data_size(t, size_list[i])
+        name, start_list[i] = pending.member(raw_names[i], pos)
+        if t == 0 and name.endswith("/"):
             types[i] = ord("5")
-        if "size" in pax and types[i] not in np.frombuffer(NO_DATA_TYPES, np.uint8):
-            sizes[i] = pax_size(pax["size"], shard.shard, pos)
-        if first_header is not None:
-            header_offsets[i] = first_header
         names.append(name)
-        pending, pending_name, first_header = {}, None, None
-    if first_header is not None:
+    if pending.first_header is not None:
         raise shard.error(
             ShardFormatError,
             "an extension header (GNU long name or PAX) is not followed by a member",
-            first_header,
+            pending.first_header,
         )
-    return Folded(names=names, header_offsets=header_offsets, sizes=sizes)
+    return Folded(
+        names=names,
+        header_offsets=np.array(start_list, dtype=np.int64),
+        sizes=np.array(size_list, dtype=np.int64),
+    )
+
+
+class PendingExtensions:
+    """The extension headers read so far, and what they say about the next member.
+
+    Every reader that goes header by header keeps one through the archive: the scan's
+    fold (:func:`fold_extensions`) and sequential walk (:mod:`indextar.tar.walk`, for
+    sizes only), and the stream (:mod:`indextar.tar.stream`). The rules are GNU tar's:
+
+    * a local PAX header (``x``) replaces an earlier one, and applies to the next member;
+    * a global PAX header (``g``) replaces every earlier one, applies to every later
+      member, and of its records with one keyword the first counts;
+    * local records win over global ones, and of GNU long names (``L``) the last counts;
+    * a member is named by a PAX ``path``, else a GNU long name, else its own header.
+    """
+
+    __slots__ = (
+        "shard",
+        "global_records",
+        "global_size",
+        "local_records",
+        "local_size",
+        "records",
+        "long_name",
+        "first_header",
+    )
+
+    def __init__(self, shard: str | None) -> None:
+        self.shard = shard
+        self.global_records: dict[str, str] = {}
+        self.local_records: dict[str, str] = {}
+        self.global_size: int | None = None  # their size records, read
+        self.local_size: int | None = None
+        #: The PAX records that apply to the next member: local before global.
+        self.records: dict[str, str] = {}
+        self.long_name: str | None = None
+        self.first_header: int | None = None  # of the next member's extension headers
+
+    def read(self, typeflag: int, data: bytes, offset: int) -> None:
+        """Take in the extension header at ``offset``: ``data`` is its data, or for a GNU
+        long name its padded data (the name runs to its NUL, as GNU tar reads it)."""
+        if self.first_header is None:
+            self.first_header = offset
+        if typeflag == GNU_LONGNAME:
+            self.long_name = decode_name(data.split(b"\0", 1)[0])
+        elif typeflag in (PAX_LOCAL, PAX_GLOBAL):
+            is_global = typeflag == PAX_GLOBAL
+            records = parse_pax(data, self.shard, offset, keep_first=is_global)
+            size = records.get("size")
+            parsed = None if size is None else pax_size(size, self.shard, offset)
+            if is_global:
+                self.global_records, self.global_size = records, parsed
+            else:
+                self.local_records, self.local_size = records, parsed
+            local, global_ = self.local_records, self.global_records
+            self.records = {**global_, **local} if global_ and local else local or global_
+
+    def start(self, offset: int) -> int:
+        """Where the member whose own header is at ``offset`` starts: at its first
+        extension header, if it has any."""
+        return offset if self.first_header is None else self.first_header
+
+    def data_size(self, typeflag: int, header_size: int) -> int:
+        """The data size of the next member, whose own header has ``typeflag`` and
+        ``header_size``: none for links, folders and devices, else a PAX ``size``."""
+        if typeflag in NO_DATA_TYPES:
+            return 0
+        if self.local_size is not None:
+            return self.local_size
+        return header_size if self.global_size is None else self.global_size
+
+    def shown_name(self, raw_name: bytes) -> str:
+        """The next member's name for a message, its own header's name being ``raw_name``."""
+        return self.records.get("path") or self.long_name or decode_name(raw_name)
+
+    def member(self, raw_name: bytes, offset: int) -> tuple[str, int]:
+        """The name and the start of the member whose own header, at ``offset``, holds
+        ``raw_name``; then what applied to it only is forgotten.
+
+        Raises if PAX records make it sparse, or give it a path with a NUL byte.
+        """
+        records, start = self.records, self.start(offset)
+        if records and is_pax_sparse(records):
+            raise pax_sparse_error(records, self.shown_name(raw_name), self.shard, start)
+        name = records.get("path")
+        if name is not None and "\0" in name:  # GNU tar would cut it there; no file can be named so
+            raise ShardFormatError(
+                f"PAX path {name!r} contains a NUL byte", shard=self.shard, offset=start
+            )
+        if name is None:
+            name = self.long_name if self.long_name is not None else decode_name(raw_name)
+        self.next_member()
+        return name, start
+
+    def next_member(self) -> None:
+        """Forget what applied to the member just read; global records stay."""
+        if self.local_records:
+            self.local_records, self.local_size, self.records = {}, None, self.global_records
+        self.long_name, self.first_header = None, None
 
 
 def is_pax_sparse(records: Mapping[str, str]) -> bool:
@@ -177,7 +251,7 @@ def pax_size(value: str, shard: str | None, offset: int) -> int:
 
 
 def parse_pax(
-    payload: bytes, shard: ShardBytes, where: int, *, keep_first: bool = False
+    payload: bytes, shard: str | None, where: int, *, keep_first: bool = False
 ) -> dict[str, str]:
     """Parse PAX records: ``"%d %s=%s\\n" % (length, key, value)``.
 
@@ -202,20 +276,20 @@ def parse_pax(
             or not record.endswith(b"\n")
             or b"=" not in record
         ):
-            raise shard.error(
-                ShardFormatError,
+            raise ShardFormatError(
                 f"malformed PAX record {payload[pos : pos + 40]!r} in extended header",
-                where,
+                shard=shard,
+                offset=where,
             )
         key, _, value = record[space - pos + 1 : -1].partition(b"=")
         try:
             keyword, text = key.decode("utf-8"), value.decode("utf-8")
         except UnicodeDecodeError:
-            raise shard.error(
-                ShardFormatError, f"PAX record {key!r} is not valid UTF-8", where
+            raise ShardFormatError(
+                f"PAX record {key!r} is not valid UTF-8", shard=shard, offset=where
             ) from None
         if key == b"size":  # every size record must be valid, not only the one that counts
-            pax_size(text, shard.shard, where)
+            pax_size(text, shard, where)
         if not (keep_first and keyword in records):
             records[keyword] = text
         pos += length

@@ -3,7 +3,10 @@
 Pure functions over header bytes: numeric fields (octal in the canonical layout
 every writer emits, or the general form strict readers accept), checksums (unsigned
 or signed), and member names (the name field, cut at its first NUL, and the POSIX
-ustar prefix). :mod:`indextar.tar.scan` builds on them.
+ustar prefix). Each rule is written once for one header (:func:`parse_number`,
+:func:`checksum_ok`, :func:`header_name`), which the stream and the span check use,
+and where the scan needs it, once more over a batch of headers in numpy.
+:mod:`indextar.tar.scan` builds on them.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ __all__ = [
     "MAGIC_OFFSET",
     "POSIX_MAGIC",
     "canonical_numbers",
+    "checksum_ok",
     "checksums_ok",
     "decode_names",
+    "header_name",
     "names_at",
+    "parse_number",
     "parse_numeric",
     "parse_octal",
     "cached_octal",
@@ -48,6 +54,21 @@ _FIELDS = FIELDS
 def cached_octal(field: bytes) -> int | None:
     """:func:`parse_octal`, memoised: a shard's size fields repeat a lot."""
     return parse_octal(field)
+
+
+def checksum_ok(header: bytes) -> bool:
+    """Whether one 512-byte ``header`` carries a valid checksum: :func:`checksums_ok`'s
+    rule, for readers that see one header at a time."""
+    stored = parse_octal(header[148:156])  # strictly octal: int() takes "+7", "0o7", "1_0"
+    if stored is None:
+        return False
+    # The checksum field counts as eight spaces.
+    unsigned = sum(header) - sum(header[148:156]) + 8 * ord(" ")
+    if stored == unsigned:
+        return True
+    # Old tars summed signed bytes; only headers with bytes >= 128 differ.
+    high = sum(1 for b in header[:148] + header[156:] if b > 127)
+    return stored == unsigned - 256 * high
 
 
 def checksums_ok(
@@ -149,6 +170,15 @@ def parse_numeric(
     return result, ok
 
 
+def parse_number(raw: bytes) -> int | None:
+    """A numeric field: octal, or GNU base-256 (first byte 0x80, or 0xff if negative);
+    ``None`` if it is neither."""
+    if raw[:1] in (b"\x80", b"\xff"):
+        value = int.from_bytes(raw[1:], "big")
+        return value - (1 << (8 * len(raw) - 8)) if raw[0] == 0xFF else value
+    return parse_octal(raw)
+
+
 def parse_octal(raw: bytes) -> int | None:
     """General octal field parser: ``None`` unless the field is valid octal."""
     text = raw.split(b"\0", 1)[0].strip(b" ")
@@ -158,6 +188,19 @@ def parse_octal(raw: bytes) -> int | None:
     if not text.isdigit() or b"8" in text or b"9" in text:
         return None
     return int(text, 8)
+
+
+def header_name(header: bytes) -> bytes:
+    """The raw name of one header: its name field to the first NUL, after its prefix
+    field where the header is POSIX ustar.
+
+    As the scanner and the C walker: the magic and the version "00" (GNU tar and tarfile
+    take "ustar\\0" alone; GNU headers, "ustar  \\0", use those bytes for other fields).
+    """
+    name = header[:100].split(b"\0", 1)[0]
+    if header[345] and header[_MAGIC_OFFSET : _MAGIC_OFFSET + len(POSIX_MAGIC)] == POSIX_MAGIC:
+        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+    return name
 
 
 def decode_names(rows: npt.NDArray[np.uint8], types: npt.NDArray[np.uint8]) -> list[bytes]:
@@ -179,11 +222,11 @@ def names_at(
     lengths = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
     for i in np.flatnonzero(np.count_nonzero(name_field, axis=1) != lengths):
         names[i] = names[i].split(b"\0", 1)[0]
-    magic = blocks[rows, _MAGIC_OFFSET : _MAGIC_OFFSET + 8]
+    # The rows whose name has a prefix, found at once; each is named by header_name.
+    magic = blocks[rows, _MAGIC_OFFSET : _MAGIC_OFFSET + len(POSIX_MAGIC)]
     posix = (magic == np.frombuffer(POSIX_MAGIC, np.uint8)).all(axis=1)
     for i in np.flatnonzero(posix & (blocks[rows, 345] != 0)):
-        prefix = blocks[rows[i], 345:500].tobytes().split(b"\0", 1)[0]
-        names[i] = prefix + b"/" + names[i]
+        names[i] = header_name(blocks[rows[i]].tobytes())
     for i in np.flatnonzero(types == 0):
         if names[i].endswith(b"/"):
             types[i] = ord("5")

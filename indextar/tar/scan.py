@@ -31,8 +31,8 @@ The result is a :class:`TarScan`: parallel numpy arrays plus the member names.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,19 +42,17 @@ import numpy.typing as npt
 from .. import native
 from ..errors import CompressedShardError, IndextarError, ShardFormatError, TruncatedShardError
 from .blocks import BLOCK as BLOCK
-from .blocks import NO_DATA_TYPES, ShardBytes
+from .blocks import NO_DATA_TYPES, REGULAR_TYPES, ShardBytes, header_number
 from .compress import compressed_message, sniff_compression
 from .ext import EXTENSION_TYPES, fold_extensions
-from .fields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at, parse_octal
-from .sparse import GNU_SPARSE, unsupported_member_error
-from .walk import walk_sequential
+from .fields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at
+from .sparse import GNU_MULTIVOL, GNU_SPARSE, unsupported_member_error
+from .walk import next_part, walk_adaptive, walk_parts, walk_sequential
 from .walk import walk_window as _walk_window
 
 __all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
 
 log = logging.getLogger(__name__)
-
-_GNU_MULTIVOL, _GNU_VOLHDR = ord("M"), ord("V")
 
 #: What each skipped type flag is reported as.
 MEMBER_KINDS: dict[int, str] = {
@@ -64,12 +62,12 @@ MEMBER_KINDS: dict[int, str] = {
     ord("4"): "blockdev",
     ord("5"): "directory",
     ord("6"): "fifo",
-    _GNU_VOLHDR: "volume-header",
+    ord("V"): "volume-header",
 }
-_REGULAR_TYPES = frozenset({ord("0"), 0, ord("7")})
 
-# Switch to the vectorised walker once members average under this many bytes:
-# it reads every block, which only pays off when headers are dense.
+# The adaptive walk (walk.walk_adaptive) switches to the vectorised walker once members
+# average under this many bytes: it reads every block, which only pays off when headers
+# are dense.
 _DENSE_MEMBER_BYTES = 16 * 1024
 _PROBE_HEADERS = 64
 _WINDOW_BLOCKS = 1 << 16  # 32 MiB per vectorised window
@@ -115,12 +113,12 @@ class TarScan:
 
     def is_regular(self) -> npt.NDArray[np.bool_]:
         """Mask of entries that are regular files."""
-        return np.isin(self.types, np.array(sorted(_REGULAR_TYPES), dtype=np.uint8))
+        return np.isin(self.types, np.array(sorted(REGULAR_TYPES), dtype=np.uint8))
 
     def kind(self, i: int) -> str:
         """What entry ``i`` is: ``"file"``, ``"directory"``, ``"symlink"``, ..."""
         t = int(self.types[i])
-        if t in _REGULAR_TYPES:
+        if t in REGULAR_TYPES:
             return "file"
         return MEMBER_KINDS.get(t, f"type-{chr(t)!r}")
 
@@ -173,17 +171,18 @@ class _Scanner(ShardBytes):
     def scan(self) -> TarScan:
         self.check_start()
         plain = self.walk_c()
-        if plain is not None and not (self.ignore_zeros and self.next_part(plain[3]) is not None):
+        if plain is not None and not (self.ignore_zeros and next_part(self, plain[3]) is not None):
             return self.resolve_plain(*plain)
         try:
-            offsets, end = self.walk_parts(self.walk_fast)
+            offsets, end = walk_parts(self, self.walk_fast, ignore_zeros=self.ignore_zeros)
             return self.resolve(offsets, end)
         except (_ChainMismatch, ShardFormatError):
             # The fast walk can be misled where extension headers change sizes, or stop
             # at a point where a sequential walk reports the problem better. The
             # sequential walk is the reference: its result, or its error, stands.
             log.debug("%s: walking sequentially", self.shard)
-        offsets, end = self.walk_parts(lambda pos: walk_sequential(self, pos, self.size))
+        walk = functools.partial(walk_sequential, self, limit=self.size)
+        offsets, end = walk_parts(self, walk, ignore_zeros=self.ignore_zeros)
         try:
             return self.resolve(offsets, end)
         except _ChainMismatch as e:
@@ -217,47 +216,16 @@ class _Scanner(ShardBytes):
 
     # -- step 1: the walk ---------------------------------------------------
 
-    def walk_parts(
-        self, walk: Callable[[int], tuple[npt.NDArray[np.int64], int]]
-    ) -> tuple[npt.NDArray[np.int64], int]:
-        """``walk`` from the start to the end marker, and with ``ignore_zeros`` past
-        zero blocks through every later part; the offsets and the last end marker."""
-        parts = []
-        offsets, end = walk(0)
-        parts.append(offsets)
-        while self.ignore_zeros and (start := self.next_part(end)) is not None:
-            offsets, end = walk(start)
-            parts.append(offsets)
-        return (np.concatenate(parts) if len(parts) > 1 else parts[0]), end
-
-    def next_part(self, end: int) -> int | None:
-        """The first block after ``end`` that is not all zeros, if any (a later part)."""
-        if end % BLOCK or end >= len(self.blocks) * BLOCK:
-            return None  # past the last whole block: check_end judges what is left
-        nonzero = np.flatnonzero(self.blocks[end // BLOCK :].any(axis=1))
-        return end + int(nonzero[0]) * BLOCK if nonzero.size else None
-
     def walk_fast(self, start: int) -> tuple[npt.NDArray[np.int64], int]:
-        """Header offsets from ``start`` and the end-of-archive offset, choosing walkers
-        adaptively."""
-        chunks: list[npt.NDArray[np.int64]] = []
-        probe, pos = walk_sequential(self, start, self.size, max_headers=_PROBE_HEADERS)
-        chunks.append(probe)
-        while pos is not None and pos < self.size and not self.is_zero_block(pos):
-            # pos is a header offset still to be walked.
-            walked = pos - start
-            dense = len(probe) and (walked / max(1, sum(map(len, chunks)))) < _DENSE_MEMBER_BYTES
-            if dense:
-                window, nxt = self.walk_window(pos)
-                if window is not None:
-                    chunks.append(window)
-                    pos = nxt
-                    continue
-            seq, pos = walk_sequential(self, pos, self.size, max_headers=_PROBE_HEADERS * 16)
-            chunks.append(seq)
-        offsets = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
-        assert pos is not None
-        return offsets, pos
+        """Header offsets from ``start`` and the end-of-archive offset, the walkers chosen
+        as the members turn out (:func:`~indextar.tar.walk.walk_adaptive`)."""
+        return walk_adaptive(
+            self,
+            start,
+            window=self.walk_window,
+            probe_headers=_PROBE_HEADERS,
+            dense_member_bytes=_DENSE_MEMBER_BYTES,
+        )
 
     def walk_window(self, start: int) -> tuple[npt.NDArray[np.int64] | None, int]:
         """Vectorised walk of one window starting at header ``start``.
@@ -288,7 +256,7 @@ class _Scanner(ShardBytes):
         # walk overrun, and the bad header is the better report than a truncation.
         self.check_end(end, int(offsets[-1]))
 
-        unsupported = np.isin(types, np.array([GNU_SPARSE, _GNU_MULTIVOL], np.uint8))
+        unsupported = np.isin(types, np.array([GNU_SPARSE, GNU_MULTIVOL], np.uint8))
         if unsupported.any():
             i = int(np.flatnonzero(unsupported)[0])
             raise unsupported_member_error(self, offsets, types, sizes, names, i)
@@ -368,9 +336,7 @@ class _Scanner(ShardBytes):
         for i in np.flatnonzero(~canonical):  # rare: other layouts, base-256, or corrupt
             for name, (start, width) in FIELDS.items():
                 raw = rows[i, start : start + width].tobytes()
-                value = parse_octal(raw)
-                if value is None:
-                    value = self.base256(raw, int(offsets[i]) + start, name)
+                value = header_number(raw, name, self.shard, int(offsets[i]) + start)
                 if name == "size":
                     sizes[i] = value
         types = rows[:, 156].copy()

@@ -15,32 +15,13 @@ every input (``tests/test_spancheck.py``). Headers beyond :data:`MAX_HEADERS` by
 from __future__ import annotations
 
 from ..errors import StaleIndexError
-from .fields import parse_octal
+from .fields import checksum_ok, parse_number
 
 __all__ = ["OK", "BAD_CHECKSUM", "OTHER_NAME", "MAX_HEADERS", "check_headers", "stale_error"]
 
 OK, FILE_CHANGED, BAD_CHECKSUM, OTHER_NAME = 0, 1, 2, 3
 MAX_HEADERS = 8192
 _BLOCK = 512
-
-
-def _checksum_ok(block: bytes) -> bool:
-    stored = parse_octal(block[148:156])
-    if stored is None:
-        return False
-    field = block[148:156]
-    unsigned = sum(block) - sum(field) + 8 * ord(" ")
-    if stored == unsigned:
-        return True
-    # Old tars summed signed bytes; only headers with bytes >= 128 differ.
-    signed = unsigned - 256 * sum(1 for i, b in enumerate(block) if b > 127 and not 148 <= i < 156)
-    return stored == signed
-
-
-def _size(field: bytes) -> int | None:
-    if field[0] == 0x80:  # base-256, as GNU tar writes sizes of 8 GiB and more
-        return int.from_bytes(field[1:], "big")
-    return parse_octal(field)
 
 
 def _pax_path(records: bytes) -> bytes | None:
@@ -70,8 +51,8 @@ def check_headers(headers: bytes, key: bytes) -> int:
     at = 0
     while at + _BLOCK <= len(headers):
         block = headers[at : at + _BLOCK]
-        size = _size(block[124:136])
-        if size is None or not _checksum_ok(block):
+        size = parse_number(block[124:136])
+        if size is None or size < 0 or not checksum_ok(block):
             return BAD_CHECKSUM
         data = at + _BLOCK
         payload = headers[data : data + size]

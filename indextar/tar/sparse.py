@@ -10,6 +10,8 @@ A sparse member's stored bytes are not its contents (the holes are missing), so
 indextar refuses it by name rather than indexing the wrong bytes. The walkers use
 :func:`sparse_extension_blocks` to step over the map to the next header, so that the
 refusal names the member instead of calling the map's blocks corrupt headers.
+Multi-volume continuations (type ``M``), whose data starts inside a file, are refused
+alongside them (:func:`multivolume_error`), by the scan and by the stream alike.
 """
 
 from __future__ import annotations
@@ -24,9 +26,17 @@ from .blocks import BLOCK, ShardBytes
 from .ext import EXTENSION_TYPES, fold_extensions
 from .fields import parse_octal
 
-__all__ = ["GNU_SPARSE", "sparse_error", "sparse_extension_blocks", "unsupported_member_error"]
+__all__ = [
+    "GNU_MULTIVOL",
+    "GNU_SPARSE",
+    "multivolume_error",
+    "sparse_error",
+    "sparse_extension_blocks",
+    "unsupported_member_error",
+]
 
 GNU_SPARSE = ord("S")
+GNU_MULTIVOL = ord("M")  # a multi-volume continuation: refused with sparse members
 _HEADER_EXTENDED = 482  # in the header: more map entries follow in extension blocks
 _BLOCK_EXTENDED = 504  # in an extension block: after its 21 entries of 24 bytes
 _REAL_SIZE = slice(483, 495)  # the file's size, holes included
@@ -64,6 +74,16 @@ def sparse_error(
     )
 
 
+def multivolume_error(name: str, shard: str | None, offset: int) -> UnsupportedMemberError:
+    """The refusal of the member ``name`` whose (``M``) header continues a multi-volume file."""
+    return UnsupportedMemberError(
+        f"member {name!r} is a multi-volume continuation; indextar cannot give random access "
+        "to it (re-create the shard without --multi-volume)",
+        shard=shard,
+        offset=offset,
+    )
+
+
 def unsupported_member_error(
     shard: ShardBytes,
     offsets: npt.NDArray[np.int64],
@@ -82,9 +102,4 @@ def unsupported_member_error(
     name, where = folded.names[-1], int(folded.header_offsets[-1])
     if types[i] == GNU_SPARSE:
         return sparse_error(shard.blocks[offsets[i] // BLOCK].tobytes(), name, shard.shard, where)
-    return UnsupportedMemberError(
-        f"member {name!r} is a multi-volume continuation; indextar cannot give random access "
-        "to it (re-create the shard without --multi-volume)",
-        shard=shard.shard,
-        offset=where,
-    )
+    return multivolume_error(name, shard.shard, where)

@@ -5,40 +5,28 @@ it needs no seek, so it reads pipes, gzip streams and HTTP bodies. Unlike
 ``tarfile`` in stream mode, which stops silently at a damaged header, every header's
 checksum is verified and a bad one, a truncated member or a missing end marker raises
 :class:`~indextar.errors.ShardFormatError` naming the shard and the byte offset.
+
+Headers are read with the scanner's own functions (checksums and names from
+:mod:`~indextar.tar.fields`, numbers from :func:`~indextar.tar.blocks.header_number`,
+extension headers through :class:`~indextar.tar.ext.PendingExtensions`), so that the
+two agree on every member's name and size, and refuse the same headers alike.
+Opening URLs, pipes and gzip is the caller's: :mod:`indextar.read.opening`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import io
-import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from ..errors import (
-    CompressedShardError,
-    IndextarError,
-    ShardFormatError,
-    ShardNotFoundError,
-    TruncatedShardError,
-    UnsupportedMemberError,
-)
-from ..patterns import is_url
-from ..source.remote import RangeSource, check_pipe_allowed
-from ..source.stream import RemoteStream
-from .blocks import decode_name
-from .ext import is_pax_sparse, pax_size, pax_sparse_error
-from .fields import MAGIC_OFFSET, POSIX_MAGIC, parse_octal
-from .scan import BLOCK, sniff_compression
-from .sparse import sparse_error
+from ..errors import ShardFormatError, TruncatedShardError
+from .blocks import BLOCK, REGULAR_TYPES, header_number
+from .ext import EXTENSION_TYPES, GNU_LONGNAME, PendingExtensions
+from .fields import checksum_ok, header_name
+from .sparse import GNU_MULTIVOL, GNU_SPARSE, multivolume_error, sparse_error
 
-__all__ = ["StreamMember", "iter_members", "open_stream"]
+__all__ = ["StreamMember", "iter_members"]
 
-_REGULAR = frozenset(b"07\0")
-_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL = b"L", b"K", b"x", b"g"
-_GNU_SPARSE, _GNU_MULTIVOL = b"S", b"M"
 _ZERO_BLOCK = bytes(BLOCK)
 _BUFFER = 1 << 20
 
@@ -84,74 +72,6 @@ def _read_exact(stream: BinaryIO, length: int, shard: str, offset: int, what: st
     return data
 
 
-def _number(field: bytes, shard: str, offset: int, name: str) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256
-        value = int.from_bytes(field[1:], "big")
-        value = value - (1 << (8 * len(field) - 8)) if field[:1] == b"\xff" else value
-    else:
-        octal = parse_octal(field)
-        if octal is None:
-            raise ShardFormatError(
-                f"the {name} field {field!r} is not an octal number", shard=shard, offset=offset
-            )
-        value = octal
-    if name == "size" and value < 0:
-        raise ShardFormatError(f"the size field {field!r} is negative", shard=shard, offset=offset)
-    return value
-
-
-def _checksum_ok(header: bytes) -> bool:
-    expected = parse_octal(header[148:156])  # strictly octal: int() takes "+7", "0o7", "1_0"
-    if expected is None:
-        return False
-    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
-    if unsigned == expected:
-        return True
-    signed = unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127)
-    return signed == expected
-
-
-def _header_name(header: bytes) -> str:
-    """The name field, after the prefix field where the magic is POSIX ustar's."""
-    name = header[:100].split(b"\0", 1)[0]
-    # As the scanner and the C walker: the magic and the version "00" (GNU tar and tarfile
-    # take "ustar\0" alone; GNU headers, "ustar  \0", use those bytes for other fields).
-    if header[345] and header[MAGIC_OFFSET : MAGIC_OFFSET + len(POSIX_MAGIC)] == POSIX_MAGIC:
-        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
-    return decode_name(name)
-
-
-def _pax_records(
-    payload: bytes, shard: str, offset: int, *, keep_first: bool = False
-) -> dict[str, str]:
-    """PAX records; of two with one keyword the last counts, or the first if ``keep_first``."""
-    records: dict[str, str] = {}
-    pos = 0
-    while pos < len(payload):
-        space = payload.find(b" ", pos)
-        try:
-            length = int(payload[pos:space])
-        except ValueError:
-            if not payload[pos:].strip(b"\0"):
-                break
-            raise ShardFormatError(
-                "malformed PAX extended header record", shard=shard, offset=offset
-            ) from None
-        record = payload[space + 1 : pos + length]
-        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise ShardFormatError(
-                "malformed PAX extended header record", shard=shard, offset=offset
-            )
-        keyword, _, value = record[:-1].partition(b"=")
-        key, text = keyword.decode("utf-8", "replace"), value.decode("utf-8", "surrogateescape")
-        if keyword == b"size":  # every size record must be valid, as in the scanner
-            pax_size(text, shard, offset)
-        if not (keep_first and key in records):
-            records[key] = text
-        pos += length
-    return records
-
-
 def iter_members(
     stream: BinaryIO, *, shard: str, ignore_zeros: bool = False
 ) -> Iterator[StreamMember]:
@@ -170,10 +90,7 @@ def iter_members(
         (:class:`TruncatedShardError`).
     """
     offset = 0
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    globals_: dict[str, str] = {}
-    first_header = 0
+    pending = PendingExtensions(shard)  # the scanner's rules: which header wins
     chained = False  # extension headers precede this header
     ended = False  # with ignore_zeros: an end marker was passed since the last member
     while True:
@@ -196,111 +113,33 @@ def iter_members(
             ended, offset = True, offset + BLOCK
             continue
         ended = False
-        if not _checksum_ok(header):
+        if not checksum_ok(header):
             raise ShardFormatError(
                 "bad header checksum: not a tar header (corrupt or truncated shard, or a "
                 "compressed file not named .gz/.tgz)",
                 shard=shard,
                 offset=offset,
             )
-        if not chained:
-            first_header = offset
-        size = _number(header[124:136], shard, offset, "size")
-        typeflag = header[156:157]
-        extension = typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_LOCAL, _PAX_GLOBAL)
-        records = {**globals_, **pax} if globals_ else pax  # local before global
-        size_record = records.get("size")
-        if size_record is not None and typeflag in (b"0", b"7", b"\0"):
-            size = pax_size(size_record, shard, offset)
+        size = header_number(header[124:136], "size", shard, offset + 124)
+        typeflag = header[156]
+        extension = typeflag in EXTENSION_TYPES
+        raw_name = b"" if extension else header_name(header)
+        if not extension:
+            size = pending.data_size(typeflag, size)
+            if typeflag in (GNU_SPARSE, GNU_MULTIVOL):
+                shown, start = pending.shown_name(raw_name), pending.start(offset)
+                if typeflag == GNU_SPARSE:
+                    raise sparse_error(header, shown, shard, start)
+                raise multivolume_error(shown, shard, start)
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         data_offset = offset + BLOCK
-        if typeflag in (_GNU_SPARSE, _GNU_MULTIVOL):
-            shown = records.get("path") or long_name or _header_name(header)
-            if typeflag == _GNU_SPARSE:
-                raise sparse_error(header, shown, shard, first_header)
-            raise UnsupportedMemberError(
-                f"member {shown!r} is a GNU multi-volume continuation",
-                shard=shard,
-                offset=first_header,
-            )
-        if records and not extension and is_pax_sparse(records):  # as the scanner, any type
-            shown = records.get("path") or long_name or _header_name(header)
-            raise pax_sparse_error(records, shown, shard, first_header)
-        if extension or typeflag[0] in _REGULAR:
-            padded_payload = _read_exact(stream, padded, shard, data_offset, "a member's data")
-            payload = padded_payload[:size]
-        else:
-            _read_exact(stream, padded, shard, data_offset, "a member's data")
-            payload = b""
-        offset = data_offset + padded
+        padded_data = _read_exact(stream, padded, shard, data_offset, "a member's data")
+        header_offset, offset = offset, data_offset + padded
         chained = extension
-        if typeflag == _GNU_LONGNAME:  # to its NUL, padding included, as the scanner
-            long_name = padded_payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if extension:  # a long name runs to its NUL, padding included, as in the scanner
+            data = padded_data if typeflag == GNU_LONGNAME else padded_data[:size]
+            pending.read(typeflag, data, header_offset)
             continue
-        if typeflag == _GNU_LONGLINK:
-            continue
-        if typeflag == _PAX_LOCAL:
-            pax = _pax_records(payload, shard, data_offset)  # replaces an earlier one: GNU tar
-            continue
-        if typeflag == _PAX_GLOBAL:  # as the scanner and GNU tar: replaces, first record counts
-            globals_ = _pax_records(payload, shard, data_offset, keep_first=True)
-            continue
-        # As the scanner (and GNU tar): a PAX path, local before global, then a GNU
-        # long name, then the header's own name.
-        name = records.get("path", long_name)
-        if name is not None and "\0" in name:
-            raise ShardFormatError(
-                f"PAX path {name!r} contains a NUL byte", shard=shard, offset=first_header
-            )
-        if name is None:
-            name = _header_name(header)
-        long_name, pax = None, {}
-        if typeflag[0] in _REGULAR:
-            yield StreamMember(name, payload, first_header)
-
-
-@contextlib.contextmanager
-def open_stream(
-    url: str, *, storage_options: Mapping[str, Any] | None = None, allow_pipe: bool = False
-) -> Iterator[BinaryIO]:
-    """A shard's uncompressed tar bytes, read front to back.
-
-    ``url`` is a local path, an fsspec URL or (if allowed) ``pipe:CMD``. gzip is
-    recognised by its magic bytes and decompressed; other compressions raise
-    :class:`~indextar.errors.CompressedShardError`.
-    """
-    with contextlib.ExitStack() as stack:
-        raw: Any  # a buffered binary reader: peek() works on every branch
-        if url.startswith("pipe:"):
-            check_pipe_allowed(url, allow_pipe)
-            process = subprocess.Popen(url[5:], shell=True, stdout=subprocess.PIPE)  # noqa: S602 - opted in
-            stack.callback(_check_pipe, process, url)
-            assert process.stdout is not None
-            raw = process.stdout
-        elif is_url(url):
-            remote = RemoteStream(RangeSource(url, storage_options=storage_options))
-            stack.callback(remote.close)
-            raw = io.BufferedReader(remote, _BUFFER)
-        else:
-            path = url.removeprefix("file://")
-            try:
-                raw = stack.enter_context(open(path, "rb", buffering=_BUFFER))
-            except FileNotFoundError:
-                raise ShardNotFoundError(f"shard {url!r} does not exist") from None
-        compression = sniff_compression(raw.peek(8)[:8])
-        if compression == "gzip":
-            raw = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)
-        elif compression is not None:
-            raise CompressedShardError(
-                f"is {compression}-compressed; streaming reads plain or gzip-compressed tars",
-                shard=url,
-            )
-        yield raw
-
-
-def _check_pipe(process: subprocess.Popen[bytes], url: str) -> None:
-    assert process.stdout is not None
-    process.stdout.close()
-    status = process.wait()
-    if status not in (0, -13):  # -13: SIGPIPE after we stopped reading early
-        raise IndextarError(f"pipe shard {url[:60]!r} exited with status {status}")
+        name, start = pending.member(raw_name, header_offset)  # PAX sparse refused: any type
+        if typeflag in REGULAR_TYPES:
+            yield StreamMember(name, padded_data[:size], start)

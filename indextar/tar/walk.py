@@ -1,4 +1,5 @@
-"""The two walkers that find a tar's header chain: sequential and vectorised.
+"""Finding a tar's header chain: the sequential and the vectorised walker, and the
+walks built on them.
 
 A tar is a chain of 512-byte header blocks, each followed by its member's data
 rounded up to whole blocks.
@@ -13,23 +14,87 @@ rounded up to whole blocks.
   sparse header (whose map may run on in extension blocks) is left to the sequential
   walk.
 
-:mod:`indextar.tar.scan` chooses between them and decodes the headers they find.
+:func:`walk_adaptive` probes with the first and switches to the second where members
+turn out small; :func:`walk_parts` walks on past zero blocks through concatenated
+archives. :mod:`indextar.tar.scan` sets the probe and window sizes, and decodes the
+headers these walks find.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import ShardFormatError, TruncatedShardError
-from .blocks import BLOCK, NO_DATA_TYPES, ShardBytes
-from .ext import EXTENSION_TYPES, PAX_GLOBAL, PAX_LOCAL, parse_pax, pax_size
+from .blocks import BLOCK, NO_DATA_TYPES, ShardBytes, header_number
+from .ext import EXTENSION_TYPES, PAX_GLOBAL, PAX_LOCAL, PendingExtensions
 from .fields import MAGIC_OFFSET, cached_octal, parse_numeric
 from .sparse import GNU_SPARSE, sparse_extension_blocks
 
-__all__ = ["walk_sequential", "walk_window"]
+__all__ = ["next_part", "walk_adaptive", "walk_parts", "walk_sequential", "walk_window"]
 
 _ZERO_BLOCK = bytes(BLOCK)
+# A walk from a start offset: the header offsets and where it stopped.
+_Walk = Callable[[int], tuple[npt.NDArray[np.int64], int]]
+_WindowWalk = Callable[[int], tuple[npt.NDArray[np.int64] | None, int]]
+
+
+def walk_parts(
+    shard: ShardBytes, walk: _Walk, *, ignore_zeros: bool
+) -> tuple[npt.NDArray[np.int64], int]:
+    """``walk`` from the start to the end marker, and with ``ignore_zeros`` past zero
+    blocks through every later part (concatenated archives, as GNU tar's
+    ``--ignore-zeros`` reads them); the offsets and the last end marker."""
+    parts = []
+    offsets, end = walk(0)
+    parts.append(offsets)
+    while ignore_zeros and (start := next_part(shard, end)) is not None:
+        offsets, end = walk(start)
+        parts.append(offsets)
+    return (np.concatenate(parts) if len(parts) > 1 else parts[0]), end
+
+
+def next_part(shard: ShardBytes, end: int) -> int | None:
+    """The first block after ``end`` that is not all zeros, if any (a later part)."""
+    if end % BLOCK or end >= len(shard.blocks) * BLOCK:
+        return None  # past the last whole block: check_end judges what is left
+    nonzero = np.flatnonzero(shard.blocks[end // BLOCK :].any(axis=1))
+    return end + int(nonzero[0]) * BLOCK if nonzero.size else None
+
+
+def walk_adaptive(
+    shard: ShardBytes,
+    start: int,
+    *,
+    window: _WindowWalk,
+    probe_headers: int,
+    dense_member_bytes: int,
+) -> tuple[npt.NDArray[np.int64], int]:
+    """Header offsets from ``start`` and the end-of-archive offset, choosing walkers
+    as the members turn out.
+
+    The first ``probe_headers`` headers are walked sequentially; then, while the members
+    seen average under ``dense_member_bytes``, ``window`` (:func:`walk_window` over some
+    window size) walks on, and wherever it declines, the sequential walk does.
+    """
+    chunks: list[npt.NDArray[np.int64]] = []
+    probe, pos = walk_sequential(shard, start, shard.size, max_headers=probe_headers)
+    chunks.append(probe)
+    while pos < shard.size and not shard.is_zero_block(pos):
+        # pos is a header offset still to be walked.
+        walked = pos - start
+        dense = len(probe) and (walked / max(1, sum(map(len, chunks)))) < dense_member_bytes
+        if dense:
+            found, nxt = window(pos)
+            if found is not None:
+                chunks.append(found)
+                pos = nxt
+                continue
+        seq, pos = walk_sequential(shard, pos, shard.size, max_headers=probe_headers * 16)
+        chunks.append(seq)
+    return np.concatenate(chunks), pos
 
 
 def walk_sequential(
@@ -46,8 +111,7 @@ def walk_sequential(
     """
     raw, size = shard.raw, shard.size
     found: list[int] = []
-    pending_size: int | None = None
-    global_size: int | None = None
+    pending = PendingExtensions(shard.shard)  # only PAX sizes matter here
     try:
         while pos < limit:
             if max_headers is not None and len(found) >= max_headers:
@@ -66,25 +130,13 @@ def walk_sequential(
             size_field = header[124:136]
             member_size = cached_octal(size_field)
             if member_size is None:
-                member_size = shard.parse_size(size_field, pos)
-            if typeflag not in EXTENSION_TYPES:
-                override = pending_size if pending_size is not None else global_size
-                if override is not None:
-                    member_size = override
-                pending_size = None
+                member_size = header_number(size_field, "size", shard.shard, pos + 124)
             if typeflag in (PAX_LOCAL, PAX_GLOBAL):
-                records = shard.read_data(pos, member_size)
-                is_global = typeflag == PAX_GLOBAL
-                value = parse_pax(records, shard, pos, keep_first=is_global).get("size")
-                parsed = None if value is None else pax_size(value, shard.shard, pos)
-                # Either replaces the earlier header of its kind, as in GNU tar.
-                if is_global:
-                    global_size = parsed
-                else:
-                    pending_size = parsed
+                pending.read(typeflag, shard.read_data(pos, member_size), pos)
+            elif typeflag not in EXTENSION_TYPES:
+                member_size = pending.data_size(typeflag, member_size)
+                pending.next_member()
             found.append(pos)
-            if typeflag in NO_DATA_TYPES:
-                member_size = 0
             if typeflag == GNU_SPARSE:  # its map's extension blocks come before its data
                 pos += sparse_extension_blocks(shard, pos) * BLOCK
             pos += BLOCK + -(-member_size // BLOCK) * BLOCK
