@@ -39,6 +39,7 @@ from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
+from .read.image import image_decoder
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
 from .write.tarwriter import TarWriter
@@ -60,6 +61,7 @@ __all__ = [
     # reading
     "IndexedTarDataset",
     "StreamingTarDataset",
+    "image_decoder",
     "write_manifest",
     "read_manifest",
     # sampling

@@ -2,9 +2,11 @@
 
 ``shard`` holds one opened shard's arrays and byte source; ``entries`` lists a
 dataset's shards and opens each one's index; ``dataset`` is the map-style dataset;
-``decode`` turns members into values; ``sample`` makes what both datasets return
-for a sample (``decode=``, ``keys=``); ``lookup`` finds samples by key; ``streaming``
-reads shards front to back; ``remote_options`` chooses how remote shards are read.
+``decode`` turns members into values; ``image`` decodes images straight to training
+size (``image_decoder``); ``pool`` decodes a batch in threads; ``sample`` makes what
+both datasets return for a sample (``decode=``, ``keys=``); ``lookup`` finds samples by
+key; ``streaming`` reads shards front to back; ``remote_options`` chooses how remote
+shards are read.
 
 May import: the shared modules, ``tar/``, ``source/``, ``index/`` and ``order/``.
 Must not import: ``write/``, ``cli/``.

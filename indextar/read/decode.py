@@ -36,6 +36,7 @@ __all__ = [
     "BasicHandler",
     "IMAGE_SPECS",
     "IMAGE_EXTENSIONS",
+    "image_value",
     "make_decoder",
 ]
 
@@ -115,28 +116,38 @@ class ImageHandler:
             return None
         import PIL.Image
 
-        atype, etype, mode = IMAGE_SPECS[self.spec]
+        mode = IMAGE_SPECS[self.spec][2]
         with io.BytesIO(data) as stream:
             opened = PIL.Image.open(stream)
             opened.load()
             img = opened.convert(mode.upper())
-        if atype == "pil":
-            return img
-        result: np.ndarray[Any, Any] = np.asarray(img)
-        if etype == "float":
-            result = result.astype(np.float32) / 255.0
-        # After convert(mode) these reshapes never trigger; kept to mirror webdataset.
-        if mode == "l" and result.ndim == 3:
-            result = np.mean(result[:, :, :3], axis=2)
-        elif mode == "rgb" and result.ndim == 2:
-            result = np.repeat(result[:, :, np.newaxis], 3, axis=2)
-        if atype == "numpy":
-            return result
-        import torch
+        return image_value(img, self.spec)
 
-        if result.ndim == 3:
-            return torch.from_numpy(result.transpose(2, 0, 1).copy())
-        return torch.from_numpy(result.copy())
+
+def image_value(img: Any, spec: str) -> Any:
+    """A PIL image already in ``spec``'s mode (``"RGB"`` for ``rgb8``) as ``spec`` wants it:
+    the image itself, a HWC numpy array, or a CHW torch tensor; float specs in [0, 1].
+
+    Shared by :class:`ImageHandler` and :class:`~indextar.read.image.ImageDecoder`.
+    """
+    atype, etype, mode = IMAGE_SPECS[spec]
+    if atype == "pil":
+        return img
+    result: np.ndarray[Any, Any] = np.asarray(img)
+    if etype == "float":
+        result = result.astype(np.float32) / 255.0
+    # After convert(mode) these reshapes never trigger; kept to mirror webdataset.
+    if mode == "l" and result.ndim == 3:
+        result = np.mean(result[:, :, :3], axis=2)
+    elif mode == "rgb" and result.ndim == 2:
+        result = np.repeat(result[:, :, np.newaxis], 3, axis=2)
+    if atype == "numpy":
+        return result
+    import torch
+
+    if result.ndim == 3:
+        return torch.from_numpy(result.transpose(2, 0, 1).copy())
+    return torch.from_numpy(result.copy())
 
 
 @dataclass(frozen=True, slots=True)
