@@ -19,7 +19,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
-bench: $(STAMP)
+# The benchmarks' own extra (matplotlib for charts, the JPEG libraries compared).
+$(VENV)/.installed-bench: $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,remote,test,bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(BIN)/python tools/bench.py
 
 clean:

@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         "what",
         nargs="?",
         default="all",
-        choices=("index", "sampler", "dataset", "writer", "remote", "all"),
+        choices=("index", "sampler", "dataset", "writer", "remote", "decode", "all"),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument(
@@ -539,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
         report("## Remote shards")
         report("")
         results["remote"] = run_module("bench_remote", quick=args.quick, report=report)
+    if args.what in ("decode", "all"):
+        report("## Images at training size")
+        report("")
+        results["decode"] = run_module("bench_decode", quick=args.quick, report=report)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     return 0

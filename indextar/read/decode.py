@@ -124,16 +124,18 @@ class ImageHandler:
         return image_value(img, self.spec)
 
 
-def image_value(img: Any, spec: str) -> Any:
+def image_value(img: Any, spec: str, *, writable: bool = False) -> Any:
     """A PIL image already in ``spec``'s mode (``"RGB"`` for ``rgb8``) as ``spec`` wants it:
     the image itself, a HWC numpy array, or a CHW torch tensor; float specs in [0, 1].
 
     Shared by :class:`ImageHandler` and :class:`~indextar.read.image.ImageDecoder`.
+    ``np.asarray`` of a PIL image is read-only, as webdataset gives it; ``writable=True``
+    copies it, which the DataLoader's collate wants (it warns on read-only arrays).
     """
     atype, etype, mode = IMAGE_SPECS[spec]
     if atype == "pil":
         return img
-    result: np.ndarray[Any, Any] = np.asarray(img)
+    result: np.ndarray[Any, Any] = np.array(img) if writable else np.asarray(img)
     if etype == "float":
         result = result.astype(np.float32) / 255.0
     # After convert(mode) these reshapes never trigger; kept to mirror webdataset.

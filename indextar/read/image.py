@@ -132,7 +132,8 @@ class ImageDecoder:
     def __call__(self, key: str, data: bytes) -> Any:
         if key.rpartition(".")[2].lower() not in self.extensions:
             return None
-        return image_value(self.decode_pil(data), self.mode)
+        # Writable: a few microseconds at training size, and collate takes it silently.
+        return image_value(self.decode_pil(data), self.mode, writable=True)
 
     def decode_pil(self, data: bytes) -> PIL.Image.Image:
         """``data`` decoded, upright and resized, as a PIL image in this decoder's mode."""
