@@ -27,7 +27,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "order": frozenset(),
     "read": frozenset({"tar", "source", "index", "order"}),
     "write": frozenset({"tar", "source", "index"}),
-    "cli": frozenset({"tar", "source", "index", "order", "read", "write"}),
+    "train": frozenset({"order", "read"}),
+    "cli": frozenset({"tar", "source", "index", "order", "read", "write", "train"}),
 }
 TOP_LEVEL_API = frozenset({"__init__", "__main__"})  # the public API: every room
 

@@ -1,0 +1,139 @@
+"""Exact mid-epoch resume in Hugging Face Accelerate: one call instead of ``prepare``.
+
+::
+
+    loader = prepare_loader(accelerator, DataLoader(ds, batch_size=8, sampler=sampler))
+    accelerator.load_state(folder)  # when resuming: the loader continues where it was
+    for epoch in range(loader.epoch, epochs):
+        for batch in loader:
+            ...  # the step; accelerator.save_state(folder) after it, whenever you like
+
+Accelerate shards a loader's *batches* over its processes (``BatchSamplerShard``:
+process ``p`` takes global batches ``p, p + P, ...``), so every process draws the
+same global order: build the sampler with ``num_replicas=1, rank=0``.
+:func:`prepare_loader` checks that, prepares the loader, checks that Accelerate kept
+the sampler, and registers the loader's position for ``save_state`` / ``load_state``.
+Needs the ``accelerate`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from ..order.sampler import ResumableSampler
+from .progress import PassProgress
+
+__all__ = ["ResumableLoader", "prepare_loader"]
+
+
+def prepare_loader(accelerator: Accelerator, loader: DataLoader[Any]) -> ResumableLoader:
+    """``accelerator.prepare(loader)``, resumable with ``save_state`` / ``load_state``.
+
+    Parameters
+    ----------
+    accelerator
+        The run's accelerator.
+    loader
+        A DataLoader whose ``sampler=`` is a :class:`~indextar.ResumableSampler` built
+        with ``num_replicas=1, rank=0``.
+
+    Returns
+    -------
+    ResumableLoader
+        The prepared loader, counting the batches the loop trains on; it is registered
+        with ``accelerator.register_for_checkpointing``.
+
+    Raises
+    ------
+    TypeError
+        If the loader's sampler is not a ``ResumableSampler``.
+    ValueError
+        If the sampler splits the epoch over ranks itself: Accelerate splits its
+        batches again, and each process would see a quarter of the data on two.
+    RuntimeError
+        If the prepared loader no longer draws from the sampler.
+    """
+    sampler = loader.sampler
+    if not isinstance(sampler, ResumableSampler):
+        raise TypeError(
+            f"prepare_loader needs a DataLoader whose sampler= is a ResumableSampler; "
+            f"got {type(sampler).__name__}"
+        )
+    if (sampler.num_replicas, sampler.rank) != (1, 0):
+        raise ValueError(
+            f"the ResumableSampler has num_replicas={sampler.num_replicas}, "
+            f"rank={sampler.rank}, but Accelerate shards the loader's batches over its "
+            f"{accelerator.num_processes} processes itself: build the sampler with "
+            f"num_replicas=1, rank=0 so that every process draws the same global order"
+        )
+    prepared = accelerator.prepare(loader)
+    if prepared.get_sampler() is not sampler:
+        raise RuntimeError(
+            f"accelerator.prepare replaced the ResumableSampler with "
+            f"{type(prepared.get_sampler()).__name__}; its order would not be indextar's"
+        )
+    resumable = ResumableLoader(prepared, sampler)
+    accelerator.register_for_checkpointing(resumable)
+    return resumable
+
+
+class ResumableLoader:
+    """A prepared loader that knows how far the training loop got.
+
+    Iterate it as the prepared loader; every other attribute (``total_batch_size``,
+    ``device``, ...) is the prepared loader's. Its ``state_dict`` is the sampler's at
+    the batches the loop has received, which it trains on before saving: call
+    ``accelerator.save_state`` after a step, not between receiving a batch and
+    training on it. Do not combine it with ``accelerator.skip_first_batches``: the
+    restored sampler already starts after the batches trained on.
+    """
+
+    def __init__(self, loader: Any, sampler: ResumableSampler) -> None:
+        self.loader = loader
+        self.sampler = sampler
+        self._progress = PassProgress(sampler, int(loader.total_batch_size))
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass runs: a restored one, or the one after a finished pass."""
+        return int(getattr(self.loader, "iteration", self.sampler.epoch))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the next pass's epoch; the epoch in progress keeps a restored position."""
+        self.loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Accelerate calls set_epoch(iteration) when the pass starts; do it first, so
+        # that the pass is counted from the position it will really start at.
+        self.set_epoch(self.epoch)
+        self._progress.begin()
+        for batch in self.loader:
+            self._progress.received()
+            yield batch
+        self._progress.finish()
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"sampler": the sampler's state at the batches the loop has received,
+        "batches": how many of its epoch that is}``."""
+        return self._progress.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the sampler; the next pass trains on the rest of the saved epoch.
+
+        A state saved at the end of an epoch makes the next pass the following epoch.
+        """
+        sampler = self.sampler
+        self._progress.load_state_dict(state)
+        if sampler.num_samples and sampler.consumed == sampler.num_samples:
+            sampler.set_epoch(sampler.epoch + 1)
+        self.set_epoch(sampler.epoch)
