@@ -39,6 +39,8 @@ from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
+from .read.mixture import MixtureDataset
+from .read.subset import KeySubset
 from .read.image import image_decoder
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
@@ -61,6 +63,8 @@ __all__ = [
     # reading
     "IndexedTarDataset",
     "StreamingTarDataset",
+    "MixtureDataset",
+    "KeySubset",
     "image_decoder",
     "write_manifest",
     "read_manifest",

@@ -13,6 +13,12 @@ round of positions runs past ``N`` and wraps to the first positions of the epoch
 order (padding, as :class:`torch.utils.data.DistributedSampler` does); with
 ``drop_last=True`` the count is ``floor((N - s) / R)`` and the tail is dropped.
 
+With ``weights=`` (or ``epoch_length=``) the data source is a mixture of parts (a
+``MixtureDataset`` or torch's ``ConcatDataset``) and an epoch is ``epoch_length`` draws
+split between the parts by weight: :mod:`indextar.order.mixture` is its order and
+:mod:`indextar.order.weights` its counts and weight schedule. Ranks, padding and
+resume work on its positions exactly as above.
+
 The sampler does not need torch: it is a plain iterable with ``__len__``, which
 :class:`torch.utils.data.DataLoader` accepts as ``sampler=``. It is not an instance of
 ``torch.utils.data.Sampler``, so that ``import indextar`` never imports torch.
@@ -39,6 +45,7 @@ from .epoch import (
     UniformBlockOrder,
 )
 from .state import STATE_VERSION, as_int, check_consumed, config_drift, state_consumed, state_epoch
+from .weights import MixturePlan, WeightsArg
 
 __all__ = ["ResumableSampler", "DEFAULT_BLOCK_SIZE"]
 
@@ -94,8 +101,18 @@ class ResumableSampler:
         Number of consecutive blocks shuffled together for ``order="blocks"``.
     strict
         If true, :meth:`load_state_dict` refuses a state saved with another dataset
-        size, seed, order or shuffling configuration; if false it logs a warning and
-        resumes with this sampler's configuration.
+        size, seed, order, weights or shuffling configuration; if false it logs a
+        warning and resumes with this sampler's configuration.
+    weights
+        Blend the parts of a mixture (``MixtureDataset``, or torch's ``ConcatDataset``
+        with a list): by part name (``{"laion": 0.8, "cc12m": 0.2}``), by part number
+        (a list), or a callable of the epoch giving either. Each epoch draws exactly
+        ``round(w_s / sum(w) * epoch_length)`` from part ``s`` (largest remainders),
+        interleaved at random; each part walks its own shuffled passes across epochs.
+        Default: the parts' sizes, when ``epoch_length`` is given.
+    epoch_length
+        Draws per epoch of a mixture (then :attr:`num_samples`). Default: the sum of
+        the parts' lengths.
 
     Notes
     -----
@@ -122,6 +139,8 @@ class ResumableSampler:
         block_size: int | None = None,
         window_blocks: int = 4,
         strict: bool = True,
+        weights: WeightsArg | None = None,
+        epoch_length: int | None = None,
     ) -> None:
         if isinstance(data_source_or_len, bool):
             raise TypeError("data_source_or_len must be a dataset or an int; got a bool")
@@ -147,6 +166,10 @@ class ResumableSampler:
         self.window_blocks = int(window_blocks)
         self.strict = bool(strict)
         self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        self._mixture: MixturePlan | None = None
+        if weights is not None or epoch_length is not None:
+            self._mixture = MixturePlan.make(data_source_or_len, weights, epoch_length)
+            self.num_samples, shard_sizes = self._mixture.epoch_length, None
         self._shard_sizes = self._check_shard_sizes(shard_sizes) if block_size is None else None
 
         self._epoch = 0
@@ -180,6 +203,31 @@ class ResumableSampler:
             self._epoch = epoch
             self._next_start = 0
             self._current = None
+
+    def set_weights(self, weights: Any, *, epoch: int | None = None) -> None:
+        """Blend the parts by ``weights`` from ``epoch`` on: by default the next epoch
+        to begin (this one if no pass of it has started, else the one after).
+
+        Earlier epochs keep their weights, so each part's passes continue where they
+        were; the change is part of the state dict. For curricula; ``weights=`` may also
+        be a callable of the epoch.
+        """
+        if self._mixture is None:
+            raise ValueError("set_weights needs a sampler built with weights= or epoch_length=")
+        started = self._current is not None or self._next_start > 0
+        first = self._epoch + started
+        if epoch is not None and as_int("epoch", epoch) < first:
+            raise ValueError(
+                f"weights can change from epoch {first} on (epoch {self._epoch} has "
+                f"{'begun' if started else 'not begun'}); got epoch={epoch}"
+            )
+        self._mixture.set_weights(weights, first if epoch is None else epoch)
+        self._order_cache = None
+
+    @property
+    def weights(self) -> tuple[float, ...] | None:
+        """This epoch's weights, one per part (``None`` without ``weights=``)."""
+        return None if self._mixture is None else self._mixture.weights_at(self._epoch)
 
     @property
     def consumed(self) -> int:
@@ -258,7 +306,16 @@ class ResumableSampler:
         if cached is not None and cached[0] == self._epoch:
             return cached[1]
         order: EpochOrder
-        if not self.shuffle or self.num_samples == 0:
+        if self._mixture is not None:
+            order = self._mixture.order(
+                self._epoch,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                order=self.order,
+                block_size=self.block_size,
+                window_blocks=self.window_blocks,
+            )
+        elif not self.shuffle or self.num_samples == 0:
             order = SequentialOrder()
         elif self.order == "global":
             order = GlobalOrder(self.num_samples, self.seed, self._epoch)
@@ -306,19 +363,24 @@ class ResumableSampler:
         dict
             ``version``, ``epoch``, ``consumed``, the fields that must match on load
             (``num_samples``, ``seed``, ``shuffle``, ``order``, ``drop_last``,
-            ``block_size``, ``window_blocks``) and, for information, ``num_replicas``.
+            ``block_size``, ``window_blocks``; for a mixture ``part_sizes`` and the
+            ``weights`` history, ``[{"epoch", "weights"}, ...]``) and, for
+            information, ``num_replicas``.
         """
         if consumed is None:
             consumed = self.consumed
         else:
             consumed = check_consumed(consumed, self.num_samples)
-        return {
+        state = {
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "consumed": consumed,
             "num_replicas": self.num_replicas,
             **self._config(),
         }
+        if self._mixture is not None:
+            state["weights"] = self._mixture.state(self._epoch)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at ``state["consumed"]`` of ``state["epoch"]``, on this world size.
@@ -335,17 +397,31 @@ class ResumableSampler:
             wrong type or range, or (``strict=True``) a configuration mismatch.
         """
         epoch = state_epoch(state)
-        for message in config_drift(state, self._config()):
+        messages = list(config_drift(state, self._config()))
+        adopt = False
+        if "weights" in state:
+            mixture = self._mixture
+            drift = (
+                "sampler state was saved with weights; this sampler has none"
+                if mixture is None
+                else mixture.drift(state["weights"])
+            )
+            messages += [drift] if drift else []
+            adopt = drift is None and mixture is not None
+        for message in messages:
             if self.strict:
                 raise SamplerStateError(message + " (pass strict=False to resume anyway)")
             logger.warning("%s; resuming with this sampler's value (strict=False)", message)
         consumed = state_consumed(state, self.num_samples)
+        if adopt and self._mixture is not None:  # the saved set_weights history
+            self._mixture.adopt(state["weights"])
+        self._order_cache = None
         self._epoch = epoch
         self._next_start = consumed
         self._current = None
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "num_samples": self.num_samples,
             "seed": self.seed,
             "shuffle": self.shuffle,
@@ -354,6 +430,9 @@ class ResumableSampler:
             "block_size": self.block_size,
             "window_blocks": self.window_blocks,
         }
+        if self._mixture is not None:
+            config["part_sizes"] = list(self._mixture.part_sizes)
+        return config
 
     def __repr__(self) -> str:
         return (

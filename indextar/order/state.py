@@ -29,10 +29,11 @@ CONFIG_FIELDS = (
     "drop_last",
     "block_size",
     "window_blocks",
+    "part_sizes",  # a mixture's; its "weights" history is checked by MixturePlan.drift
 )
 _REQUIRED_FIELDS = ("epoch", "consumed")
 _INFO_FIELDS = ("version", "num_replicas")
-_KNOWN_FIELDS = frozenset(CONFIG_FIELDS + _REQUIRED_FIELDS + _INFO_FIELDS)
+_KNOWN_FIELDS = frozenset(CONFIG_FIELDS + _REQUIRED_FIELDS + _INFO_FIELDS + ("weights",))
 
 
 def state_epoch(state: Any) -> int:
@@ -62,10 +63,10 @@ def state_epoch(state: Any) -> int:
 def config_drift(state: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
     """One message for each configuration field of ``state`` that differs from ``config``."""
     for name in CONFIG_FIELDS:
-        if name in state and state[name] != config[name]:
+        if name in state and state[name] != config.get(name):
             yield (
                 f"sampler state was saved with {name}={state[name]!r}; "
-                f"this sampler has {name}={config[name]!r}"
+                f"this sampler has {name}={config.get(name)!r}"
             )
 
 

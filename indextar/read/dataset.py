@@ -33,6 +33,7 @@ from .pool import BatchPool, DecodeThreads
 from .remote_options import RemoteOptions, fetch_ranges
 from .sample import SampleBuilder
 from .shard import OpenShard
+from .subset import KeysArg, KeySubset
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -309,6 +310,22 @@ class IndexedTarDataset:
             if found:
                 return int(self._starts[shard_no]) + found[0]
         raise SampleKeyError(f"no sample has the key {key!r} in {len(self.shards)} shards")
+
+    def select(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
+        """A view of the samples whose ``__key__`` is one of ``keys``, in dataset order.
+
+        ``keys`` is an iterable of keys or the path of a text file of keys, one a line.
+        The view is map-style (``len``, ``view[i]``, ``select``, ``exclude``) and holds
+        O(min(selected, excluded)) numbers. A key matching no sample is logged as a
+        warning (with a count and the first few), or with ``strict=True`` raises
+        :class:`~indextar.SampleKeyError`. Reads every shard's keys once.
+        """
+        return KeySubset.of(self).select(keys, strict=strict)
+
+    def exclude(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
+        """A view without the samples whose ``__key__`` is one of ``keys``: dedup lists,
+        takedowns, held-out splits. As :meth:`select`, otherwise."""
+        return KeySubset.of(self).exclude(keys, strict=strict)
 
     def __repr__(self) -> str:
         source = (

@@ -1,0 +1,321 @@
+"""The order of one epoch of a mixture: positions to parts, to passes, to dataset indices.
+
+An epoch has ``L`` positions (``epoch_length``); part ``s`` gets exactly ``c_s`` of them
+(:func:`~indextar.order.weights.part_counts`). :class:`MixtureOrder` maps a position to
+a dataset index in O(1) memory, a numpy chunk at a time, in three steps:
+
+1. **Windows.** The epoch is cut into windows of about :data:`WINDOW` positions. Part
+   ``s`` has ``F_s(k) = floor((c_s * min(k * WINDOW, L) + u_s) / L)`` of its draws
+   before window ``k``, with ``u_s`` in ``[0, L)`` keyed by ``(seed, epoch, s)``: so
+   ``F_s(0) = 0``, ``F_s(K) = c_s``, and every window holds each part's share to within
+   one draw. Window ``k`` starts at position ``T_k = sum_s F_s(k)`` (within ``S`` of
+   ``k * WINDOW``, for ``S`` parts).
+2. **Interleaving.** Within window ``k`` the positions are shuffled by a keyed
+   permutation (:class:`~indextar.order.permutation.KeyedPermutation`, keyed by
+   ``(seed, epoch, k)``) onto the window's slots, which are laid out part by part:
+   part ``s`` owns ``F_s(k+1) - F_s(k)`` consecutive slots. A position's slot names its
+   part and its draw ``d`` (``F_s(k)`` plus its rank among the part's slots). Over the
+   epoch this is one permutation of the positions, evaluated from the position alone.
+3. **Passes.** Draw ``d`` of part ``s`` is number ``g = D_s + d`` of the part's endless
+   stream of draws, ``D_s`` being its draws in earlier epochs. The stream walks the
+   part's own permutations, pass ``g // n_s`` at offset ``g % n_s`` (``n_s`` the part's
+   size), each pass a keyed permutation of the part keyed by ``(seed, s, pass)``, or
+   with ``order="blocks"`` the part's own block order. So a part repeats no sample
+   before its pass is complete, and a downsampled part continues across epochs.
+
+Within a window a part's draws come in shuffled order; where a window holds the end of
+one pass and the start of the next, that part's draws in it are ranked by position
+instead (the permutation's inverse, over that part's slots alone), so passes stay in
+order in time. Everything is integer arithmetic on keyed hashes: the same seed gives
+the same order everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .epoch import BlockOrder, UniformBlockOrder
+from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
+
+__all__ = ["WINDOW", "MixtureOrder"]
+
+WINDOW = 15 << 12
+"""Positions per window (61,440): each window holds every part's share to within one
+draw. Just below ``2**16``, so that its keyed permutation needs little cycle walking."""
+
+# Purpose tags, distinct from epoch.py's (1, 2, 3), so that no two uses share keys.
+_TAG_OFFSETS = 11
+_TAG_INTERLEAVE = 12
+_TAG_PASS = 13
+_TAG_PART = 14
+_DEFAULT_BLOCK_SIZE = 1024  # as ResumableSampler's DEFAULT_BLOCK_SIZE
+
+Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class MixtureOrder:
+    """One epoch of a mixture: an :class:`~indextar.order.epoch.EpochOrder`.
+
+    Parameters
+    ----------
+    part_sizes
+        Samples in each part; part ``s`` is dataset indices ``sum(part_sizes[:s]) + i``.
+    counts
+        Draws of each part in this epoch; their sum is the epoch's length.
+    drawn_before
+        Draws of each part in earlier epochs.
+    seed, epoch, shuffle
+        ``shuffle=False`` lays windows out part by part and walks parts in index order.
+    blocks, block_size, window_blocks, part_shard_sizes
+        ``blocks=True`` walks each part's passes in block order (its shards, if
+        ``part_shard_sizes`` has them, else runs of ``block_size``).
+    """
+
+    part_sizes: tuple[int, ...]
+    counts: tuple[int, ...]
+    drawn_before: tuple[int, ...]
+    seed: int
+    epoch: int
+    shuffle: bool = True
+    blocks: bool = False
+    block_size: int | None = None
+    window_blocks: int = 4
+    part_shard_sizes: tuple[npt.NDArray[np.int64] | None, ...] = ()
+    _length: int = field(init=False, repr=False)
+    _windows: int = field(init=False, repr=False)
+    _offsets: tuple[int, ...] = field(init=False, repr=False)
+    _starts: Array = field(init=False, repr=False)
+    _sizes: Array = field(init=False, repr=False)
+    _drawn: Array = field(init=False, repr=False)
+    _cache: dict[Any, Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        length = sum(self.counts)
+        if length < 1 or len(self.counts) != len(self.part_sizes):
+            raise ValueError(f"need one count per part summing to >= 1; got {self.counts}")
+        if any(c and not n for c, n in zip(self.counts, self.part_sizes)):
+            raise ValueError(f"empty parts cannot be drawn from: {self.part_sizes}, {self.counts}")
+        parts = len(self.counts)
+        offsets = [0] * parts
+        if self.shuffle:
+            offsets = [derive_round_keys(self.seed, _TAG_OFFSETS, self.epoch, s)[0] % length
+                       for s in range(parts)]  # fmt: skip
+        set_ = object.__setattr__
+        set_(self, "_length", length)
+        set_(self, "_windows", -(-length // WINDOW))
+        set_(self, "_offsets", tuple(offsets))
+        set_(self, "_starts", np.cumsum([0, *self.part_sizes[:-1]]).astype(np.int64))
+        set_(self, "_sizes", np.array(self.part_sizes, dtype=np.int64))
+        set_(self, "_drawn", np.array(self.drawn_before, dtype=np.int64))
+        set_(self, "_cache", {})
+
+    def indices(self, positions: Array) -> Array:
+        """The dataset index at each position (all in ``[0, epoch length)``)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            return positions.copy()
+        if int(positions.min()) < 0 or int(positions.max()) >= self._length:
+            raise ValueError(f"positions must be in [0, {self._length})")
+        # The sampler's positions increase (or wrap once): windows are runs of them.
+        unsorted = bool((positions[1:] < positions[:-1]).any())
+        order = np.argsort(positions, kind="stable") if unsorted else None
+        ordered = positions[order] if order is not None else positions
+        table = self._table(ordered)
+        bounds = np.searchsorted(ordered, table.starts)
+        group = np.empty(ordered.size, dtype=np.int64)
+        offset = np.empty_like(ordered)
+        pairs = _PairTable()
+        for row in range(len(table.windows) - 1):
+            begin, end = int(bounds[row]), int(bounds[row + 1])
+            if begin < end:
+                self._interleave(
+                    table, row, ordered[begin:end], group[begin:end], offset[begin:end], pairs
+                )
+        result = self._walk(pairs, group, offset)
+        if order is not None:
+            result[order] = result.copy()
+        return result
+
+    # -- windows ----------------------------------------------------------------
+
+    def _table(self, ordered: Array) -> _Table:
+        """The windows that ``ordered`` (sorted) positions fall in, each with the next."""
+        nominal = ordered // WINDOW
+        runs = np.unique(nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))])
+        # T_k is within S of k * WINDOW: look a few windows either side.
+        spread = -(-len(self.counts) // WINDOW) + 1
+        wanted = np.unique(runs[:, None] + np.arange(-spread, spread + 2))
+        wanted = wanted[(wanted >= 0) & (wanted <= self._windows)]
+        return _Table(wanted, self._before(wanted))
+
+    def _before(self, windows: Array) -> npt.NDArray[Any]:
+        """``F_s(k)`` for each window ``k`` (rows) and part ``s`` (columns)."""
+        length = self._length
+        counts = np.array(self.counts, dtype=object if length > 1 << 40 else np.int64)
+        offsets = np.array(self._offsets, dtype=counts.dtype)
+        bounds = np.minimum(windows * WINDOW, length).astype(counts.dtype)
+        if counts.dtype == np.int64:  # c_s * t overflows int64; _floor_product splits t
+            return _floor_product(counts, bounds, offsets, length)
+        return np.array((counts[None, :] * bounds[:, None] + offsets[None, :]) // length)
+
+    def _interleave(
+        self, table: _Table, row: int, positions: Array, group: Array, offset: Array,
+        pairs: _PairTable,
+    ) -> None:  # fmt: skip
+        """Group (part and pass) and offset in that pass of ``positions``, all in window
+        ``row`` (a position past the window's last belongs to the next window)."""
+        window = int(table.windows[row])
+        first = table.before[row].astype(np.int64)
+        counts = table.before[row + 1].astype(np.int64) - first
+        width = int(counts.sum())
+        slots = positions - int(table.starts[row])
+        shuffle = None
+        if self.shuffle and width > 1:
+            shuffle = KeyedPermutation.from_seed(
+                width, self.seed, _TAG_INTERLEAVE, self.epoch, window
+            )
+            slots = shuffle.permute(slots)
+        composition = np.concatenate(([0], np.cumsum(counts)))
+        stream = self._drawn + first  # each part's stream position at the window's first slot
+        passes = stream // self._sizes
+        crossing = (counts > 0) & ((stream + counts - 1) // self._sizes != passes)
+        owner = np.repeat(np.arange(counts.size, dtype=np.int32), counts)[slots]
+        group[:] = pairs.ids(passes)[owner]
+        offset[:] = slots + (stream - passes * self._sizes - composition[:-1])[owner]
+        for s in np.flatnonzero(crossing).tolist():
+            mine = np.flatnonzero(owner == s)
+            if mine.size:
+                rank = self._time_ranks(window, s, shuffle, composition)[
+                    slots[mine] - composition[s]
+                ]
+                position = int(stream[s]) + rank
+                here = position // self.part_sizes[s]
+                group[mine] = pairs.ids_of(s, here)
+                offset[mine] = position - here * self.part_sizes[s]
+
+    def _time_ranks(
+        self, window: int, part: int, shuffle: KeyedPermutation | None, composition: Array
+    ) -> Array:
+        """For each of ``part``'s slots in ``window``, its rank among them by position."""
+        key = ("ranks", window, part)
+        ranks = self._cache.get(key)
+        if ranks is None:
+            slots = np.arange(composition[part], composition[part + 1], dtype=np.int64)
+            where = slots if shuffle is None else shuffle.unpermute(slots)
+            ranks = np.empty_like(slots)
+            ranks[np.argsort(where, kind="stable")] = np.arange(slots.size)
+            self._remember(key, ranks)
+        return ranks
+
+    # -- passes -----------------------------------------------------------------
+
+    def _walk(self, pairs: _PairTable, group: Array, offset: Array) -> Array:
+        """Dataset index of each offset in its group's pass: that pass's permutation."""
+        parts = np.array([s for s, _ in pairs.pairs], dtype=np.int64)
+        starts = self._starts[parts]
+        if not self.shuffle:
+            return starts[group] + offset
+        if not self.blocks:
+            keys = np.array([self._pass_keys(s, p) for s, p in pairs.pairs], dtype=np.uint64)
+            local = permute_grouped(offset, group, self._sizes[parts], keys)
+            return starts[group] + local
+        order = np.argsort(group, kind="stable")
+        result = np.empty_like(offset)
+        grouped = group[order]
+        for g, begin, end in _runs(grouped):
+            s, p = pairs.pairs[g]
+            at = order[begin:end]
+            result[at] = int(starts[g]) + self._block_order(s, p).indices(offset[at])
+        return result
+
+    def _pass_keys(self, part: int, pass_number: int) -> tuple[int, ...]:
+        key = ("keys", part, pass_number)
+        keys = self._cache.get(key)
+        if keys is None:
+            keys = derive_round_keys(self.seed, _TAG_PASS, part, pass_number)
+            self._remember(key, keys)
+        return keys
+
+    def _block_order(self, part: int, pass_number: int) -> Any:
+        key = ("blocks", part, pass_number)
+        order = self._cache.get(key)
+        if order is None:
+            seed = derive_round_keys(self.seed, _TAG_PART, part)[0]
+            shards = self.part_shard_sizes[part] if self.part_shard_sizes else None
+            if shards is not None and self.block_size is None:
+                order = BlockOrder(shards, seed, pass_number, self.window_blocks)
+            else:
+                block = self.block_size or _DEFAULT_BLOCK_SIZE
+                size = self.part_sizes[part]
+                order = UniformBlockOrder(size, block, seed, pass_number, self.window_blocks)
+            self._remember(key, order)
+        return order
+
+    def _remember(self, key: Any, value: Any) -> None:
+        if len(self._cache) >= 4096:  # bounded: a long iteration meets new windows and passes
+            self._cache.clear()
+        self._cache[key] = value
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """Some windows (``windows``, sorted, each with its successor) and ``F_s`` at each."""
+
+    windows: Array
+    before: npt.NDArray[Any]  # (windows, parts)
+    starts: Array = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", self.before.sum(axis=1).astype(np.int64))
+
+
+class _PairTable:
+    """Numbers for the ``(part, pass)`` pairs of one call, in order of first use."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[int, int]] = []
+        self._ids: dict[tuple[int, int], int] = {}
+
+    def ids_of(self, part: int, passes: Array) -> Array:
+        """The numbers of ``(part, p)`` for each ``p`` of ``passes``."""
+        distinct, inverse = np.unique(passes, return_inverse=True)
+        numbers = np.array([self._id(part, int(p)) for p in distinct.tolist()], dtype=np.int64)
+        return numbers[inverse.reshape(-1)]
+
+    def ids(self, passes: Array) -> Array:
+        """The numbers of ``(s, passes[s])`` for every part ``s``."""
+        return np.array([self._id(s, p) for s, p in enumerate(passes.tolist())], dtype=np.int64)
+
+    def _id(self, part: int, pass_number: int) -> int:
+        key = (part, pass_number)
+        number = self._ids.get(key)
+        if number is None:
+            number = self._ids[key] = len(self.pairs)
+            self.pairs.append(key)
+        return number
+
+
+def _floor_product(counts: Array, bounds: Array, offsets: Array, length: int) -> Array:
+    """``(counts[s] * bounds[k] + offsets[s]) // length`` in int64 without overflow.
+
+    ``bounds[k] = q * 2**20 + r``: ``c * bounds = c * q * 2**20 + c * r``; each product
+    below ``2**60`` for ``length < 2**40``, and the floor division taken in two steps.
+    """
+    high, low = bounds >> 20, bounds & ((1 << 20) - 1)
+    product = counts[None, :] * high[:, None]  # < 2**40 * 2**20
+    whole, part = product // length, product % length  # c * high = whole * L + part
+    rest = (part << 20) + counts[None, :] * low[:, None] + offsets[None, :]  # < 2**62
+    return (whole << 20) + rest // length
+
+
+def _runs(values: Array) -> Iterator[tuple[int, int, int]]:
+    """``(value, begin, end)`` of each run of equal consecutive values."""
+    bounds = np.concatenate(([0], np.flatnonzero(np.diff(values)) + 1, [values.size]))
+    for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        yield int(values[begin]), begin, end

@@ -1,0 +1,146 @@
+"""MixtureDataset: several map-style datasets as one, each sample naming its part.
+
+Indexing is :class:`torch.utils.data.ConcatDataset`'s: part 0's samples first, then
+part 1's, and so on. It has ``ConcatDataset``'s ``datasets`` and ``cumulative_sizes``
+(plus ``names``), which is how :class:`~indextar.ResumableSampler` with ``weights=``
+finds the parts. What it holds is O(parts): the parts themselves and their sizes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import operator
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SampleIndexError
+
+__all__ = ["MixtureDataset"]
+
+SOURCE_FIELD = "__source__"
+
+
+class MixtureDataset:
+    """Map-style datasets as one: ``len`` is the sum of the parts', ``data[i]`` as in
+    ``ConcatDataset``.
+
+    Parameters
+    ----------
+    parts
+        ``{name: dataset}``, or a sequence of datasets (named by their numbers). Any
+        map-style dataset: an :class:`~indextar.IndexedTarDataset`, a key-subset view of
+        one, or anything with ``__len__`` and ``__getitem__``.
+
+    Notes
+    -----
+    A sample that is a dict (a mapping) comes back as a shallow copy with
+    ``"__source__"`` added: its part's name, or number. Other samples (the tuples of
+    ``keys=``, a transform's tensors) come back as the part returns them;
+    :meth:`locate` names the part of an index.
+
+    Examples
+    --------
+    >>> data = MixtureDataset({"a": [{"x": 1}], "b": [{"x": 2}, {"x": 3}]})
+    >>> len(data), data[2]
+    (3, {'x': 3, '__source__': 'b'})
+    """
+
+    def __init__(self, parts: Mapping[str, Any] | Sequence[Any]) -> None:
+        if isinstance(parts, Mapping):
+            names: tuple[str | int, ...] = tuple(parts)
+            datasets = list(parts.values())
+            if not all(isinstance(name, str) for name in names):
+                raise TypeError(f"part names must be strings; got {list(names)}")
+        elif isinstance(parts, Sequence) and not isinstance(parts, str | bytes):
+            datasets = list(parts)
+            names = tuple(range(len(datasets)))
+        else:
+            raise TypeError(f"parts must be a mapping or a sequence; got {type(parts).__name__}")
+        if not datasets:
+            raise ValueError("a MixtureDataset needs at least one part")
+        self.datasets: list[Any] = datasets
+        """The parts, in order (as ``ConcatDataset.datasets``)."""
+        self.names: tuple[str | int, ...] = names
+        """Each part's name (its number for a sequence of parts)."""
+        sizes = [len(d) for d in datasets]
+        self.cumulative_sizes: list[int] = np.cumsum(sizes).tolist()
+        """End of each part in the mixture's indices (as ``ConcatDataset.cumulative_sizes``)."""
+        self._starts = np.array([0, *self.cumulative_sizes[:-1]], dtype=np.int64)
+        self._len: int = self.cumulative_sizes[-1]
+
+    @property
+    def part_sizes(self) -> npt.NDArray[np.int64]:
+        """Samples in each part."""
+        return np.diff(np.array([0, *self.cumulative_sizes], dtype=np.int64)).astype(np.int64)
+
+    @property
+    def shard_sizes(self) -> npt.NDArray[np.int64] | None:
+        """Every part's ``shard_sizes`` in order, when every part has them (else ``None``):
+        ``ResumableSampler(order="blocks")`` without weights then reads shard by shard."""
+        sizes = [getattr(d, "shard_sizes", None) for d in self.datasets]
+        if any(s is None for s in sizes):
+            return None
+        return np.concatenate([np.asarray(s, dtype=np.int64) for s in sizes])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def locate(self, index: int) -> tuple[str | int, int]:
+        """``(part name, index within the part)`` of mixture index ``index``."""
+        part, local = self._locate(index)
+        return self.names[part], local
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        position = operator.index(index)
+        if position < 0:
+            position += self._len
+        if not 0 <= position < self._len:
+            raise SampleIndexError(
+                f"index {index} is out of range for a mixture of {self._len} samples"
+            )
+        part = bisect.bisect_right(self.cumulative_sizes, position)
+        return part, position - int(self._starts[part])
+
+    def __getitem__(self, index: int) -> Any:
+        part, local = self._locate(index)
+        return _with_source(self.datasets[part][local], self.names[part])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch, each part's samples fetched together (its ``__getitems__`` if it has one)."""
+        located = [self._locate(i) for i in indices]
+        by_part: dict[int, list[int]] = {}
+        for at, (part, _) in enumerate(located):
+            by_part.setdefault(part, []).append(at)
+        results: list[Any] = [None] * len(located)
+        for part, ats in by_part.items():
+            dataset, name = self.datasets[part], self.names[part]
+            locals_ = [located[at][1] for at in ats]
+            getitems = getattr(dataset, "__getitems__", None)
+            samples = getitems(locals_) if getitems else [dataset[i] for i in locals_]
+            for at, sample in zip(ats, samples):
+                results[at] = _with_source(sample, name)
+        return results
+
+    def close(self) -> None:
+        """Close every part that can be closed (they reopen on the next access)."""
+        for dataset in self.datasets:
+            close = getattr(dataset, "close", None)
+            if close is not None:
+                close()
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n!r}: {len(d)}" for n, d in zip(self.names, self.datasets))
+        return f"MixtureDataset({{{parts}}}, {self._len} samples)"
+
+
+def _with_source(sample: Any, name: str | int) -> Any:
+    if type(sample) is dict:
+        return {**sample, SOURCE_FIELD: name}
+    if isinstance(sample, MutableMapping):
+        sample = copy.copy(sample)
+        sample[SOURCE_FIELD] = name
+    return sample

@@ -1,0 +1,216 @@
+"""Key subsets: ``ds.select(keys)`` and ``ds.exclude(keys)``, map-style views of a dataset.
+
+A view holds one sorted int64 array of the base dataset's indices: those kept, or
+those dropped, whichever is shorter, so a 1e9-sample dataset that excludes 1e6 keys
+holds 1e6 numbers, never 1e9 of anything. View index ``i`` is ``kept[i]``, or the
+``i``-th index not dropped (``i`` plus the number of dropped indices at or below it,
+by one ``searchsorted``). Keys are found shard by shard, each shard's keys matched
+against the wanted keys in numpy; a key that matches no sample is logged (a count and
+the first few), or with ``strict=True`` raised. A key matches every sample that has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SampleIndexError, SampleKeyError
+
+__all__ = ["KeySubset", "KeysArg", "read_keys", "report_unmatched"]
+
+logger = logging.getLogger(__name__)
+
+KeysArg = Union[Iterable[str], str, "os.PathLike[str]"]
+"""Keys: an iterable of ``str``, or the path of a text file with one key per line."""
+
+_SHOWN = 5  # unmatched keys named in the message
+Array = npt.NDArray[np.int64]
+
+
+def read_keys(keys: KeysArg) -> list[bytes]:
+    """The keys' raw bytes (as the index stores them); a ``str`` or path is a key file:
+    one key per line, blank lines skipped."""
+    if isinstance(keys, str | os.PathLike):
+        with open(keys, "rb") as file:
+            return [line for line in file.read().splitlines() if line]
+    out = []
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"keys must be strings or a key file's path; got {key!r}")
+        out.append(key.encode("utf-8", "surrogateescape"))
+    return out
+
+
+def report_unmatched(unmatched: Sequence[bytes], wanted: int, *, strict: bool, what: str) -> None:
+    """Log (or with ``strict`` raise :class:`SampleKeyError`) keys that matched no sample."""
+    if not unmatched:
+        return
+    shown = ", ".join(repr(k.decode("utf-8", "surrogateescape")) for k in unmatched[:_SHOWN])
+    more = ", ..." if len(unmatched) > _SHOWN else ""
+    message = f"{len(unmatched)} of {wanted} keys match no sample of {what}: {shown}{more}"
+    if strict:
+        raise SampleKeyError(message)
+    logger.warning(message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """Distinct wanted keys, sorted, as one fixed-width bytes array; and which were found."""
+
+    keys: npt.NDArray[np.bytes_]
+    first_seen: Array  # where each came first in the caller's list, to report in order
+    found: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, raw: list[bytes]) -> _Wanted:
+        array = np.array(raw, dtype=np.bytes_) if raw else np.array([], dtype="S1")
+        keys, first = np.unique(array, return_index=True)
+        return cls(keys, first.astype(np.int64), np.zeros(keys.size, dtype=bool))
+
+    def match(self, key_blob: bytes, key_start: Array, key_end: Array) -> Array:
+        """The samples of one shard whose key is wanted (marking those keys found)."""
+        if not self.keys.size or not key_start.size:
+            return np.empty(0, dtype=np.int64)
+        width = self.keys.dtype.itemsize
+        lengths = key_end - key_start
+        fits = lengths <= width  # a longer key cannot be wanted
+        column = np.arange(width, dtype=np.int64)
+        at = key_start[:, None] + column
+        blob = np.frombuffer(key_blob, dtype=np.uint8)
+        chars = np.where(column < lengths[:, None], blob[np.minimum(at, max(blob.size - 1, 0))], 0)
+        keys = np.ascontiguousarray(chars.astype(np.uint8)).view(f"S{width}").reshape(-1)
+        slot = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        hit = fits & (self.keys[slot] == keys)
+        self.found[slot[hit]] = True
+        return np.flatnonzero(hit).astype(np.int64)
+
+    def unmatched(self) -> list[bytes]:
+        missing = np.flatnonzero(~self.found)
+        missing = missing[np.argsort(self.first_seen[missing], kind="stable")]
+        return [bytes(k) for k in self.keys[missing].tolist()]
+
+
+def find_keys(dataset: Any, keys: KeysArg, *, strict: bool) -> Array:
+    """Sorted indices of ``dataset`` (an IndexedTarDataset) whose key is one of ``keys``."""
+    raw = read_keys(keys)
+    wanted = _Wanted.of(raw)
+    found: list[Array] = []
+    for shard_no, start in enumerate(dataset._starts[:-1].tolist()):
+        if dataset.shard_sizes[shard_no] == 0:
+            continue
+        arrays = dataset._shard_index(shard_no).load_arrays()
+        samples = arrays.samples
+        found.append(start + wanted.match(arrays.key_blob, samples[:, 4], samples[:, 5]))
+    report_unmatched(wanted.unmatched(), wanted.keys.size, strict=strict, what=repr(dataset))
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+
+class KeySubset:
+    """A map-style view of some of a dataset's samples, from ``select`` or ``exclude``.
+
+    ``len``, ``view[i]``, ``__getitems__`` and ``shard_sizes`` as the base dataset has
+    them, so ``ResumableSampler``, ``MixtureDataset`` and DataLoader workers take it as
+    they take the dataset. Samples keep the base dataset's ``__index__``.
+    """
+
+    def __init__(self, base: Any, indices: Array, *, kept: bool) -> None:
+        self.base = base
+        """The dataset this is a view of."""
+        size = len(base)
+        complement = size - indices.size
+        if complement < indices.size:  # hold the shorter of kept and dropped
+            indices, kept = _complement(indices, size), not kept
+        indices.flags.writeable = False
+        self._kept = indices if kept else None
+        self._dropped = indices if not kept else None
+        # Dropped index j, minus the number dropped before it: view index i maps to
+        # i + (how many of these are <= i).
+        self._adjusted = None if kept else indices - np.arange(indices.size, dtype=np.int64)
+        self._len = indices.size if kept else complement
+
+    @classmethod
+    def of(cls, base: Any) -> KeySubset:
+        """All of ``base``: nothing dropped."""
+        return cls(base, np.empty(0, dtype=np.int64), kept=False)
+
+    def select(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
+        """This view's samples whose key is one of ``keys`` (see ``IndexedTarDataset.select``)."""
+        found = find_keys(self.base, keys, strict=strict)
+        if self._kept is not None:
+            return KeySubset(self.base, np.intersect1d(self._kept, found), kept=True)
+        assert self._dropped is not None
+        return KeySubset(self.base, np.setdiff1d(found, self._dropped), kept=True)
+
+    def exclude(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
+        """This view's samples whose key is none of ``keys``."""
+        found = find_keys(self.base, keys, strict=strict)
+        if self._kept is not None:
+            return KeySubset(self.base, np.setdiff1d(self._kept, found), kept=True)
+        assert self._dropped is not None
+        return KeySubset(self.base, np.union1d(self._dropped, found), kept=False)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def base_indices(self, indices: npt.ArrayLike) -> Array:
+        """The base dataset's index of each view index (negative ones count from the end)."""
+        view = np.asarray(indices, dtype=np.int64)
+        view = np.where(view < 0, view + self._len, view)
+        if view.size and (int(view.min()) < 0 or int(view.max()) >= self._len):
+            raise SampleIndexError(
+                f"index {np.asarray(indices).reshape(-1)[0]}... is out of range for a "
+                f"view of {self._len} samples"
+            )
+        if self._kept is not None:
+            return self._kept[view]
+        assert self._adjusted is not None
+        return view + np.searchsorted(self._adjusted, view, side="right")
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[int(self.base_indices(index))]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        mapped = self.base_indices(np.fromiter(indices, np.int64, len(indices))).tolist()
+        getitems = getattr(self.base, "__getitems__", None)
+        return list(getitems(mapped)) if getitems else [self.base[i] for i in mapped]
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self._len):
+            yield self[i]
+
+    @property
+    def shard_sizes(self) -> Array | None:
+        """Samples of this view in each of the base's shards (``order="blocks"`` reads it)."""
+        sizes = getattr(self.base, "shard_sizes", None)
+        if sizes is None:
+            return None
+        ends = np.cumsum(sizes)
+        counted = self._kept if self._kept is not None else self._dropped
+        assert counted is not None
+        per_shard = np.bincount(np.searchsorted(ends, counted, side="right"), minlength=len(sizes))
+        result = per_shard if self._kept is not None else np.asarray(sizes) - per_shard
+        return result.astype(np.int64)
+
+    def close(self) -> None:
+        """Close the base dataset's open shards."""
+        close = getattr(self.base, "close", None)
+        if close is not None:
+            close()
+
+    def __repr__(self) -> str:
+        return f"KeySubset({self.base!r}, {self._len} samples)"
+
+
+def _complement(indices: Array, size: int) -> Array:
+    """The sorted indices of ``range(size)`` not in sorted, distinct ``indices``, built
+    run by run (never an array of ``size``)."""
+    gaps = np.diff(np.concatenate(([-1], indices, [size]))) - 1
+    return np.arange(size - indices.size, dtype=np.int64) + np.repeat(
+        np.arange(indices.size + 1, dtype=np.int64), gaps
+    )
