@@ -221,3 +221,77 @@ def test_the_c_check_agrees_with_the_python_check_on_damaged_headers() -> None:
             assert c_code == check_headers(bytes(damaged), candidate), (base, damaged)
             checked += 1
     assert checked == 12 * 300
+
+
+def crafted_header_runs() -> list[tuple[bytes, bytes]]:
+    """``(headers, key)`` runs where GNU tar's naming rules decide the name."""
+    from tarcraft import blocks, header, pax_records
+
+    def ext(kind: bytes, data: bytes) -> bytes:
+        return header("././@LongLink", len(data), typeflag=kind) + blocks(data)
+
+    def pax(kind: bytes, records: str) -> bytes:  # "k=v;k=v", repeats kept in order
+        data = b"".join(pax_records(dict([r.split("=", 1)])) for r in records.split(";"))
+        return header("./PaxHeaders/x", len(data), typeflag=kind) + blocks(data)
+
+    own = header("short.txt", 3)
+    return [
+        (ext(b"L", b"first.txt\0") + ext(b"L", b"second.txt\0") + own, b"second"),
+        (ext(b"L", b"first.txt\0") + ext(b"L", b"second.txt\0") + own, b"first"),
+        (pax(b"x", "path=a.txt") + pax(b"x", "mtime=1") + own, b"short"),  # replaced
+        (pax(b"x", "path=a.txt;path=b.txt") + own, b"b"),  # a local record: the last
+        (pax(b"g", "path=a.txt;path=b.txt") + own, b"a"),  # a global record: the first
+        (pax(b"g", "path=g.txt") + pax(b"x", "path=l.txt") + own, b"l"),  # local wins
+        (pax(b"g", "path=g.txt") + ext(b"L", b"long.txt\0") + own, b"g"),  # PAX over L
+        (header("n.txt", 3, magic="gnu", prefix=b"\x01\x02ab"), b"n"),  # GNU: no prefix
+        (header("n.txt", 3, prefix=b"dir"), b"dir/n"),  # POSIX: the prefix joins
+        (header("n.txt", 3, size_field=b"\x80" + b"\x40" + bytes(10)), b"n"),  # >= 2**62
+        (header("n.txt", 3, size_field=b"\xff" * 12), b"n"),  # negative
+    ]
+
+
+def test_c_and_python_agree_on_gnu_naming_rules() -> None:
+    import numpy as np
+
+    from indextar import native
+
+    mapread = native.mapread()
+    assert mapread is not None
+    expected = [OK, OTHER_NAME, OK, OK, OK, OK, OK, OK, OK, BAD_CHECKSUM, BAD_CHECKSUM]
+    got = []
+    for headers, key in crafted_header_runs():
+        rows = np.array([[len(headers), 3, 0]], np.int64)
+        c = mapread.members(headers + b"abc", 0, rows, 0, 1, ("txt",), key)
+        python = check_headers(headers, key)
+        assert (0 if isinstance(c, list) else c) == python, (headers[:120], key)
+        got.append(python)
+        assert check_headers(headers, b"") == (OK if python != BAD_CHECKSUM else BAD_CHECKSUM)
+    assert got == expected
+
+
+def test_a_member_named_by_a_global_header_before_its_span_reads(tmp_path: Path) -> None:
+    from tarcraft import BLOCK, blocks, header, pax_records
+
+    def pax(kind: bytes, records: dict[str, str]) -> bytes:
+        data = pax_records(records)
+        return header("./PaxHeaders/x", len(data), typeflag=kind) + blocks(data)
+
+    raw = (
+        pax(b"g", {"path": "k.txt"})  # names every later member without a local path
+        + pax(b"x", {"path": "a.txt"})
+        + header("ignored.txt", 3)
+        + blocks(b"aaa")
+        + header("zzz.txt", 3)  # its span begins here: the global path is outside it
+        + blocks(b"bbb")
+        + bytes(2 * BLOCK)
+    )
+    path = tmp_path / "global.tar"
+    path.write_bytes(raw)
+    assert not build_index(path).meta.span_names
+    ds = IndexedTarDataset(path)
+    assert [(s["__key__"], s["txt"]) for s in (ds[0], ds[1])] == [("a", b"aaa"), ("k", b"bbb")]
+    assert [s["__key__"] for s in ds.__getitems__([1, 0])] == ["k", "a"]
+    ds.close()
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(tar_bytes(sample_members(3)))
+    assert build_index(plain).meta.span_names

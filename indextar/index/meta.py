@@ -51,6 +51,9 @@ class IndexMeta:
     """The remote object's ETag when it was indexed; empty for local shards."""
     ignore_zeros: bool = False
     """Whether it was built with ``ignore_zeros`` (members after zero blocks indexed too)."""
+    span_names: bool = True
+    """Whether every sample's span names its key, so that reads can check the name
+    (:mod:`indextar.index.spans`); else they check the headers' checksums only."""
 
     @classmethod
     def describe(
@@ -64,6 +67,7 @@ class IndexMeta:
         fingerprint: str,
         etag: str = "",
         ignore_zeros: bool = False,
+        span_names: bool = True,
     ) -> IndexMeta:
         """The metadata of an index built now from ``scan`` and ``grouping``."""
         return cls(
@@ -81,6 +85,7 @@ class IndexMeta:
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             etag=etag,
             ignore_zeros=ignore_zeros,
+            span_names=span_names,
         )
 
     @classmethod
@@ -102,6 +107,7 @@ class IndexMeta:
                 created=rows["created"],
                 etag=rows.get("etag", ""),
                 ignore_zeros=rows.get("ignore_zeros", "0") == "1",
+                span_names=rows.get("span_names", "1") == "1",
             )
         except (KeyError, ValueError) as e:
             raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e

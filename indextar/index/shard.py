@@ -18,6 +18,7 @@ import mmap
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -29,7 +30,8 @@ from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNo
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
-from .naming import from_sql, group_members, raw_name, sql_text
+from .naming import Grouping, from_sql, group_members, raw_name, sql_text
+from .spans import spans_name_their_keys
 from .write import write_index
 
 __all__ = [
@@ -207,16 +209,16 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
 # -- building --------------------------------------------------------------------
 
 
-def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan, str]:
-    """Scan a local shard through a read-only mmap; also return its fingerprint."""
+@contextlib.contextmanager
+def _mapped_shard(shard: Path) -> Iterator[tuple[mmap.mmap, int, int]]:
+    """A read-only map of a local shard, its descriptor and its size."""
     with open(shard, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             scan_tar(b"", shard=str(shard))  # raises the empty-file error
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            scan = scan_tar(mm, shard=str(shard), fd=f.fileno(), ignore_zeros=ignore_zeros)
-            return scan, fingerprint(mm, size)
+            yield mm, f.fileno(), size
         finally:
             try:
                 mm.close()
@@ -224,6 +226,23 @@ def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan
                 # A scan error's traceback still holds views of the map; it is
                 # unmapped when that exception is collected.
                 pass
+
+
+def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan, str]:
+    """Scan a local shard through a read-only mmap; also return its fingerprint."""
+    with _mapped_shard(shard) as (mm, fd, size):
+        scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
+        return scan, fingerprint(mm, size)
+
+
+def _scan_for_index(shard: Path, *, ignore_zeros: bool) -> tuple[TarScan, Grouping, str, bool]:
+    """:func:`scan_shard_file`, the members grouped into samples, and whether every
+    sample's span names its key (:mod:`indextar.index.spans`), from one map."""
+    with _mapped_shard(shard) as (mm, fd, size):
+        scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
+        grouping = group_members(scan, shard=str(shard))
+        named = spans_name_their_keys(mm, scan, grouping, shard=str(shard))
+        return scan, grouping, fingerprint(mm, size), named
 
 
 def build_index(
@@ -273,8 +292,9 @@ def build_index(
             log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
-    scan, content_fingerprint = scan_shard_file(shard_path, ignore_zeros=ignore_zeros)
-    grouping = group_members(scan, shard=str(shard_path))
+    scan, grouping, content_fingerprint, span_names = _scan_for_index(
+        shard_path, ignore_zeros=ignore_zeros
+    )
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
@@ -286,6 +306,7 @@ def build_index(
         shard_mtime_ns=st.st_mtime_ns,
         fingerprint=content_fingerprint,
         ignore_zeros=ignore_zeros,
+        span_names=span_names,
     )
     write_index(path, meta, scan, grouping)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)

@@ -34,6 +34,10 @@ class OpenShard:
     samples, members, key_blob, ext_names
         The shard's :class:`~indextar.index.arrays.ShardArrays`, unpacked: a read then looks
         up one attribute, not two.
+    check_names
+        Whether a read checks that the span's headers name the sample's key, or (where
+        the index found a global PAX header naming members, ``IndexMeta.span_names``)
+        only their checksums.
     """
 
     shard: str
@@ -42,6 +46,7 @@ class OpenShard:
     members: npt.NDArray[np.int64]
     key_blob: bytes
     ext_names: tuple[str, ...]
+    check_names: bool = True
 
     @classmethod
     def load(cls, index: ShardIndex, source: ByteSource) -> OpenShard:
@@ -54,6 +59,7 @@ class OpenShard:
             members=arrays.members,
             key_blob=arrays.key_blob,
             ext_names=arrays.ext_names,
+            check_names=index.meta.span_names,
         )
 
     def __len__(self) -> int:
@@ -72,13 +78,14 @@ class OpenShard:
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
+        checked = key if self.check_names else b""  # b"": the checksums only
         if span is None:
             members = self.source.read_members(
-                start, end - start, self.members, first, count, names, key
+                start, end - start, self.members, first, count, names, checked
             )
         else:
             members = split_members(
-                span, self.members, first, count, names, key, shard=self.shard, offset=start
+                span, self.members, first, count, names, checked, shard=self.shard, offset=start
             )
         return key.decode("utf-8", "surrogateescape"), members
 
@@ -86,14 +93,16 @@ class OpenShard:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
         key_blob = self.key_blob
+        rows = self.samples[local].tolist()
+        keys = [key_blob[key_start:key_end] for *_, key_start, key_end in rows]
+        checked = keys if self.check_names else [b""] * len(keys)  # b"": the checksums only
         spans: list[Span] = [
-            (start, end - start, first, count, key_blob[key_start:key_end])
-            for start, end, first, count, key_start, key_end in self.samples[local].tolist()
+            (start, end - start, first, count, key)
+            for (start, end, first, count, _, _), key in zip(rows, checked)
         ]
         read = self.source.read_members_many(spans, self.members, self.ext_names)
         return [
-            (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
-            for span, members in zip(spans, read)
+            (key.decode("utf-8", "surrogateescape"), members) for key, members in zip(keys, read)
         ]
 
     def close(self) -> None:

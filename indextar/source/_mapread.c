@@ -142,7 +142,7 @@ static long long field_size(const unsigned char *field)
     int i = 0;
     if (field[0] == 0x80) {
         for (i = 1; i < 12; i++) {
-            if (value > (1LL << 54))
+            if (value >= (1LL << 54)) /* sizes of 2**62 and more are refused, as in Python */
                 return -1;
             value = value * 256 + field[i];
         }
@@ -158,35 +158,40 @@ static long long field_size(const unsigned char *field)
     return value;
 }
 
-/* The value of the PAX record "path=" in records[0..len), or NULL. */
-static const unsigned char *pax_path(const unsigned char *records, Py_ssize_t len,
+/* The value of the PAX record "path=" in records[0..len), the first or the last one;
+   NULL if none. */
+static const unsigned char *pax_path(const unsigned char *records, Py_ssize_t len, int first,
                                      Py_ssize_t *path_len)
 {
+    const unsigned char *found = NULL;
     Py_ssize_t at = 0;
     while (at < len && records[at] != 0) {
         Py_ssize_t length = 0, digits = at;
         while (digits < len && records[digits] >= '0' && records[digits] <= '9' &&
                length < (1 << 30))
             length = length * 10 + (records[digits++] - '0');
-        if (digits >= len || records[digits] != ' ' || length <= digits - at + 1 ||
-            at + length > len)
-            return NULL;
+        if (digits == at || digits >= len || records[digits] != ' ' ||
+            length <= digits - at + 1 || at + length > len)
+            return found;
         if (length - (digits + 1 - at) >= 6 && memcmp(records + digits + 1, "path=", 5) == 0) {
             *path_len = at + length - 1 - (digits + 6); /* less the trailing newline */
-            return records + digits + 6;
+            found = records + digits + 6;
+            if (first)
+                return found;
         }
         at += length;
     }
-    return NULL;
+    return found;
 }
 
-/* 0 if the headers hold valid checksums and end with a member named key + ".",
-   2 on a bad checksum or size field, 3 on another name. */
+/* 0 if the headers hold valid checksums and end with a member named key + "." (an empty
+   key: the checksums only), 2 on a bad checksum or size field, 3 on another name. The
+   name is taken as GNU tar takes it, as spancheck.py says. */
 static int check_headers(const unsigned char *headers, Py_ssize_t len, const char *key,
                          Py_ssize_t key_len)
 {
-    const unsigned char *name = NULL;
-    Py_ssize_t name_len = 0, at = 0;
+    const unsigned char *local = NULL, *global = NULL, *long_name = NULL, *name;
+    Py_ssize_t local_len = 0, global_len = 0, long_len = 0, name_len, at = 0;
     char joined[256];
     while (at + 512 <= len) {
         const unsigned char *block = headers + at;
@@ -196,23 +201,31 @@ static int check_headers(const unsigned char *headers, Py_ssize_t len, const cha
         if (!checksum_ok(block) || size < 0)
             return 2;
         available = len - data < size ? len - data : (Py_ssize_t)size;
+        if (available < 0)
+            available = 0;
         if (type == 'x') {
-            Py_ssize_t path_len = 0;
-            const unsigned char *path = pax_path(headers + data, available, &path_len);
-            if (path != NULL) {
-                name = path;
-                name_len = path_len;
-            }
+            local = pax_path(headers + data, available, 0, &local_len);
+        } else if (type == 'g') {
+            global = pax_path(headers + data, available, 1, &global_len);
         } else if (type == 'L') {
-            if (name == NULL) {
-                name = headers + data;
-                name_len = (Py_ssize_t)strnlen((const char *)name, (size_t)available);
-            }
-        } else if (type != 'K' && type != 'g') { /* the member's own header */
-            if (name == NULL) {
+            long_name = headers + data;
+            long_len = (Py_ssize_t)strnlen((const char *)long_name, (size_t)available);
+        } else if (type != 'K') { /* the member's own header */
+            if (key_len == 0)
+                return 0;
+            if (local != NULL) {
+                name = local;
+                name_len = local_len;
+            } else if (global != NULL) {
+                name = global;
+                name_len = global_len;
+            } else if (long_name != NULL) {
+                name = long_name;
+                name_len = long_len;
+            } else {
                 Py_ssize_t prefix_len = 0;
                 name_len = (Py_ssize_t)strnlen((const char *)block, 100);
-                if (memcmp(block + 257, "ustar", 5) == 0)
+                if (block[345] && memcmp(block + 257, "ustar\0" "00", 8) == 0)
                     prefix_len = (Py_ssize_t)strnlen((const char *)block + 345, 155);
                 if (prefix_len) {
                     memcpy(joined, block + 345, (size_t)prefix_len);
@@ -339,10 +352,63 @@ done:
     return result;
 }
 
+/* first_failing(map, starts, header_lens, keys) -> int: the first sample whose headers
+   map[starts[i] : starts[i] + header_lens[i]] fail check_headers with keys[i] (a list of
+   bytes), or -1. Index builds run it once over every sample. */
+static PyObject *first_failing(PyObject *self, PyObject *args)
+{
+    Py_buffer map, starts, lens;
+    PyObject *keys, *result = NULL;
+    Py_ssize_t n, i;
+    unsigned char headers[MAX_HEADERS];
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*O!:first_failing", &map, &starts, &lens, &PyList_Type,
+                          &keys))
+        return NULL;
+    n = starts.len / (Py_ssize_t)sizeof(int64_t);
+    if (lens.len != starts.len || PyList_GET_SIZE(keys) != n) {
+        PyErr_SetString(PyExc_ValueError, "starts, header_lens and keys differ in length");
+        goto done;
+    }
+    if (!installed && ensure_handler() != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        int64_t start, length;
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        char *target = (char *)headers;
+        const char *source;
+        Py_ssize_t size;
+        memcpy(&start, (const char *)starts.buf + i * sizeof(int64_t), sizeof start);
+        memcpy(&length, (const char *)lens.buf + i * sizeof(int64_t), sizeof length);
+        if (!PyBytes_Check(key) || start < 0 || length < 0 || start + length > (int64_t)map.len) {
+            PyErr_Format(PyExc_ValueError, "sample %zd: bad key or span", i);
+            goto done;
+        }
+        size = length < MAX_HEADERS ? (Py_ssize_t)length : MAX_HEADERS;
+        source = (const char *)map.buf + start;
+        if (guarded_copy(&target, &source, &size, 1) != 0 ||
+            check_headers(headers, size, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) != 0) {
+            result = PyLong_FromSsize_t(i);
+            goto done;
+        }
+    }
+    result = PyLong_FromLong(-1);
+done:
+    PyBuffer_Release(&map);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lens);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"members", members, METH_VARARGS,
      "members(map, base, member_ints, first, count, ext_names[, key[, fd, ino, size, "
      "mtime_ns]]) -> list | None | int"},
+    {"first_failing", first_failing, METH_VARARGS,
+     "first_failing(map, starts, header_lens, keys) -> int: the first sample failing the "
+     "header check, or -1"},
     {"install", install, METH_NOARGS, "install() -> None: (re)install the SIGBUS handler"},
     {NULL, NULL, 0, NULL},
 };

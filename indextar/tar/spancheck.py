@@ -15,7 +15,7 @@ every input (``tests/test_spancheck.py``). Headers beyond :data:`MAX_HEADERS` by
 from __future__ import annotations
 
 from ..errors import StaleIndexError
-from .fields import checksum_ok, parse_number
+from .fields import checksum_ok, header_name, parse_number
 
 __all__ = ["OK", "BAD_CHECKSUM", "OTHER_NAME", "MAX_HEADERS", "check_headers", "stale_error"]
 
@@ -24,53 +24,64 @@ MAX_HEADERS = 8192
 _BLOCK = 512
 
 
-def _pax_path(records: bytes) -> bytes | None:
-    """The value of the PAX record ``path``, or ``None``."""
+def _pax_path(records: bytes, *, first: bool) -> bytes | None:
+    """The value of the PAX record ``path`` (the first or the last one), or ``None``."""
+    found = None
     at = 0
     while at < len(records) and records[at] != 0:
         space = records.find(b" ", at)
         digits = records[at:space] if space > at else b""
         if not digits.isdigit():
-            return None
+            return found
         length = int(digits)
         if length <= space + 1 - at or at + length > len(records):
-            return None
+            return found
         record = records[space + 1 : at + length - 1]
         if record.startswith(b"path="):
-            return record[5:]
+            found = record[5:]
+            if first:
+                return found
         at += length
-    return None
+    return found
 
 
 def check_headers(headers: bytes, key: bytes) -> int:
     """:data:`OK` if ``headers`` (a span's bytes before its first member's data) hold
     valid checksums and end in a member named ``key + "."``; else :data:`BAD_CHECKSUM`
-    or :data:`OTHER_NAME`."""
+    or :data:`OTHER_NAME`. An empty ``key`` checks the checksums only.
+
+    The name is taken as GNU tar takes it (:class:`~indextar.tar.ext.PendingExtensions`):
+    a local PAX ``path`` (the last local header, its last record), else a global one
+    (the last global header, its first record), else the last GNU long name (to its
+    NUL), else the header's own name (after its prefix, where the magic is POSIX).
+    A global header before the span can name a member too; the index records whether
+    its names can be checked so (:func:`names_checkable`).
+    """
     headers = headers[:MAX_HEADERS]
-    name: bytes | None = None
+    local: bytes | None = None
+    global_: bytes | None = None
+    long_name: bytes | None = None
     at = 0
     while at + _BLOCK <= len(headers):
         block = headers[at : at + _BLOCK]
         size = parse_number(block[124:136])
-        if size is None or size < 0 or not checksum_ok(block):
+        if size is None or not 0 <= size < 1 << 62 or not checksum_ok(block):
             return BAD_CHECKSUM
         data = at + _BLOCK
         payload = headers[data : data + size]
         kind = block[156:157]
         if kind == b"x":
-            path = _pax_path(payload)
-            if path is not None:
-                name = path
+            local = _pax_path(payload, first=False)
+        elif kind == b"g":
+            global_ = _pax_path(payload, first=True)
         elif kind == b"L":
-            if name is None:
-                name = payload.split(b"\0", 1)[0]
-        elif kind not in (b"K", b"g"):  # the member's own header
-            if name is None:
-                name = block[:100].split(b"\0", 1)[0]
-                if block[257:262] == b"ustar":
-                    prefix = block[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix + b"/" + name
+            long_name = payload.split(b"\0", 1)[0]
+        elif kind != b"K":  # the member's own header
+            if not key:
+                return OK
+            name = next(
+                (n for n in (local, global_, long_name) if n is not None), header_name(block)
+            )
             return OK if name.startswith(key + b".") else OTHER_NAME
         at = data + -(-size // _BLOCK) * _BLOCK
     return OK
