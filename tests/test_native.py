@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from indextar import IndextarError, build_index, native, scan_tar
-from indextar.index import write as index
+from indextar.index import tables as index
 from indextar.index.naming import _group_c, _group_numpy, group_members
 from indextar.tar.scan import TarScan
 

@@ -1,8 +1,9 @@
 """One shard's SQLite index, and many shards' builds.
 
 ``shard`` builds and opens one index, ``meta`` records and validates what it was built
-from, ``write`` writes its tables (``schema.sql``, ``_sqlitebulk.c``);
-``naming`` groups members into samples; ``arrays`` packs the reader's arrays;
+from, ``tables`` writes its tables (``schema.sql``, ``_sqlitebulk.c``), ``spans``
+checks at build time that every sample's headers name it; ``naming`` groups members
+into samples; ``arrays`` packs the reader's arrays;
 ``members`` and ``verify`` read and check the tables; ``build`` indexes many shards;
 ``manifest`` lists a dataset's shards; ``remote`` finds, fetches or builds the index
 of a remote shard.

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from .meta import _connect_ro
 from .naming import from_sql, group_members, split_name
 from .shard import ShardIndex, scan_shard_file
-from .write import _sample_spans
+from .tables import _sample_spans
 
 __all__ = ["MemberTable", "load_members", "scan_members"]
 

@@ -32,7 +32,7 @@ from ..tar.scan import scan_tar
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint, fingerprint_parts
 from .naming import group_members
 from .shard import INDEX_SUFFIX, ShardIndex
-from .write import write_index
+from .tables import write_index
 
 __all__ = ["remote_index_path", "open_remote_index", "upload_index"]
 

@@ -32,7 +32,7 @@ from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
 from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .spans import spans_name_their_keys
-from .write import write_index
+from .tables import write_index
 
 __all__ = [
     "INDEX_SUFFIX",

@@ -14,7 +14,7 @@ from .arrays import ShardArrays, read_arrays
 from .meta import IndexMeta, _connect_ro
 from .naming import from_sql, group_members, sql_text
 from .shard import PathLike, open_index, scan_shard_file
-from .write import scan_arrays
+from .tables import scan_arrays
 
 __all__ = ["VerifyReport", "verify_index"]
 
