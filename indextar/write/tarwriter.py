@@ -24,7 +24,7 @@ from ..errors import WriterError
 from ..index.meta import IndexMeta, _file_fingerprint
 from ..index.naming import group_members
 from ..index.shard import PathLike, ShardIndex, index_path
-from ..index.write import write_index
+from ..index.tables import write_index
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
 from .sample import TarSample, encode_sample
