@@ -111,7 +111,8 @@ class MixtureOrder:
         set_(self, "_windows", -(-length // WINDOW))
         set_(self, "_offsets", tuple(offsets))
         set_(self, "_starts", np.cumsum([0, *self.part_sizes[:-1]]).astype(np.int64))
-        set_(self, "_sizes", np.array(self.part_sizes, dtype=np.int64))
+        # An empty part has no draws; size 1 keeps its (unused) pass arithmetic finite.
+        set_(self, "_sizes", np.maximum(np.array(self.part_sizes, dtype=np.int64), 1))
         set_(self, "_drawn", np.array(self.drawn_before, dtype=np.int64))
         set_(self, "_cache", {})
 

@@ -129,7 +129,7 @@ class MixturePlan:
             raise ValueError("weights= is a schedule (a callable); set_weights cannot change it")
         floats = self.normalise(weights)
         self.changes = [(first, w) for first, w in self.changes if first < epoch]
-        if self.changes[-1][1] != floats:
+        if not self.changes or self.changes[-1][1] != floats:
             self.changes.append((epoch, floats))
         self._counts.clear()
         self._drawn.clear()

@@ -132,7 +132,7 @@ class KeySubset:
         # Dropped index j, minus the number dropped before it: view index i maps to
         # i + (how many of these are <= i).
         self._adjusted = None if kept else indices - np.arange(indices.size, dtype=np.int64)
-        self._len = indices.size if kept else complement
+        self._len = indices.size if kept else size - indices.size
 
     @classmethod
     def of(cls, base: Any) -> KeySubset:
@@ -162,10 +162,11 @@ class KeySubset:
         """The base dataset's index of each view index (negative ones count from the end)."""
         view = np.asarray(indices, dtype=np.int64)
         view = np.where(view < 0, view + self._len, view)
-        if view.size and (int(view.min()) < 0 or int(view.max()) >= self._len):
+        bad = np.flatnonzero((view < 0) | (view >= self._len))
+        if bad.size:
+            given = np.asarray(indices).reshape(-1)[bad[0]]
             raise SampleIndexError(
-                f"index {np.asarray(indices).reshape(-1)[0]}... is out of range for a "
-                f"view of {self._len} samples"
+                f"index {given} is out of range for a view of {self._len} samples"
             )
         if self._kept is not None:
             return self._kept[view]
