@@ -53,7 +53,7 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoader[Any]) -> Resumab
         If the loader's sampler is not a ``ResumableSampler``.
     ValueError
         If the sampler splits the epoch over ranks itself: Accelerate splits its
-        batches again, and each process would see a quarter of the data on two.
+        batches again, and each of P processes would train on 1/P² of the epoch.
     RuntimeError
         If the prepared loader no longer draws from the sampler.
     """
@@ -71,10 +71,12 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoader[Any]) -> Resumab
             f"num_replicas=1, rank=0 so that every process draws the same global order"
         )
     prepared = accelerator.prepare(loader)
-    if prepared.get_sampler() is not sampler:
+    drawn_through = _samplers(prepared)
+    if not any(inner is sampler for inner in drawn_through):
         raise RuntimeError(
-            f"accelerator.prepare replaced the ResumableSampler with "
-            f"{type(prepared.get_sampler()).__name__}; its order would not be indextar's"
+            f"accelerator.prepare replaced the ResumableSampler: the prepared loader draws "
+            f"through {[type(inner).__name__ for inner in drawn_through]}, so its order "
+            f"would not be indextar's"
         )
     resumable = ResumableLoader(prepared, sampler)
     accelerator.register_for_checkpointing(resumable)
@@ -137,3 +139,19 @@ class ResumableLoader:
         if sampler.num_samples and sampler.consumed == sampler.num_samples:
             sampler.set_epoch(sampler.epoch + 1)
         self.set_epoch(sampler.epoch)
+
+
+def _samplers(loader: object) -> list[object]:
+    """Every sampler and batch sampler a loader draws through, outermost first
+    (Accelerate's ``BatchSamplerShard`` wraps the loader's ``BatchSampler``, which
+    wraps its sampler)."""
+    found: list[object] = []
+    pending = [loader]
+    while pending:
+        outer = pending.pop(0)
+        for name in ("batch_sampler", "sampler"):
+            inner = getattr(outer, name, None)
+            if inner is not None and inner is not outer and all(inner is not f for f in found):
+                found.append(inner)
+                pending.append(inner)
+    return found

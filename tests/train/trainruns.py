@@ -1,0 +1,84 @@
+"""Helpers for the trainer tests: shards, runs in subprocesses, their logs of keys.
+
+Every training run appends the key of each sample it trains on to
+``seen-rank<r>.txt`` as ``<step> <key>`` lines, ``step`` counting optimiser steps from
+the start of training (a resumed run continues the count). A run asked to
+``--kill-at-step S`` SIGKILLs its whole process group (every rank, every DataLoader
+worker, the launcher) once all ranks have finished step ``S``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDS, PER_SHARD = 2, 24  # 48 samples: whole global batches for 1 or 2 ranks of 4 or 8
+
+
+def make_shards(run: Path) -> str:
+    """Two shards of samples ``s<shard>-<i>`` with a ``cls`` member; their pattern."""
+    run.mkdir(parents=True, exist_ok=True)
+    for shard in range(SHARDS):
+        with tarfile.open(run / f"train-{shard}.tar", "w") as tf:
+            for i in range(PER_SHARD):
+                payload = b"%d" % (i % 3)
+                info = tarfile.TarInfo(f"s{shard}-{i:02d}.cls")
+                info.size, info.mtime = len(payload), 0
+                tf.addfile(info, io.BytesIO(payload))
+    return str(run / f"train-{{0..{SHARDS - 1}}}.tar")
+
+
+def run(script: Path, *args: str, launcher: tuple[str, ...] = (), expect_kill: bool = False) -> str:
+    """Run ``script`` (under ``launcher``, e.g. torchrun) in a session of its own."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{script.parent}", OMP_NUM_THREADS="1")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    result = subprocess.run(
+        [sys.executable, *launcher, str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        start_new_session=True,
+    )
+    out = result.stdout + result.stderr
+    if expect_kill:
+        assert result.returncode in (-signal.SIGKILL, 1, 137), out  # torchrun exits 1
+        assert "killed at step" in out or result.returncode == -signal.SIGKILL, out
+    else:
+        assert result.returncode == 0, out
+    return out
+
+
+def torchrun(nproc: int) -> tuple[str, ...]:
+    return ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}")
+
+
+def seen(run_dir: Path, world: int) -> list[list[tuple[int, str]]]:
+    """Each rank's ``(step, key)`` log."""
+    logs = []
+    for rank in range(world):
+        lines = (run_dir / f"seen-rank{rank}.txt").read_text().split("\n")
+        logs.append([(int(step), key) for step, key in (ln.split() for ln in lines if ln)])
+    return logs
+
+
+def keep_before(run_dir: Path, world: int, step: int) -> None:
+    """Drop the log lines of steps from ``step`` on: work lost by the kill, trained again."""
+    for rank, log in enumerate(seen(run_dir, world)):
+        kept = "".join(f"{s} {key}\n" for s, key in log if s < step)
+        (run_dir / f"seen-rank{rank}.txt").write_text(kept)
+
+
+def global_order(logs: list[list[tuple[int, str]]], chunk: int = 1) -> list[str]:
+    """The keys in the order of the epochs' global positions. Rank r of R takes chunks
+    r, r + R, ... of ``chunk`` positions (1 for ResumableSampler's own split, a batch
+    for Accelerate's ``BatchSamplerShard``), so the ranks' logs interleave by chunks."""
+    assert len({len(log) for log in logs}) == 1, [len(log) for log in logs]
+    chunks = [[log[i : i + chunk] for i in range(0, len(log), chunk)] for log in logs]
+    return [key for row in zip(*chunks) for part in row for _, key in part]
