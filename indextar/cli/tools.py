@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -15,7 +16,9 @@ from tqdm import tqdm
 
 from ..index.shard import ShardIndex
 from ..patterns import expand_shards
+from ..read.dataset import IndexedTarDataset
 from ..read.lookup import describe_sample, read_member, shard_members
+from ..read.subset import read_keys, report_unmatched
 from ..write.create import create_shards
 from ..write.export import export_dali, export_wids
 from ..write.reshard import reshard
@@ -123,9 +126,18 @@ def _cmd_reshard(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     table = shard_members(args.shard, index_dir=args.index_dir)
+    listed: Sequence[int] = range(len(table))
+    if args.select or args.exclude:
+        keys = {
+            k.decode("utf-8", "surrogateescape") for k in read_keys(args.select or args.exclude)
+        }
+        listed = [i for i in listed if (table.keys[i] in keys) == bool(args.select)]
+        unmatched = sorted(keys - set(table.keys))
+        report_unmatched([k.encode("utf-8", "surrogateescape") for k in unmatched], len(keys),
+                         strict=False, what=repr(args.shard))  # fmt: skip
     rows = [
         (table.keys[i], [(table.exts[m], int(table.sizes[m])) for m in table.members_of(i)])
-        for i in range(len(table))
+        for i in listed
     ]
     try:
         if args.json:
@@ -156,7 +168,12 @@ def _quiet_broken_pipe() -> None:
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
-    info = describe_sample(args.dataset, args.index, index_dir=args.index_dir)
+    index = args.index
+    if args.select or args.exclude:  # INDEX counts the selected samples
+        dataset = IndexedTarDataset(args.dataset, index_dir=args.index_dir, build_missing=False)
+        view = dataset.select(args.select) if args.select else dataset.exclude(args.exclude)
+        index = int(view.base_indices(index))
+    info = describe_sample(args.dataset, index, index_dir=args.index_dir)
     if args.json:
         members = [asdict(m) | {"head": m.head.decode("utf-8", "replace")} for m in info.members]
         print(json.dumps(asdict(info) | {"members": members}))
@@ -206,6 +223,14 @@ def _add_output_shards(p: argparse.ArgumentParser) -> None:
     p.add_argument("--manifest", metavar="FILE.json", help="also write a dataset manifest")
 
 
+def _add_key_filter(p: argparse.ArgumentParser, what: str) -> None:
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--select", metavar="FILE", help=f"only {what} whose key is in FILE (one a line)"
+    )
+    keys.add_argument("--exclude", metavar="FILE", help=f"{what} whose key is not in FILE")
+
+
 def add_tool_commands(sub: Any) -> None:
     p = sub.add_parser(
         "create",
@@ -242,6 +267,7 @@ def add_tool_commands(sub: Any) -> None:
     p = sub.add_parser("ls", help="list a shard's samples and members")
     add_options(p, index_dir=_SOURCE_INDEXES, json=True)
     p.add_argument("shard")
+    _add_key_filter(p, "the samples")
     p.set_defaults(func=_cmd_ls)
 
     p = sub.add_parser("cat", help="write one member's bytes to stdout")
@@ -254,6 +280,7 @@ def add_tool_commands(sub: Any) -> None:
     add_options(p, index_dir=_SOURCE_INDEXES, json=True)
     p.add_argument("dataset", help="shard pattern ('data-{000..009}.tar') or manifest (.json)")
     p.add_argument("index", type=int, help="sample number (negative counts from the end)")
+    _add_key_filter(p, "count the samples")
     p.set_defaults(func=_cmd_get)
 
     p = sub.add_parser(
