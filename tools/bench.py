@@ -1,4 +1,4 @@
-"""The project's benchmarks: ``python tools/bench.py [index|sampler|dataset|all]``.
+"""The project's benchmarks: ``python tools/bench.py [index|sampler|dataset|...|all]``.
 
 Options: ``--quick`` (tiny sizes, a smoke run), ``--data-dir DIR`` (where generated
 shards are cached; default ``bench-data/`` in the repository) and ``--json``
@@ -9,7 +9,8 @@ for indextar (whole ``build_index``, the scan alone and the scan with grouping),
 ``tarfile``, ratarmountcore's
 ``SQLiteIndexedTar``, a bare pure-Python header walk (the floor a Python indexer must
 beat) and GNU ``tar tf`` (for reference). ``sampler`` runs ``tools/bench_sampler.py``;
-``dataset`` runs ``tools/bench_dataset.py`` when it exists. Each ``tools/bench_*.py``
+``dataset`` runs ``tools/bench_dataset.py`` when it exists; ``decode`` runs
+``tools/bench_decode.py`` (images at training size). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in

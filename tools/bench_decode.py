@@ -135,7 +135,7 @@ def resize(array: np.ndarray) -> np.ndarray:
     from PIL import Image
 
     img = Image.fromarray(array)
-    return np.asarray(img.resize(TARGET if img.width >= img.height else TARGET[::-1]))
+    return np.array(img.resize(TARGET if img.width >= img.height else TARGET[::-1]))
 
 
 def library_cases(jpegs: list[bytes]) -> dict[str, Callable[[], float]]:
