@@ -148,11 +148,12 @@ class MixtureOrder:
     def _table(self, ordered: Array) -> _Table:
         """The windows that ``ordered`` (sorted) positions fall in, each with the next."""
         nominal = ordered // WINDOW
-        runs = np.unique(nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))])
-        # T_k is within S of k * WINDOW: look a few windows either side.
+        runs = nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))]
+        # T_k is within S of k * WINDOW: look a few windows either side. (A set, not
+        # np.unique: that imports numpy.ma on first use, 15 ms of a sampler's start-up.)
         spread = -(-len(self.counts) // WINDOW) + 1
-        wanted = np.unique(runs[:, None] + np.arange(-spread, spread + 2))
-        wanted = wanted[(wanted >= 0) & (wanted <= self._windows)]
+        near = (runs[:, None] + np.arange(-spread, spread + 2)).reshape(-1).tolist()
+        wanted = np.array(sorted({k for k in near if 0 <= k <= self._windows}), dtype=np.int64)
         return _Table(wanted, self._before(wanted))
 
     def _before(self, windows: Array) -> npt.NDArray[Any]:
@@ -285,9 +286,9 @@ class _PairTable:
 
     def ids_of(self, part: int, passes: Array) -> Array:
         """The numbers of ``(part, p)`` for each ``p`` of ``passes``."""
-        distinct, inverse = np.unique(passes, return_inverse=True)
-        numbers = np.array([self._id(part, int(p)) for p in distinct.tolist()], dtype=np.int64)
-        return numbers[inverse.reshape(-1)]
+        low = int(passes.min())  # a part's passes in one window: a few consecutive ones
+        numbers = [self._id(part, p) for p in range(low, int(passes.max()) + 1)]
+        return np.array(numbers, dtype=np.int64)[passes - low]
 
     def ids(self, passes: Array) -> Array:
         """The numbers of ``(s, passes[s])`` for every part ``s``."""

@@ -56,6 +56,8 @@ DEFAULT_BLOCK_SIZE = 1024
 
 _CHUNK = 1 << 16
 """Indices computed per numpy call while iterating."""
+_FIRST_CHUNK = 1 << 12
+"""The first call's: the first index (start-up, resume) comes after a small chunk."""
 
 Order = Literal["global", "blocks"]
 
@@ -272,8 +274,9 @@ class ResumableSampler:
         order = self._epoch_order()
         stride = self.num_replicas
         first = current.start + self.rank
-        for chunk_start in range(0, current.count, _CHUNK):
-            chunk_end = min(chunk_start + _CHUNK, current.count)
+        chunk_start, chunk = 0, _FIRST_CHUNK
+        while chunk_start < current.count:
+            chunk_end = min(chunk_start + chunk, current.count)
             positions = first + stride * np.arange(chunk_start, chunk_end, dtype=np.int64)
             if first + stride * (chunk_end - 1) >= self.num_samples:
                 positions %= self.num_samples  # padding wraps to the epoch's first positions
@@ -281,6 +284,7 @@ class ResumableSampler:
             if self._current is current:
                 self._set_slice(indices, chunk_start, chunk_end - chunk_start)
             yield from indices
+            chunk_start, chunk = chunk_end, _CHUNK
         current.finished = True
 
     def _set_slice(self, indices: Iterator[int], first: int, size: int) -> None:
