@@ -39,9 +39,9 @@ from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
+from .read.image import image_decoder
 from .read.mixture import MixtureDataset
 from .read.subset import KeySubset
-from .read.image import image_decoder
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
 from .write.tarwriter import TarWriter

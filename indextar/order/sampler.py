@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +45,7 @@ from .epoch import (
 )
 from .state import STATE_VERSION, as_int, check_consumed, config_drift, state_consumed, state_epoch
 from .weights import MixturePlan, WeightsArg
+from .world import resolve_world
 
 __all__ = ["ResumableSampler", "DEFAULT_BLOCK_SIZE"]
 
@@ -167,7 +167,7 @@ class ResumableSampler:
         self.block_size = block_size
         self.window_blocks = int(window_blocks)
         self.strict = bool(strict)
-        self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        self.num_replicas, self.rank = resolve_world(num_replicas, rank)
         self._mixture: MixturePlan | None = None
         if weights is not None or epoch_length is not None:
             self._mixture = MixturePlan.make(data_source_or_len, weights, epoch_length)
@@ -402,16 +402,9 @@ class ResumableSampler:
         """
         epoch = state_epoch(state)
         messages = list(config_drift(state, self._config()))
-        adopt = False
-        if "weights" in state:
-            mixture = self._mixture
-            drift = (
-                "sampler state was saved with weights; this sampler has none"
-                if mixture is None
-                else mixture.drift(state["weights"])
-            )
-            messages += [drift] if drift else []
-            adopt = drift is None and mixture is not None
+        weights_drift = MixturePlan.drift_of(self._mixture, state)
+        messages += [weights_drift] if weights_drift else []
+        adopt = "weights" in state and weights_drift is None
         for message in messages:
             if self.strict:
                 raise SamplerStateError(message + " (pass strict=False to resume anyway)")
@@ -444,21 +437,3 @@ class ResumableSampler:
             f"seed={self.seed}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"order={self.order!r}, epoch={self._epoch}, consumed={self.consumed})"
         )
-
-
-def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """Fill in world size and rank from torch.distributed, without importing torch."""
-    distributed = sys.modules.get("torch.distributed")
-    initialised = bool(
-        distributed is not None and distributed.is_available() and distributed.is_initialized()
-    )
-    if num_replicas is None:
-        num_replicas = distributed.get_world_size() if initialised and distributed else 1
-    if rank is None:
-        rank = distributed.get_rank() if initialised and distributed else 0
-    num_replicas, rank = as_int("num_replicas", num_replicas), as_int("rank", rank)
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1; got {num_replicas}")
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"rank must be in [0, {num_replicas}); got {rank}")
-    return num_replicas, rank

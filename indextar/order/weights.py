@@ -224,6 +224,15 @@ class MixturePlan:
             )
         return None
 
+    @staticmethod
+    def drift_of(plan: MixturePlan | None, state: Mapping[str, Any]) -> str | None:
+        """Why ``state``'s weights cannot be loaded into a sampler with ``plan``, or ``None``."""
+        if "weights" not in state:
+            return None
+        if plan is None:
+            return "sampler state was saved with weights; this sampler has none"
+        return plan.drift(state["weights"])
+
     def adopt(self, saved: Any) -> None:
         """Take a saved weight history (checked by :meth:`drift`) as this plan's."""
         if self.schedule is None:
