@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,15 +154,7 @@ class KeyedPermutation:
         result = flat.astype(np.uint64)  # always a fresh copy we may overwrite
         self._encrypt_chunked(result)
         if 1 << self._bits != self.size:
-            # Cycle walking over the whole call, not per chunk, so the long tail of
-            # rare multi-pass elements costs few numpy calls.
-            limit = np.uint64(self.size)
-            walking = np.flatnonzero(result >= limit)
-            while walking.size:
-                picked = result[walking]
-                self._encrypt_chunked(picked)
-                result[walking] = picked
-                walking = walking[picked >= limit]
+            self._walk_cycles(result, self._encrypt_chunked)
         return result.view(np.int64).reshape(source.shape)
 
     def position_of(self, element: int) -> int:
@@ -182,14 +175,22 @@ class KeyedPermutation:
         an array, the Feistel rounds run backwards in numpy, with cycle walking."""
         result = np.asarray(elements, dtype=np.int64).astype(np.uint64)
         self._decrypt_array(result)
-        limit = np.uint64(self.size)
-        walking = np.flatnonzero(result >= limit)
-        while walking.size:
-            picked = result[walking]
-            self._decrypt_array(picked)
-            result[walking] = picked
-            walking = walking[picked >= limit]
+        self._walk_cycles(result, self._decrypt_array)
         return result.view(np.int64)
+
+    def _walk_cycles(
+        self, values: npt.NDArray[np.uint64], step: Callable[[npt.NDArray[np.uint64]], None]
+    ) -> None:
+        """Apply ``step`` again to every value ``>= size`` until all are below it: over
+        the whole call, not per chunk, so the long tail of rare multi-pass elements
+        costs few numpy calls."""
+        limit = np.uint64(self.size)
+        walking = np.flatnonzero(values >= limit)
+        while walking.size:
+            picked = values[walking]
+            step(picked)
+            values[walking] = picked
+            walking = walking[picked >= limit]
 
     def _decrypt_array(self, values: npt.NDArray[np.uint64]) -> None:
         """:meth:`_decrypt` for an array, in place."""
