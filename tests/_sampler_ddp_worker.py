@@ -1,4 +1,4 @@
-"""One rank of a real torch.distributed (gloo) job, driven by tests/test_sampler_ddp.py.
+"""One rank of a real torch.distributed (gloo) job, driven by tests/order/test_sampler_ddp.py.
 
 It trains on nothing: a DataLoader over a dataset that returns its index, with a
 ResumableSampler whose world size and rank come from torch.distributed. Every batch

@@ -299,7 +299,7 @@ def test_torchdata_stateful_dataloader_resumes_exactly(
     assert trained == list(ResumableSampler(50, seed=1))
 
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "distributed.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ import pytest
 from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from readers import indexed_samples, wds_samples
 from tarcraft import Crafter
-from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
+from webdataset.tariterators import base_plus_ext
 
 from indextar import SampleFormatError, build_index, scan_tar, split_name
 from indextar.index.naming import group_members, skip_reason
@@ -21,12 +22,6 @@ from indextar.index.naming import group_members, skip_reason
 pytestmark = pytest.mark.usefixtures("scanner")
 
 Sample = dict[str, object]
-
-
-def wds_samples(buf: bytes) -> list[Sample]:
-    """Samples as webdataset's ``tar_file_expander`` + ``group_by_keys`` yield them."""
-    files = tar_file_expander([{"url": "shard.tar", "stream": io.BytesIO(buf)}])
-    return [{k: v for k, v in s.items() if k != "__url__"} for s in group_by_keys(files)]
 
 
 def our_samples(buf: bytes) -> list[Sample]:
@@ -42,24 +37,6 @@ def our_samples(buf: bytes) -> list[Sample]:
             row = int(grouping.entries[position])
             start, size = int(scan.data_offsets[row]), int(scan.sizes[row])
             sample[grouping.exts[position]] = buf[start : start + size]
-        samples.append(sample)
-    return samples
-
-
-def indexed_samples(path: Path) -> list[Sample]:
-    """The same samples read back through the built index."""
-    index = build_index(path)
-    table = index.load_samples()
-    buf = path.read_bytes()
-    samples: list[Sample] = []
-    for key, first, count in zip(
-        index.keys(), table.first_member.tolist(), table.member_count.tolist()
-    ):
-        sample: Sample = {"__key__": key}
-        for m in range(first, first + count):
-            ext = table.ext_names[table.member_ext_code[m]]
-            start = int(table.member_data_offset[m])
-            sample[ext] = buf[start : start + int(table.member_size[m])]
         samples.append(sample)
     return samples
 

@@ -25,7 +25,7 @@ from indextar.errors import ShardNotFoundError
 from indextar.index.build import build_indexes
 from indextar.source import local as sources
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 sys.path.insert(0, str(REPO / "tools"))
 from loopback_servers import HttpServer  # noqa: E402

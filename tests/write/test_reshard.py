@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from indexrows import assert_index_matches_scan
-from test_writer import tar_members, wds_read
+from readers import tar_members, wds_read
 
 from indextar.errors import WriterError
 from indextar.write.reshard import reshard

@@ -21,7 +21,7 @@ from indextar import IndexedTarDataset, StaleIndexError
 from indextar.index.remote import expected_stat, open_remote_index
 from indextar.source.remote import RangeSource
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
 
 SAMPLES = 60

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from readers import indexed_samples, wds_samples
 from tarcraft import (
     BLOCK,
     GNU_TAR,
@@ -18,7 +19,6 @@ from tarcraft import (
     tarfile_members,
     write_tree,
 )
-from test_naming import indexed_samples, wds_samples
 
 from indextar import (
     ShardFormatError,

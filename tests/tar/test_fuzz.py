@@ -29,7 +29,7 @@ from indextar import (
 from indextar.index.naming import group_members
 from indextar.tar.stream import iter_members
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import fuzz  # noqa: E402
 
 # -- the seeded slice ------------------------------------------------------------------
@@ -78,7 +78,7 @@ def test_bad_inputs_get_an_indextar_error_from_every_reader(name: str, tmp_path:
 
 
 def test_reliability_doc_lists_every_bad_input_with_its_current_message() -> None:
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "reliability.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
     assert fuzz.forged_table() in doc, "regenerate the table with: python tools/fuzz.py --forged"
 
 

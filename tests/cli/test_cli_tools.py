@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_create import TREE, make_tree
+from readers import TREE, make_tree
 
 from indextar.cli.commands import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import webdataset as wds
 from indexrows import assert_index_matches_scan, index_rows
+from readers import tar_members, wds_read
 
 from indextar import open_index, scan_tar
 from indextar.errors import EncodeError, IndextarError, WriterError
@@ -38,26 +39,6 @@ def random_samples(n: int, seed: int = 0) -> list[dict[str, object]]:
         }
         for i in range(n)
     ]
-
-
-def wds_read(paths: list[str], *decode: str) -> list[dict[str, object]]:
-    """Samples as webdataset's streaming reader yields them (tar expander, grouping,
-    decoder), on files opened and closed here."""
-    from webdataset import autodecode, tariterators
-
-    found: list[dict[str, object]] = []
-    for url in paths:
-        with open(url, "rb") as stream:
-            members = tariterators.tar_file_expander([{"url": url, "stream": stream}])
-            found.extend(tariterators.group_by_keys(members))
-    if decode:
-        found = [autodecode.Decoder([autodecode.imagehandler(d) for d in decode])(s) for s in found]
-    return [{k: v for k, v in s.items() if k not in ("__url__", "__local_path__")} for s in found]
-
-
-def tar_members(path: Path) -> dict[str, bytes]:
-    with tarfile.open(path) as tf:
-        return {m.name: tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
 
 
 def test_round_trip_bytes_with_tarfile_and_gnu_tar(tmp_path: Path) -> None:
@@ -371,7 +352,7 @@ def test_sigkill_mid_write_leaves_no_shard_and_no_index(tmp_path: Path) -> None:
         [sys.executable, "-c", _KILLED_WRITER, str(shard)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     ) as proc:
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "writing\n"

@@ -19,7 +19,7 @@ import torch.distributed  # noqa: F401
 
 from indextar.order.sampler import ResumableSampler
 
-WORKER = Path(__file__).with_name("_sampler_ddp_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "_sampler_ddp_worker.py"
 SIZE, BATCH, EPOCH, SEED = 101, 4, 3, 1234
 pytestmark = pytest.mark.timeout(240)
 

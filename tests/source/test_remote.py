@@ -24,7 +24,7 @@ from indextar.read.shard import OpenShard
 from indextar.source.cache import CachedSource, ShardCache, parse_size
 from indextar.source.remote import RangeSource, RetryPolicy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
 
 FAST = RetryPolicy(attempts=4, initial_delay=0.01, max_delay=0.05)

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from readers import wds_samples
 from tarcraft import GNU_TAR
-from test_naming import wds_samples
 
 from indextar import (
     IndexedTarDataset,
@@ -198,7 +198,7 @@ def test_ignore_zeros_in_the_stream(concatenated: Path) -> None:
 
 
 def test_cli_ignore_zeros(concatenated: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
     run = [sys.executable, "-m", "indextar", "index", str(concatenated)]
     refused = subprocess.run(run, env=env, capture_output=True, text=True)
     assert refused.returncode != 0 and "ignore_zeros" in refused.stderr

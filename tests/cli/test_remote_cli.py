@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import sample_members, tar_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
 

@@ -13,7 +13,7 @@ from conftest import sample_members, tar_bytes
 
 from indextar.cli.commands import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -6,30 +6,10 @@ from pathlib import Path
 
 import pytest
 from indexrows import assert_index_matches_scan
-from test_writer import wds_read
+from readers import TREE, make_tree, wds_read
 
 from indextar.errors import WriterError
 from indextar.write.create import create_shards, walk_tree
-
-TREE = {
-    "cat/0001.jpg": b"cat-1-jpg",
-    "cat/0001.json": b'{"n": 1}',
-    "cat/0002.jpg": b"cat-2-jpg" * 100,
-    "dog/deep/er/0003.jpg": b"dog-3",
-    "dog/deep/er/0003.seg.png": b"dog-3-seg",  # dots: key dog/deep/er/0003, ext seg.png
-    "dog/img.v2.JPG": b"dog-v2",  # key dog/img, extension v2.JPG
-    "dog/README": b"no extension",
-    "dog/.DS_Store": b"hidden",
-    ".git/objects/ab.jpg": b"in a hidden folder",
-}
-
-
-def make_tree(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return root
 
 
 def test_walk_finds_samples_and_counts_skipped(tmp_path: Path) -> None:
