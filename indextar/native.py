@@ -6,7 +6,8 @@ compiler is present (``optional = true`` in pyproject.toml):
 * ``_tarwalk``: the common case of the tar walk, member names and their grouping;
 * ``_sqlitebulk``: an index's bulk rows through SQLite's C API;
 * ``_mapread``: a sample's members copied straight out of a shard's memory map, a
-  truncated shard's SIGBUS caught.
+  truncated shard's SIGBUS caught;
+* ``_permute``: the keyed permutation of the sampler's orders, element by element.
 
 Each has a Python reference that gives identical results and handles every case,
 including the unusual ones the C code hands back. Setting the environment variable
@@ -31,8 +32,12 @@ try:
     from .index import _sqlitebulk
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _sqlitebulk = None  # type: ignore[assignment]
+try:
+    from .order import _permute
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _permute = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "built"]
+__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "permute", "built"]
 
 #: Set this environment variable to use only the Python references.
 PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
@@ -57,10 +62,16 @@ def mapread() -> ModuleType | None:
     return _chosen(_mapread)
 
 
+def permute() -> ModuleType | None:
+    """The keyed permutation in C (``_permute.c``), or ``None`` for the numpy one."""
+    return _chosen(_permute)
+
+
 def built() -> dict[str, bool]:
     """Which C extensions this installation has."""
     return {
         "_tarwalk": _tarwalk is not None,
         "_sqlitebulk": _sqlitebulk is not None,
         "_mapread": _mapread is not None,
+        "_permute": _permute is not None,
     }

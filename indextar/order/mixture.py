@@ -147,11 +147,16 @@ class MixtureOrder:
 
     def _table(self, ordered: Array) -> _Table:
         """The windows that ``ordered`` (sorted) positions fall in, each with the next."""
+        # T_k is within S of k * WINDOW: look a few windows either side.
+        spread = -(-len(self.counts) // WINDOW) + 1
+        low, high = int(ordered[0]) // WINDOW, int(ordered[-1]) // WINDOW
+        if high - low <= ordered.size:  # dense (the sampler's chunks): every window between
+            first, last = max(low - spread, 0), min(high + spread + 1, self._windows)
+            wanted = np.arange(first, last + 1, dtype=np.int64)
+            return _Table(wanted, self._before(wanted))
         nominal = ordered // WINDOW
         runs = nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))]
-        # T_k is within S of k * WINDOW: look a few windows either side. (A set, not
-        # np.unique: that imports numpy.ma on first use, 15 ms of a sampler's start-up.)
-        spread = -(-len(self.counts) // WINDOW) + 1
+        # (A set, not np.unique: that imports numpy.ma on first use, 15 ms of start-up.)
         near = (runs[:, None] + np.arange(-spread, spread + 2)).reshape(-1).tolist()
         wanted = np.array(sorted({k for k in near if 0 <= k <= self._windows}), dtype=np.int64)
         return _Table(wanted, self._before(wanted))
@@ -283,6 +288,7 @@ class _PairTable:
     def __init__(self) -> None:
         self.pairs: list[tuple[int, int]] = []
         self._ids: dict[tuple[int, int], int] = {}
+        self._last: tuple[Array, Array] | None = None
 
     def ids_of(self, part: int, passes: Array) -> Array:
         """The numbers of ``(part, p)`` for each ``p`` of ``passes``."""
@@ -292,7 +298,11 @@ class _PairTable:
 
     def ids(self, passes: Array) -> Array:
         """The numbers of ``(s, passes[s])`` for every part ``s``."""
-        return np.array([self._id(s, p) for s, p in enumerate(passes.tolist())], dtype=np.int64)
+        if self._last is not None and np.array_equal(self._last[0], passes):
+            return self._last[1]  # neighbouring windows: the same passes, nearly always
+        ids = np.array([self._id(s, p) for s, p in enumerate(passes.tolist())], dtype=np.int64)
+        self._last = (passes, ids)
+        return ids
 
     def _id(self, part: int, pass_number: int) -> int:
         key = (part, pass_number)

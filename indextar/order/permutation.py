@@ -34,6 +34,10 @@ Construction
    ``2**n < 2 * size`` (for ``size > 4``), fewer than two passes are needed on average.
    Only the elements still out of range are iterated.
 
+Where the C extension is built (:func:`indextar.native.permute`), :meth:`KeyedPermutation.permute`
+and :func:`permute_grouped` run each element through the network there, in registers;
+the numpy code below is the reference, and the tests check that the two agree.
+
 Everything is integer arithmetic with a documented hash, so the same ``(size, seed,
 tweak)`` gives the same order on every machine and numpy version. The network is a
 pseudorandom permutation (Luby-Rackoff), not a uniform draw from all ``size!``
@@ -49,6 +53,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+
+from .. import native
 
 __all__ = ["ROUNDS", "KeyedPermutation", "derive_round_keys", "permute_grouped"]
 
@@ -112,6 +118,7 @@ class KeyedPermutation:
     round_keys: tuple[int, ...]
     _bits: int = field(init=False, repr=False)
     _keys: tuple[np.uint64, ...] = field(init=False, repr=False)
+    _key_array: npt.NDArray[np.uint64] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or not 1 <= self.size < 1 << 62:
@@ -120,6 +127,7 @@ class KeyedPermutation:
             raise ValueError(f"need {ROUNDS} round keys; got {len(self.round_keys)}")
         object.__setattr__(self, "_bits", max(2, (self.size - 1).bit_length()))
         object.__setattr__(self, "_keys", tuple(np.uint64(k & _MASK64) for k in self.round_keys))
+        object.__setattr__(self, "_key_array", np.array(self._keys, dtype=np.uint64))
 
     @classmethod
     def from_seed(cls, size: int, seed: int, *tweak: int) -> KeyedPermutation:
@@ -146,15 +154,22 @@ class KeyedPermutation:
         if source.dtype.kind not in "iu":
             raise TypeError(f"positions must be integers; got dtype {source.dtype}")
         flat = source.reshape(-1)
-        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.size):
-            raise ValueError(
-                f"positions must be in [0, {self.size}); "
-                f"got values in [{int(flat.min())}, {int(flat.max())}]"
-            )
         result = flat.astype(np.uint64)  # always a fresh copy we may overwrite
-        self._encrypt_chunked(result)
-        if 1 << self._bits != self.size:
-            self._walk_cycles(result, self._encrypt_chunked)
+        fast = native.permute()
+        if fast is not None:
+            try:  # the C code checks the range itself (a negative one is cast to >= 2**63)
+                fast.permute(result, self.size, self._key_array)
+            except ValueError:  # one out of range: the check below says which
+                fast, result = None, flat.astype(np.uint64)
+        if fast is None:
+            if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.size):
+                raise ValueError(
+                    f"positions must be in [0, {self.size}); "
+                    f"got values in [{int(flat.min())}, {int(flat.max())}]"
+                )
+            self._encrypt_chunked(result)
+            if 1 << self._bits != self.size:
+                self._walk_cycles(result, self._encrypt_chunked)
         return result.view(np.int64).reshape(source.shape)
 
     def position_of(self, element: int) -> int:
@@ -285,6 +300,26 @@ def permute_grouped(
     round_keys
         uint64 array of shape ``(groups, ROUNDS)``.
     """
+    fast = native.permute()
+    if fast is not None:
+        values = positions.astype(np.uint64)  # a fresh copy, permuted in place
+        fast.permute_grouped(
+            values,
+            np.ascontiguousarray(group, dtype=np.int64),
+            np.ascontiguousarray(sizes, dtype=np.int64),
+            np.ascontiguousarray(round_keys, dtype=np.uint64),
+        )
+        return values.view(np.int64)
+    return _permute_grouped_numpy(positions, group, sizes, round_keys)
+
+
+def _permute_grouped_numpy(
+    positions: npt.NDArray[np.int64],
+    group: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    round_keys: npt.NDArray[np.uint64],
+) -> npt.NDArray[np.int64]:
+    """:func:`permute_grouped` in numpy: the reference for the C code."""
     bits = np.maximum(2, _bit_lengths(np.maximum(sizes - 1, 0)))[group]
     keys = np.ascontiguousarray(round_keys.T)[:, group]  # (ROUNDS, n): one gather per round
     values = positions.astype(np.uint64)
