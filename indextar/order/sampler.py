@@ -26,6 +26,7 @@ The sampler does not need torch: it is a plain iterable with ``__len__``, which
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 from collections.abc import Iterator, Mapping
@@ -266,6 +267,12 @@ class ResumableSampler:
         The pass begins at the first ``next()``, not at ``iter()``: DataLoader creates
         index iterators it never uses.
         """
+        # chain hands out each index in C: the generator below resumes once a chunk, not
+        # once an index (a generator's resume costs about as much as computing an index).
+        return itertools.chain.from_iterable(self._chunks())
+
+    def _chunks(self) -> Iterator[Iterator[int]]:
+        """This pass's indices, a chunk at a time, each an iterator over a list."""
         start = self._next_start
         self._next_start = 0  # the pass after this one starts the epoch afresh
         current = _Pass(start=start, count=self._count_from(start))
@@ -283,7 +290,7 @@ class ResumableSampler:
             indices = iter(order.indices(positions).tolist())
             if self._current is current:
                 self._set_slice(indices, chunk_start, chunk_end - chunk_start)
-            yield from indices
+            yield indices
             chunk_start, chunk = chunk_end, _CHUNK
         current.finished = True
 
