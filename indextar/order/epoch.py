@@ -36,7 +36,13 @@ __all__ = [
     "BlockOrder",
     "UniformBlockOrder",
     "uniform_blocks",
+    "plain_order",
+    "check_shard_sizes",
+    "DEFAULT_BLOCK_SIZE",
 ]
+
+DEFAULT_BLOCK_SIZE = 1024
+"""Block size for ``order="blocks"`` when the data source does not expose ``shard_sizes``."""
 
 # Purpose tags mixed into the round keys, so that the global permutation, the block
 # permutation and the window permutations of one (seed, epoch) are independent.
@@ -251,3 +257,40 @@ class UniformBlockOrder:
             np.int64(self.size),
             self._slot_start(np.minimum(slots, self._count)),
         )
+
+
+def plain_order(
+    size: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    blocks: bool,
+    block_size: int | None,
+    window_blocks: int,
+    shard_sizes: Positions | None,
+) -> EpochOrder:
+    """The order of one epoch of a dataset of ``size`` samples (not a mixture), as
+    ``ResumableSampler`` configures it: blocks of ``block_size``, else the shards of
+    ``shard_sizes``, else :data:`DEFAULT_BLOCK_SIZE`."""
+    if not shuffle or size == 0:
+        return SequentialOrder()
+    if not blocks:
+        return GlobalOrder(size, seed, epoch)
+    if shard_sizes is None:  # runs of block_size: the same order as BlockOrder, in O(1)
+        block = block_size or DEFAULT_BLOCK_SIZE
+        return UniformBlockOrder(size, block, seed, epoch, window_blocks)
+    return BlockOrder(shard_sizes, seed, epoch, window_blocks)
+
+
+def check_shard_sizes(shard_sizes: Any, size: int) -> Positions | None:
+    """A data source's ``shard_sizes`` as an array, checked against its length."""
+    if shard_sizes is None:
+        return None
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    if sizes.ndim != 1 or int(sizes.sum()) != size or (sizes < 0).any():
+        raise ValueError(
+            f"data source's shard_sizes must be non-negative and sum to its length "
+            f"{size}; got {sizes.size} shards summing to {int(sizes.sum())}"
+        )
+    return sizes

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .epoch import BlockOrder, UniformBlockOrder
+from .epoch import DEFAULT_BLOCK_SIZE, BlockOrder, UniformBlockOrder
 from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
 
 __all__ = ["WINDOW", "MixtureOrder"]
@@ -53,7 +53,6 @@ _TAG_OFFSETS = 11
 _TAG_INTERLEAVE = 12
 _TAG_PASS = 13
 _TAG_PART = 14
-_DEFAULT_BLOCK_SIZE = 1024  # as ResumableSampler's DEFAULT_BLOCK_SIZE
 
 Array = npt.NDArray[np.int64]
 
@@ -258,7 +257,7 @@ class MixtureOrder:
             if shards is not None and self.block_size is None:
                 order = BlockOrder(shards, seed, pass_number, self.window_blocks)
             else:
-                block = self.block_size or _DEFAULT_BLOCK_SIZE
+                block = self.block_size or DEFAULT_BLOCK_SIZE
                 size = self.part_sizes[part]
                 order = UniformBlockOrder(size, block, seed, pass_number, self.window_blocks)
             self._remember(key, order)

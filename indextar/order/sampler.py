@@ -37,13 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SamplerStateError
-from .epoch import (
-    BlockOrder,
-    EpochOrder,
-    GlobalOrder,
-    SequentialOrder,
-    UniformBlockOrder,
-)
+from .epoch import DEFAULT_BLOCK_SIZE, EpochOrder, check_shard_sizes, plain_order
 from .state import STATE_VERSION, as_int, check_consumed, config_drift, state_consumed, state_epoch
 from .weights import MixturePlan, WeightsArg
 from .world import resolve_world
@@ -51,9 +45,6 @@ from .world import resolve_world
 __all__ = ["ResumableSampler", "DEFAULT_BLOCK_SIZE"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BLOCK_SIZE = 1024
-"""Block size for ``order="blocks"`` when the data source does not expose ``shard_sizes``."""
 
 _CHUNK = 1 << 16
 """Indices computed per numpy call while iterating."""
@@ -173,7 +164,9 @@ class ResumableSampler:
         if weights is not None or epoch_length is not None:
             self._mixture = MixturePlan.make(data_source_or_len, weights, epoch_length)
             self.num_samples, shard_sizes = self._mixture.epoch_length, None
-        self._shard_sizes = self._check_shard_sizes(shard_sizes) if block_size is None else None
+        self._shard_sizes = (
+            check_shard_sizes(shard_sizes, self.num_samples) if block_size is None else None
+        )
 
         self._epoch = 0
         self._next_start = 0
@@ -326,35 +319,19 @@ class ResumableSampler:
                 block_size=self.block_size,
                 window_blocks=self.window_blocks,
             )
-        elif not self.shuffle or self.num_samples == 0:
-            order = SequentialOrder()
-        elif self.order == "global":
-            order = GlobalOrder(self.num_samples, self.seed, self._epoch)
         else:
-            sizes = self._shard_sizes
-            if sizes is None:  # runs of block_size: the same order as BlockOrder, in O(1)
-                order = UniformBlockOrder(
-                    self.num_samples,
-                    self.block_size or DEFAULT_BLOCK_SIZE,
-                    self.seed,
-                    self._epoch,
-                    self.window_blocks,
-                )
-            else:
-                order = BlockOrder(sizes, self.seed, self._epoch, self.window_blocks)
+            order = plain_order(
+                self.num_samples,
+                seed=self.seed,
+                epoch=self._epoch,
+                shuffle=self.shuffle,
+                blocks=self.order == "blocks",
+                block_size=self.block_size,
+                window_blocks=self.window_blocks,
+                shard_sizes=self._shard_sizes,
+            )
         self._order_cache = (self._epoch, order)
         return order
-
-    def _check_shard_sizes(self, shard_sizes: Any) -> npt.NDArray[np.int64] | None:
-        if shard_sizes is None:
-            return None
-        sizes = np.asarray(shard_sizes, dtype=np.int64)
-        if sizes.ndim != 1 or int(sizes.sum()) != self.num_samples or (sizes < 0).any():
-            raise ValueError(
-                f"data source's shard_sizes must be non-negative and sum to its length "
-                f"{self.num_samples}; got {sizes.size} shards summing to {int(sizes.sum())}"
-            )
-        return sizes
 
     # -- state --------------------------------------------------------------------
 
