@@ -245,13 +245,16 @@ class IndexedTarDataset:
         groups: dict[int, list[int]] = {}
         for at, shard_no in enumerate(shard_nos.tolist()):
             groups.setdefault(shard_no, []).append(at)
+        # Without a pool, each sample is built as it is read: no second pass.
+        build = self._builder.build if self._pool.threads() <= 1 else None
         for shard_no, group in groups.items():
             shard = self._shard(shard_no)
+            name = shard.shard
             many = shard.read_many([local_list[at] for at in group])
             for at, (key, members) in zip(group, many):
-                fields = {"__key__": key, "__shard__": shard.shard, "__index__": position_list[at]}
-                read[at] = (fields, members)
-        return self._pool.map(self._builder.build, read)
+                fields = {"__key__": key, "__shard__": name, "__index__": position_list[at]}
+                read[at] = (fields, members) if build is None else build(fields, members)
+        return read if build is not None else self._pool.map(self._builder.build, read)
 
     def _positions(self, indices: Sequence[int]) -> npt.NDArray[np.int64]:
         """A batch's indices as positions, wrapped and checked as ``ds[i]`` does."""

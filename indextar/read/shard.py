@@ -94,15 +94,16 @@ class OpenShard:
         ``read_many`` of their spans (local files: one size check for all)."""
         key_blob = self.key_blob
         rows = self.samples[local].tolist()
-        keys = [key_blob[key_start:key_end] for *_, key_start, key_end in rows]
-        checked = keys if self.check_names else [b""] * len(keys)  # b"": the checksums only
-        spans: list[Span] = [
-            (start, end - start, first, count, key)
-            for (start, end, first, count, _, _), key in zip(rows, checked)
-        ]
+        if not self.check_names:  # b"": the checksums only
+            keys = [key_blob[row[4] : row[5]] for row in rows]
+            spans: list[Span] = [(s, e - s, f, c, b"") for s, e, f, c, _, _ in rows]
+            read = self.source.read_members_many(spans, self.members, self.ext_names)
+            return [(k.decode("utf-8", "surrogateescape"), m) for k, m in zip(keys, read)]
+        spans = [(s, e - s, f, c, key_blob[ks:ke]) for s, e, f, c, ks, ke in rows]
         read = self.source.read_members_many(spans, self.members, self.ext_names)
         return [
-            (key.decode("utf-8", "surrogateescape"), members) for key, members in zip(keys, read)
+            (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
+            for span, members in zip(spans, read)
         ]
 
     def close(self) -> None:
