@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import trainruns
 from torch.utils.data import DataLoader
-from trainruns import global_order, keep_before, make_shards, run, seen, torchrun
+from trainruns import global_order, keep_before, run, seen, torchrun
 
 import indextar
 
@@ -28,13 +29,7 @@ BATCH, N = 4, 48
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[tuple[int, str]]]:
     """Shards and the log of an uninterrupted run on 1 process: 2 epochs of 12 steps."""
-    folder = tmp_path_factory.mktemp("accelerate")
-    pattern = make_shards(folder / "data")
-    (folder / "straight").mkdir()
-    run(SCRIPT, str(folder / "straight"), pattern)
-    [log] = seen(folder / "straight", 1)
-    assert len(log) == 2 * N and len({key for _, key in log[:N]}) == N
-    return pattern, log
+    return trainruns.uninterrupted(tmp_path_factory.mktemp("accelerate"), SCRIPT, N)
 
 
 @pytest.mark.timeout(240)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainruns import global_order, keep_before, make_shards, run, seen
+import trainruns
+from trainruns import global_order, keep_before, run, seen
 
 pytest.importorskip("pytorch_lightning")
 
@@ -30,13 +31,7 @@ def checkpoint_step(run_dir: Path) -> int:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[tuple[int, str]]]:
     """Shards and the log of an uninterrupted run on 1 device: 2 epochs of 12 steps."""
-    folder = tmp_path_factory.mktemp("lightning")
-    pattern = make_shards(folder / "data")
-    (folder / "straight").mkdir()
-    run(SCRIPT, str(folder / "straight"), pattern)
-    [log] = seen(folder / "straight", 1)
-    assert len(log) == 2 * N and len({key for _, key in log[:N]}) == N
-    return pattern, log
+    return trainruns.uninterrupted(tmp_path_factory.mktemp("lightning"), SCRIPT, N)
 
 
 @pytest.mark.timeout(240)

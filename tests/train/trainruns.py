@@ -55,6 +55,17 @@ def run(script: Path, *args: str, launcher: tuple[str, ...] = (), expect_kill: b
     return out
 
 
+def uninterrupted(folder: Path, script: Path, samples: int) -> tuple[str, list[tuple[int, str]]]:
+    """Shards in ``folder`` and the log of ``script`` run on them uninterrupted on 1
+    process: 2 epochs, each over every one of the ``samples`` once."""
+    pattern = make_shards(folder / "data")
+    (folder / "straight").mkdir()
+    run(script, str(folder / "straight"), pattern)
+    [log] = seen(folder / "straight", 1)
+    assert len(log) == 2 * samples and len({key for _, key in log[:samples]}) == samples
+    return pattern, log
+
+
 def torchrun(nproc: int) -> tuple[str, ...]:
     return ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}")
 
