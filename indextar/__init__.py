@@ -19,10 +19,12 @@ from .errors import (
     MissingIndexError,
     PipeRefusedError,
     RemoteReadError,
+    SampleAttributeError,
     SampleFormatError,
     SampleIndexError,
     SampleKeyError,
     SamplerStateError,
+    SelectionError,
     ShardFormatError,
     ShardNotFoundError,
     StaleIndexError,
@@ -98,6 +100,8 @@ __all__ = [
     "RemoteReadError",
     "PipeRefusedError",
     "CacheFullError",
+    "SampleAttributeError",
+    "SelectionError",
 ]
 
 

@@ -36,6 +36,8 @@ __all__ = [
     "PipeRefusedError",
     "CacheFullError",
     "ExportError",
+    "SampleAttributeError",
+    "SelectionError",
 ]
 
 
@@ -244,3 +246,26 @@ class CacheFullError(IndextarError, OSError):
 
 class ExportError(IndextarError, ValueError):
     """A shard's index cannot be expressed in another tool's format (DALI, wids)."""
+
+
+class SampleAttributeError(IndextarError, ValueError):
+    """A sample's attributes cannot be read: its metadata member is missing, not valid
+    JSON or not a JSON object, or an imported table names a key twice.
+
+    Attributes
+    ----------
+    shard, key
+        The shard and the sample's ``__key__``, when known.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None, key: str | None = None):
+        self.shard = shard
+        self.key = key
+        where = [f"shard {shard!r}"] if shard is not None else []
+        where += [f"sample {key!r}"] if key is not None else []
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class SelectionError(IndextarError, ValueError):
+    """A ``where`` expression cannot be evaluated over a shard's index, or a value used
+    for buckets is missing."""

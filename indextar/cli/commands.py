@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from .._version import __version__
 from ..errors import IndextarError, StaleIndexError
+from ..index.attributes import OnError
 from ..index.build import default_workers, parallel_map
 from ..index.manifest import write_manifest
 from ..index.remote import build_remote_index, open_remote_index, remote_index_path, upload_index
@@ -63,11 +64,15 @@ def _index_one(
     force: bool,
     upload: bool = False,
     ignore_zeros: bool = False,
+    meta: str | None = None,
+    on_error: OnError = "fail",
 ) -> Outcome:
     def work() -> dict[str, Any]:
         start = time.perf_counter()
         if is_url(shard) and ignore_zeros:
             raise IndextarError(f"--ignore-zeros is for local shards; {shard!r} is remote")
+        if is_url(shard) and meta is not None:
+            raise IndextarError(f"--meta is for local shards; {shard!r} is remote")
         if is_url(shard):
             ix, built = _index_remote(shard, index_dir, force)
         else:
@@ -75,7 +80,14 @@ def _index_one(
                 raise IndextarError(f"--upload is for remote shards; {shard!r} is a local file")
             before = _identity(index_path(shard, index_dir=index_dir))
             try:
-                ix = build_index(shard, index_dir=index_dir, force=force, ignore_zeros=ignore_zeros)
+                ix = build_index(
+                    shard,
+                    index_dir=index_dir,
+                    force=force,
+                    ignore_zeros=ignore_zeros,
+                    meta=meta,
+                    on_error=on_error,
+                )
             except StaleIndexError as e:
                 raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
             # A rebuilt index is a new file (renamed into place), so a new inode.
@@ -182,7 +194,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         _run(
             _index_one,
             shards,
-            (args.index_dir, args.force, args.upload, args.ignore_zeros),
+            (args.index_dir, args.force, args.upload, args.ignore_zeros, args.meta, args.on_error),
             args.jobs,
             "indexing",
             args.quiet,
@@ -322,6 +334,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--upload",
         action="store_true",
         help="put each remote shard's index next to it as <url>.idx.sqlite",
+    )
+    p.add_argument(
+        "--meta",
+        metavar="EXT",
+        help="also store each sample's attributes, the top-level fields of its EXT member "
+        "(json), as columns in its index (see docs/metadata.md)",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="with --meta, a sample whose member is missing or not a JSON object: fail the "
+        "shard (default), or log it and record it in the index's attribute_errors table",
     )
     p.add_argument(
         "--manifest",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
+from .attributes import OnError
 from .shard import PathLike, ShardIndex, build_index
 
 __all__ = ["build_indexes", "parallel_map"]
@@ -19,8 +20,16 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _build_one(shard: str, index_dir: str | None, ignore_zeros: bool) -> ShardIndex:
-    return build_index(shard, index_dir=index_dir, ignore_zeros=ignore_zeros)
+def _build_one(
+    shard: str,
+    index_dir: str | None,
+    ignore_zeros: bool,
+    meta: str | None = None,
+    on_error: OnError = "fail",
+) -> ShardIndex:
+    return build_index(
+        shard, index_dir=index_dir, ignore_zeros=ignore_zeros, meta=meta, on_error=on_error
+    )
 
 
 def build_indexes(
@@ -30,6 +39,8 @@ def build_indexes(
     workers: int | None = None,
     progress: bool = False,
     ignore_zeros: bool = False,
+    meta: str | None = None,
+    on_error: OnError = "fail",
 ) -> list[ShardIndex]:
     """Build (or open, where valid) the index of every shard; return them in order.
 
@@ -46,6 +57,8 @@ def build_indexes(
         Show a tqdm progress bar on stderr.
     ignore_zeros
         As :func:`~indextar.build_index`: index every member of concatenated archives.
+    meta, on_error
+        As :func:`~indextar.build_index`: store each sample's JSON attributes.
 
     Raises
     ------
@@ -57,7 +70,8 @@ def build_indexes(
     bar = _progress_bar(len(shards)) if progress else None
     results: list[ShardIndex] = []
     try:
-        for index in parallel_map(_build_one, shards, (folder, ignore_zeros), workers=workers):
+        args = (folder, ignore_zeros, meta, on_error)
+        for index in parallel_map(_build_one, shards, args, workers=workers):
             results.append(index)
             if bar is not None:
                 bar.update()

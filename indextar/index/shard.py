@@ -29,6 +29,7 @@ import numpy.typing as npt
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
+from .attributes import OnError, has_attribute_table, read_json_attributes
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
 from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .spans import spans_name_their_keys
@@ -117,6 +118,11 @@ class ShardIndex:
             member_ext_code=members[:, 2].astype(np.int32),
             ext_names=arrays.ext_names,
         )
+
+    def has_attributes(self) -> bool:
+        """Whether the index has the optional ``attributes`` table (built with ``meta=``)."""
+        with contextlib.closing(_connect_ro(self.path)) as conn:
+            return has_attribute_table(conn)
 
     def keys(self) -> list[str]:
         """Every sample's key, in shard order."""
@@ -251,6 +257,8 @@ def build_index(
     index_dir: PathLike | None = None,
     force: bool = False,
     ignore_zeros: bool = False,
+    meta: str | None = None,
+    on_error: OnError = "fail",
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
@@ -266,6 +274,14 @@ def build_index(
         Read on past zero blocks, as GNU tar's ``--ignore-zeros``: every member of
         concatenated archives (``cat a.tar b.tar > c.tar``) is indexed. Recorded in the
         index; an index built so is rebuilt, not reused, by a call without it.
+    meta
+        Also store each sample's attributes: the top-level fields of its ``meta``
+        member (``"json"``), as columns of the index's optional ``attributes`` table
+        (:mod:`indextar.index.attributes`). An index without attributes is rebuilt.
+    on_error
+        A sample whose ``meta`` member is missing or not a JSON object: ``"fail"``
+        raises :class:`~indextar.SampleAttributeError` naming the shard and key;
+        ``"skip"`` logs it and records it in the index's ``attribute_errors`` table.
 
     Raises
     ------
@@ -287,9 +303,12 @@ def build_index(
     if not force and path.exists():
         try:
             existing = open_index_at(shard_path, path)
-            if ignore_zeros or not existing.meta.ignore_zeros:
+            if meta is not None and not existing.has_attributes():
+                log.info("rebuilding %s: it has no attributes (meta=%r)", path, meta)
+            elif ignore_zeros or not existing.meta.ignore_zeros:
                 return existing
-            log.info("rebuilding %s: it was built with ignore_zeros=True", path)
+            else:
+                log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
     scan, grouping, content_fingerprint, span_names = _scan_for_index(
@@ -298,7 +317,7 @@ def build_index(
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
-    meta = IndexMeta.describe(
+    index_meta = IndexMeta.describe(
         scan,
         grouping,
         shard_name=shard_path.name,
@@ -308,5 +327,10 @@ def build_index(
         ignore_zeros=ignore_zeros,
         span_names=span_names,
     )
-    write_index(path, meta, scan, grouping)
-    return ShardIndex(shard=str(shard_path), path=path, meta=meta)
+    attributes = None
+    if meta is not None:
+        attributes = read_json_attributes(
+            shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
+        )
+    write_index(path, index_meta, scan, grouping, attributes=attributes)
+    return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)

