@@ -15,7 +15,7 @@ import bisect
 import contextlib
 import operator
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleIndexError, SampleKeyError
+from ..index.compressed import decompressing_source
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..patterns import expand_shards, is_url
@@ -184,6 +185,9 @@ class IndexedTarDataset:
             else:
                 version = FileVersion(index.meta.shard_size, index.meta.shard_mtime_ns)
                 source = open_source(url, version)
+            if index.meta.compression:  # once per shard: plain shards keep their source
+                local = None if is_url(url) else url
+                source = decompressing_source(index.path, index.meta, source, local_path=local)
             shard = OpenShard.load(index, source)
             self._open.put(shard_no, shard)
         return shard
@@ -230,31 +234,96 @@ class IndexedTarDataset:
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of samples (the DataLoader calls this with each batch's indices)."""
-        positions = self._positions(indices)
+        return self._read_batch(self._positions(indices))
+
+    def _read_batch(
+        self, positions: npt.NDArray[np.int64], extra: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """The samples at ``positions`` (checked), each sample's fields with ``extra``
+        added before it is built: a mixture's ``__source__``, without a second pass."""
         shard_nos = self._starts.searchsorted(positions, side="right") - 1
         locals_ = positions - self._starts[shard_nos]
         # Every sample is read first, in this thread; then decoded, in the pool if any.
+        shard_list, local_list, position_list = (
+            shard_nos.tolist(),
+            locals_.tolist(),
+            positions.tolist(),
+        )
+        if self._has_ranges and any(is_url(self.shards[n]) for n in set(shard_list)):
+            built = self._read_remote_batch(shard_list, local_list, position_list, extra)
+        else:
+            built = self._read_local_batch(shard_list, local_list, position_list, extra)
+        if extra and self._builder.transform is not None:
+            # The transform saw the fields; a dict it returns gets them too.
+            for sample in built:
+                if isinstance(sample, MutableMapping):
+                    sample.update(extra)
+        return built
+
+    def _read_remote_batch(
+        self,
+        shard_nos: list[int],
+        locals_: list[int],
+        positions: list[int],
+        extra: dict[str, Any] | None,
+    ) -> list[Any]:
+        spans = self._fetch_spans(shard_nos, locals_)
         read: list[Any] = [None] * len(positions)
-        local_list, position_list = locals_.tolist(), positions.tolist()
-        if self._has_ranges and any(is_url(self.shards[n]) for n in set(shard_nos.tolist())):
-            spans = self._fetch_spans(shard_nos.tolist(), local_list)
-            for at, (shard_no, span) in enumerate(zip(shard_nos.tolist(), spans)):
-                read[at] = self._read(shard_no, local_list[at], position_list[at], span)
-            return self._pool.map(self._builder.build, read)
+        for at, (shard_no, span) in enumerate(zip(shard_nos, spans)):
+            read[at] = self._read(shard_no, locals_[at], positions[at], span)
+            if extra:
+                read[at][0].update(extra)
+        return self._pool.map(self._builder.build, read)
+
+    def _read_local_batch(
+        self,
+        shard_nos: list[int],
+        locals_: list[int],
+        positions: list[int],
+        extra: dict[str, Any] | None,
+    ) -> list[Any]:
         # Shard by shard: one read_many, so one size check of a local file, per shard.
         groups: dict[int, list[int]] = {}
-        for at, shard_no in enumerate(shard_nos.tolist()):
+        for at, shard_no in enumerate(shard_nos):
             groups.setdefault(shard_no, []).append(at)
         # Without a pool, each sample is built as it is read: no second pass.
         build = self._builder.build if self._pool.threads() <= 1 else None
+        read: list[Any] = [None] * len(positions)
         for shard_no, group in groups.items():
-            shard = self._shard(shard_no)
-            name = shard.shard
-            many = shard.read_many([local_list[at] for at in group])
-            for at, (key, members) in zip(group, many):
-                fields = {"__key__": key, "__shard__": name, "__index__": position_list[at]}
-                read[at] = (fields, members) if build is None else build(fields, members)
+            self._read_into(read, group, shard_no, locals_, positions, extra, build)
         return read if build is not None else self._pool.map(self._builder.build, read)
+
+    def _read_into(
+        self,
+        out: list[Any],
+        ats: list[int],
+        shard_no: int,
+        locals_: list[int],
+        positions: list[int],
+        extra: dict[str, Any] | None,
+        build: Callable[[dict[str, Any], Any], Any] | None,
+    ) -> None:
+        """Read samples ``locals_[at]`` of local shard ``shard_no`` (dataset positions
+        ``positions[at]``) into ``out[at]`` for each ``at`` in ``ats``: built, or as
+        ``(fields, members)`` for a pool to build when ``build`` is ``None``."""
+        shard = self._shard(shard_no)
+        name = shard.shard
+        many = shard.read_many([locals_[at] for at in ats])
+        if extra is None:
+            for at, (key, members) in zip(ats, many):
+                fields = {"__key__": key, "__shard__": name, "__index__": positions[at]}
+                out[at] = (fields, members) if build is None else build(fields, members)
+            return
+        for at, (key, members) in zip(ats, many):  # a mixture's part: one more field
+            fields = {"__key__": key, "__shard__": name, "__index__": positions[at], **extra}
+            out[at] = (fields, members) if build is None else build(fields, members)
+
+    def _direct_builder(self) -> Callable[[dict[str, Any], Any], Any] | None:
+        """The build that :meth:`_read_into` can run as it reads, when batches need
+        nothing more (local shards, no decode pool, no transform); else ``None``."""
+        if self._has_ranges or self._pool.threads() > 1 or self._builder.transform is not None:
+            return None
+        return self._builder.build
 
     def _positions(self, indices: Sequence[int]) -> npt.NDArray[np.int64]:
         """A batch's indices as positions, wrapped and checked as ``ds[i]`` does."""
@@ -329,6 +398,28 @@ class IndexedTarDataset:
         """A view without the samples whose ``__key__`` is one of ``keys``: dedup lists,
         takedowns, held-out splits. As :meth:`select`, otherwise."""
         return KeySubset.of(self).exclude(keys, strict=strict)
+
+    def where(self, expression: str, *, cache_dir: PathLike | None | bool = None) -> KeySubset:
+        """A view of the samples that satisfy the SQL ``expression``, in dataset order.
+
+        The expression is evaluated over each shard's index: its attribute columns (an
+        index built with ``meta="json"`` or given ``import_attributes``), ``__key__`` and
+        ``size(ext)``, the size of the sample's member of that extension; for example
+        ``"aesthetic > 5 AND width >= 512 AND size(jpg) < 500000"``. Shards are queried
+        in parallel; the view holds O(selected) numbers and composes with
+        :meth:`select`, :meth:`exclude`, ``MixtureDataset`` and the samplers, which
+        record its ``selection``. The result is cached under ``cache_dir`` (default
+        ``~/.cache/indextar/selections``; ``False``: no cache), keyed by the expression
+        and the indexes' identities. See docs/metadata.md.
+
+        Raises
+        ------
+        SelectionError
+            If the expression fails on a shard's index (the shard and SQLite's message).
+        StaleIndexError
+            If a shard changed since it was indexed.
+        """
+        return KeySubset.of(self).where(expression, cache_dir=cache_dir)
 
     def __repr__(self) -> str:
         source = (

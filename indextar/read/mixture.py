@@ -3,7 +3,8 @@
 Indexing is :class:`torch.utils.data.ConcatDataset`'s: part 0's samples first, then
 part 1's, and so on. It has ``ConcatDataset``'s ``datasets`` and ``cumulative_sizes``
 (plus ``names``), which is how :class:`~indextar.ResumableSampler` with ``weights=``
-finds the parts. What it holds is O(parts): the parts themselves and their sizes.
+finds the parts. What it holds is O(parts): the parts themselves and their sizes (and
+O(shards) numbers for parts that are IndexedTarDatasets, read as one list of shards).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class MixtureDataset:
     Notes
     -----
     A sample that is a dict (a mutable mapping) gets ``"__source__"``: its part's
-    name, or number (set in the dict the part returned). Other samples (the tuples of
+    name, or number (set in the dict the part returned). An
+    :class:`~indextar.IndexedTarDataset` part's ``transform=`` sees it among the
+    sample's fields. Other samples (the tuples of
     ``keys=``, a transform's tensors) come back as the part returns them;
     :meth:`locate` names the part of an index.
 
@@ -71,6 +74,7 @@ class MixtureDataset:
         self._starts = np.array([0, *self.cumulative_sizes[:-1]], dtype=np.int64)
         self._ends = np.array(self.cumulative_sizes, dtype=np.int64)
         self._len: int = self.cumulative_sizes[-1]
+        self._flat = _FlatShards.of(datasets, self._starts)
 
     @property
     def part_sizes(self) -> npt.NDArray[np.int64]:
@@ -107,7 +111,11 @@ class MixtureDataset:
 
     def __getitem__(self, index: int) -> Any:
         part, local = self._locate(index)
-        return _with_source(self.datasets[part][local], self.names[part])
+        dataset, name = self.datasets[part], self.names[part]
+        read_batch = getattr(dataset, "_read_batch", None)
+        if read_batch is not None:  # so that its transform sees __source__, as in batches
+            return read_batch(np.array([local], dtype=np.int64), {SOURCE_FIELD: name})[0]
+        return _with_source(dataset[local], name)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch, each part's samples fetched together (its ``__getitems__`` if it has one)."""
@@ -116,6 +124,10 @@ class MixtureDataset:
             for position in positions.tolist():
                 self._locate(position)  # raises SampleIndexError for one out of range
             positions = np.where(positions < 0, positions + self._len, positions)
+        if self._flat is not None:
+            direct = self._flat.read(self.datasets, self.names, positions)
+            if direct is not None:
+                return direct
         parts = np.searchsorted(self._ends, positions, side="right")
         locals_ = positions - self._starts[parts]
         order = np.argsort(parts, kind="stable")
@@ -124,15 +136,19 @@ class MixtureDataset:
         for ats in np.split(order, bounds) if positions.size else []:
             part = int(parts[ats[0]])
             dataset, name = self.datasets[part], self.names[part]
-            wanted = locals_[ats].tolist()
-            getitems = getattr(dataset, "__getitems__", None)
-            samples = getitems(wanted) if getitems else [dataset[i] for i in wanted]
+            read_batch = getattr(dataset, "_read_batch", None)
+            if read_batch is not None:  # an IndexedTarDataset: __source__ is a field
+                samples = read_batch(locals_[ats], {SOURCE_FIELD: name})
+            else:
+                wanted = locals_[ats].tolist()
+                getitems = getattr(dataset, "__getitems__", None)
+                samples = getitems(wanted) if getitems else [dataset[i] for i in wanted]
+                for sample in samples:
+                    _with_source(sample, name)
+            if len(ats) == len(results):
+                return samples if isinstance(samples, list) else list(samples)
             for at, sample in zip(ats.tolist(), samples):
                 results[at] = sample
-                if type(sample) is dict:
-                    sample[SOURCE_FIELD] = name
-                else:
-                    _with_source(sample, name)
         return results
 
     def close(self) -> None:
@@ -153,3 +169,65 @@ def _with_source(sample: Any, name: str | int) -> Any:
     if type(sample) is dict or isinstance(sample, MutableMapping):
         sample[SOURCE_FIELD] = name
     return sample
+
+
+class _FlatShards:
+    """A mixture of :class:`~indextar.IndexedTarDataset` parts seen as one list of
+    shards, so that a batch is read shard by shard as one dataset's is: no split by
+    part and no second pass to put samples back in order. O(shards) numbers."""
+
+    def __init__(
+        self,
+        starts: npt.NDArray[np.int64],
+        parts: npt.NDArray[np.int64],
+        firsts: npt.NDArray[np.int64],
+        part_starts: npt.NDArray[np.int64],
+    ) -> None:
+        self.starts = starts  # each shard's first mixture index
+        self.parts = parts  # each shard's part
+        self.firsts = firsts  # each part's first shard
+        self.part_starts = part_starts  # each part's first mixture index
+
+    @classmethod
+    def of(cls, datasets: Sequence[Any], part_starts: npt.NDArray[np.int64]) -> _FlatShards | None:
+        if not all(hasattr(d, "_read_into") and hasattr(d, "shard_sizes") for d in datasets):
+            return None
+        sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in datasets]
+        counts = np.array([len(s) for s in sizes], dtype=np.int64)
+        flat = np.concatenate(sizes)
+        starts = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64)
+        parts = np.repeat(np.arange(len(datasets), dtype=np.int64), counts)
+        firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        return cls(starts, parts, firsts, part_starts)
+
+    def read(
+        self, datasets: Sequence[Any], names: Sequence[str | int], positions: npt.NDArray[np.int64]
+    ) -> list[Any] | None:
+        """The batch at ``positions`` (in range), or ``None`` if a part needs its own
+        ``__getitems__`` (a decode pool, a transform, remote ranges)."""
+        shards = self.starts.searchsorted(positions, side="right") - 1
+        parts = self.parts[shards]
+        builds = {}
+        for part in np.unique(parts).tolist():
+            builds[part] = datasets[part]._direct_builder()
+            if builds[part] is None:
+                return None
+        shard_list = shards.tolist()
+        locals_ = (positions - self.starts[shards]).tolist()
+        in_part = (positions - self.part_starts[parts]).tolist()
+        groups: dict[int, list[int]] = {}
+        for at, shard in enumerate(shard_list):
+            groups.setdefault(shard, []).append(at)
+        out: list[Any] = [None] * len(shard_list)
+        for shard, ats in groups.items():
+            part = int(self.parts[shard])
+            datasets[part]._read_into(
+                out,
+                ats,
+                shard - int(self.firsts[part]),
+                locals_,
+                in_part,
+                {SOURCE_FIELD: names[part]},
+                builds[part],
+            )
+        return out

@@ -169,3 +169,36 @@ def test_the_sampler_reads_every_part_through_torch_datasets(parts: dict[str, st
     sampler = indextar.ResumableSampler(data, weights={"x": 1, "y": 1}, epoch_length=6)
     sources = collections.Counter(data[i]["__source__"] for i in sampler)
     assert sources == {"x": 3, "y": 3}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # every part read as one list of shards
+        {"decode_threads": 2},  # a decode pool: each part's own batch read
+        {"transform": lambda s: {"key": s["__key__"], "source": s["__source__"]}},
+    ],
+    ids=["direct", "pool", "transform"],
+)
+def test_a_batch_equals_its_samples_read_one_by_one(
+    parts: dict[str, str], tmp_path: Path, options: dict[str, Any]
+) -> None:
+    empty = tmp_path / "empty-00.tar"
+    empty.write_bytes(tar_bytes({}))
+    shards = [str(empty), *indextar.expand_shards(parts["big"]), str(empty)]
+    big = indextar.IndexedTarDataset(shards, **options)
+    small = indextar.IndexedTarDataset(parts["small"], **options)
+    # A part that is not an IndexedTarDataset sends every batch down the general path.
+    for data in (
+        indextar.MixtureDataset({"big": big, "small": small}),
+        indextar.MixtureDataset({"big": big, "small": small, "list": [{"x": 1}, {"x": 2}]}),
+    ):
+        order = np.random.default_rng(0).permutation(len(data)).tolist()
+        batch = data.__getitems__(order + [-1, 0])
+        assert batch == [data[i] for i in order + [-1, 0]]
+        sources = collections.Counter(
+            sample.get("__source__", sample.get("source")) for sample in batch[:-2]
+        )
+        assert sources == {"big": 120, "small": 10, **({"list": 2} if len(data) == 132 else {})}
+        only_small = data.__getitems__([125, 129])
+        assert [s.get("__source__", s.get("source")) for s in only_small] == ["small"] * 2
