@@ -38,7 +38,15 @@ import numpy.typing as npt
 
 from ..errors import SamplerStateError
 from .epoch import DEFAULT_BLOCK_SIZE, EpochOrder, check_shard_sizes, plain_order
-from .state import STATE_VERSION, as_int, check_consumed, config_drift, state_consumed, state_epoch
+from .state import (
+    STATE_VERSION,
+    as_int,
+    check_consumed,
+    config_drift,
+    selection_of,
+    state_consumed,
+    state_epoch,
+)
 from .weights import MixturePlan, WeightsArg
 from .world import resolve_world
 
@@ -144,6 +152,8 @@ class ResumableSampler:
         else:
             self.num_samples = len(data_source_or_len)
             shard_sizes = getattr(data_source_or_len, "shard_sizes", None)
+        # A where-view's (or a mixture's parts') selection: recorded, and checked on load.
+        self._selection = selection_of(data_source_or_len)
         if self.num_samples < 0:
             raise ValueError(f"data_source_or_len must be >= 0; got {self.num_samples}")
         if order not in ("global", "blocks"):
@@ -413,6 +423,8 @@ class ResumableSampler:
         }
         if self._mixture is not None:
             config["part_sizes"] = list(self._mixture.part_sizes)
+        if self._selection is not None:
+            config["selection"] = self._selection
         return config
 
     def __repr__(self) -> str:

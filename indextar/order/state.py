@@ -30,6 +30,7 @@ CONFIG_FIELDS = (
     "block_size",
     "window_blocks",
     "part_sizes",  # a mixture's; its "weights" history is checked by MixturePlan.drift
+    "selection",  # a where-view's: its expressions, count and digest (checked both ways)
 )
 _REQUIRED_FIELDS = ("epoch", "consumed")
 _INFO_FIELDS = ("version", "num_replicas")
@@ -63,11 +64,29 @@ def state_epoch(state: Any) -> int:
 def config_drift(state: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
     """One message for each configuration field of ``state`` that differs from ``config``."""
     for name in CONFIG_FIELDS:
-        if name in state and state[name] != config.get(name):
+        # A selection is refused both ways: a state saved without one does not resume
+        # over a selection, which may have the same length by chance.
+        recorded = name in state or (name == "selection" and name in config)
+        if recorded and state.get(name) != config.get(name):
             yield (
-                f"sampler state was saved with {name}={state[name]!r}; "
+                f"sampler state was saved with {name}={state.get(name)!r}; "
                 f"this sampler has {name}={config.get(name)!r}"
             )
+
+
+def selection_of(data_source: Any) -> Any:
+    """What a sampler records of ``data_source``'s selection: a where-view's ``selection``
+    (a JSON-serialisable dict), or a mixture's parts' (a list, ``None`` for a part
+    without); ``None`` when there is none."""
+    selection = getattr(data_source, "selection", None)
+    if selection is not None:
+        return selection
+    parts = getattr(data_source, "datasets", None)
+    if isinstance(parts, list | tuple):
+        selections = [getattr(part, "selection", None) for part in parts]
+        if any(item is not None for item in selections):
+            return selections
+    return None
 
 
 def state_consumed(state: Mapping[str, Any], num_samples: int) -> int:

@@ -11,6 +11,7 @@ the first few), or with ``strict=True`` raised. A key matches every sample that 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleIndexError, SampleKeyError
+from ..index.shard import PathLike
 
 __all__ = ["KeySubset", "KeysArg", "read_keys", "report_unmatched"]
 
@@ -119,9 +121,12 @@ class KeySubset:
     they take the dataset. Samples keep the base dataset's ``__index__``.
     """
 
-    def __init__(self, base: Any, indices: Array, *, kept: bool) -> None:
+    def __init__(
+        self, base: Any, indices: Array, *, kept: bool, where: tuple[str, ...] = ()
+    ) -> None:
         self.base = base
         """The dataset this is a view of."""
+        self._where = where
         size = len(base)
         complement = size - indices.size
         if complement < indices.size:  # hold the shorter of kept and dropped
@@ -133,6 +138,7 @@ class KeySubset:
         # i + (how many of these are <= i).
         self._adjusted = None if kept else indices - np.arange(indices.size, dtype=np.int64)
         self._len = indices.size if kept else size - indices.size
+        self._digest: str | None = None
 
     @classmethod
     def of(cls, base: Any) -> KeySubset:
@@ -141,19 +147,52 @@ class KeySubset:
 
     def select(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
         """This view's samples whose key is one of ``keys`` (see ``IndexedTarDataset.select``)."""
-        found = find_keys(self.base, keys, strict=strict)
+        return self._keep(find_keys(self.base, keys, strict=strict), self._where)
+
+    def where(self, expression: str, *, cache_dir: PathLike | None | bool = None) -> KeySubset:
+        """This view's samples that satisfy the SQL ``expression`` (see
+        ``IndexedTarDataset.where``)."""
+        from .selection import where_indices
+
+        found = where_indices(self.base, expression, cache_dir=cache_dir)
+        return self._keep(found, self._where + (expression,))
+
+    def _keep(self, found: Array, where: tuple[str, ...]) -> KeySubset:
+        """This view's samples among the sorted base indices ``found``."""
         if self._kept is not None:
-            return KeySubset(self.base, np.intersect1d(self._kept, found), kept=True)
-        assert self._dropped is not None
-        return KeySubset(self.base, np.setdiff1d(found, self._dropped), kept=True)
+            kept = np.intersect1d(self._kept, found, assume_unique=True)
+        else:
+            assert self._dropped is not None
+            kept = np.setdiff1d(found, self._dropped, assume_unique=True)
+        return KeySubset(self.base, kept, kept=True, where=where)
 
     def exclude(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
         """This view's samples whose key is none of ``keys``."""
         found = find_keys(self.base, keys, strict=strict)
         if self._kept is not None:
-            return KeySubset(self.base, np.setdiff1d(self._kept, found), kept=True)
+            return KeySubset(
+                self.base, np.setdiff1d(self._kept, found), kept=True, where=self._where
+            )
         assert self._dropped is not None
-        return KeySubset(self.base, np.union1d(self._dropped, found), kept=False)
+        return KeySubset(self.base, np.union1d(self._dropped, found), kept=False, where=self._where)
+
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        """What a sampler records of a view made with :meth:`where` (else ``None``): the
+        expressions, the sample count and a digest of exactly which samples are in it.
+
+        ``ResumableSampler`` and ``BucketBatchSampler`` save it in their state and refuse
+        a state saved with another selection."""
+        if not self._where:
+            return None
+        if self._digest is None:
+            held = self._kept if self._kept is not None else self._dropped
+            assert held is not None
+            digest = hashlib.blake2b(digest_size=16)
+            digest.update(f"{len(self.base)}:{self._kept is not None}:".encode())
+            digest.update(np.ascontiguousarray(held, dtype="<i8").tobytes())
+            self._digest = digest.hexdigest()
+        return {"where": list(self._where), "samples": self._len, "digest": self._digest}
 
     def __len__(self) -> int:
         return self._len

@@ -1,0 +1,264 @@
+"""Selections by SQL over the shards' indexes: ``ds.where(...)`` and per-sample values.
+
+A ``where`` expression is SQL, evaluated per shard over a view of each sample: its
+attribute columns (:mod:`indextar.index.attributes`; NULL where a shard or sample has
+none), ``__key__``, and ``size(ext)``, the size of the sample's member with that
+extension (from the ``members`` table every index has). Shards are queried in
+parallel threads (SQLite releases the GIL while it steps); the result is one sorted
+int64 array of the dataset's indices, O(selected), which :class:`~indextar.KeySubset`
+holds as a view.
+
+The result is cached in a small ``.npy`` file keyed by the expression and every
+shard's index file (path, inode, size, mtime) and shard fingerprint: the same query on
+unchanged indexes loads it instead of querying; a rebuilt index, an import into one or
+a changed shard (refused as stale on open) makes another key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import re
+import sqlite3
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..atomic import write_atomic
+from ..errors import SelectionError
+from ..index.attributes import ATTRIBUTES_TABLE, attribute_columns, has_attribute_table, quote
+from ..index.shard import PathLike, ShardIndex
+from .remote_options import default_cache_root
+
+__all__ = ["where_indices", "attribute_values", "bucket_ids", "default_selection_cache"]
+
+log = logging.getLogger(__name__)
+
+Array = npt.NDArray[np.int64]
+
+_CACHE_VERSION = b"indextar.selection.v1"
+_THREADS = 8
+
+# A string literal or quoted identifier (left alone), or a size(ext) call.
+_SIZE_CALL = re.compile(
+    r"""('(?:[^']|'')*'|"(?:[^"]|"")*")|\bsize\(\s*(?:'([^']*)'|([A-Za-z0-9_.-]+))\s*\)""",
+    re.IGNORECASE,
+)
+
+
+def default_selection_cache() -> Path:
+    """``$XDG_CACHE_HOME/indextar/selections``: where selections are cached by default."""
+    return default_cache_root() / "selections"
+
+
+def _expand_sizes(expression: str) -> str:
+    """``size(jpg)`` (or ``size('jpg')``) as the sample's member size of that extension."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(1) is not None:
+            return match.group(1)
+        ext = (match.group(2) if match.group(2) is not None else match.group(3)).lower()
+        literal = "'" + ext.replace("'", "''") + "'"
+        return (
+            "(SELECT size FROM members WHERE member_id >= __first__ AND "
+            f"member_id < __first__ + __count__ AND ext = {literal})"
+        )
+
+    return _SIZE_CALL.sub(replace, expression)
+
+
+def _sample_view(conn: sqlite3.Connection, columns: Sequence[str]) -> str:
+    """A subquery with one row per sample: the index's own columns and the attributes
+    (NULL for a column this shard does not have)."""
+    present = {name.lower() for name in attribute_columns(conn)}
+    parts = [
+        "s.sample_id AS __sample__",
+        "s.key AS __key__",
+        "s.first_member AS __first__",
+        "s.member_count AS __count__",
+    ]
+    parts += [
+        f"a.{quote(name)} AS {quote(name)}" if name.lower() in present else f"NULL AS {quote(name)}"
+        for name in columns
+    ]
+    join = (
+        f" LEFT JOIN {ATTRIBUTES_TABLE} AS a ON a.__sample__ = s.sample_id"
+        if has_attribute_table(conn)
+        else ""
+    )
+    return f"SELECT {', '.join(parts)} FROM samples AS s{join}"
+
+
+def _columns_of(indexes: Sequence[ShardIndex]) -> list[str]:
+    """Every attribute column of any of the indexes, in first-seen order (ASCII case
+    folded, as SQLite compares column names)."""
+    seen: dict[str, str] = {}
+    for index in indexes:
+        with contextlib.closing(index.connect()) as conn:
+            for name in attribute_columns(conn):
+                seen.setdefault(name.lower(), name)
+    return list(seen.values())
+
+
+def _run(index: ShardIndex, sql: str, what: str) -> list[Any]:
+    try:
+        with contextlib.closing(index.connect()) as conn:
+            return conn.execute(sql).fetchall()
+    except sqlite3.Error as e:
+        raise SelectionError(f"{what} fails on the index of {index.shard!r}: {e}") from e
+
+
+def _query_all(indexes: Sequence[ShardIndex], build_sql: Any, what: str) -> list[list[Any]]:
+    """``build_sql(conn)``'s rows from every index, queried in parallel threads."""
+
+    def one(index: ShardIndex) -> list[Any]:
+        with contextlib.closing(index.connect()) as conn:
+            sql = build_sql(conn)
+        return _run(index, sql, what)
+
+    if len(indexes) <= 1:
+        return [one(index) for index in indexes]
+    with ThreadPoolExecutor(min(_THREADS, len(indexes))) as pool:
+        return list(pool.map(one, indexes))
+
+
+def _shards(dataset: Any) -> tuple[list[int], list[ShardIndex], Array]:
+    """The non-empty shards of an IndexedTarDataset: numbers, opened indexes (validated:
+    a changed shard raises ``StaleIndexError``) and first dataset index of each."""
+    numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
+    indexes = [dataset._shard_index(n) for n in numbers]
+    starts = np.asarray(dataset._starts[numbers], dtype=np.int64)
+    return numbers, indexes, starts
+
+
+def _cache_key(expression: str, indexes: Sequence[ShardIndex], size: int) -> str:
+    digest = hashlib.blake2b(_CACHE_VERSION, digest_size=16)
+    digest.update(f"{size}\0{expression}\0".encode())
+    for index in indexes:
+        st = os.stat(index.path)
+        digest.update(
+            f"{os.path.abspath(index.path)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0"
+            f"{index.meta.fingerprint}\0".encode("utf-8", "surrogateescape")
+        )
+    return digest.hexdigest()
+
+
+def where_indices(
+    dataset: Any,
+    expression: str,
+    *,
+    cache_dir: PathLike | None | bool = None,
+) -> Array:
+    """Sorted indices of ``dataset`` (an IndexedTarDataset) whose sample satisfies the
+    SQL ``expression``; see the module docstring for what it may name.
+
+    ``cache_dir``: the folder of cached selections (default
+    :func:`default_selection_cache`); ``False`` neither reads nor writes a cache.
+
+    Raises
+    ------
+    SelectionError
+        If the expression is not valid SQL over a shard's samples, with the shard.
+    StaleIndexError
+        If a shard changed since it was indexed.
+    """
+    if not isinstance(expression, str) or not expression.strip():
+        raise SelectionError(f"where= needs an SQL expression; got {expression!r}")
+    _, indexes, starts = _shards(dataset)
+    cache_file = None
+    if cache_dir is not False:
+        folder = (
+            default_selection_cache() if cache_dir is None or cache_dir is True else Path(cache_dir)
+        )
+        cache_file = folder / f"{_cache_key(expression, indexes, len(dataset))}.npy"
+        with contextlib.suppress(FileNotFoundError, ValueError, OSError):
+            cached: Array = np.load(cache_file, allow_pickle=False)
+            if cached.dtype == np.int64 and cached.ndim == 1:
+                log.debug("selection %r from the cache %s", expression, cache_file)
+                return cached
+    columns = _columns_of(indexes)
+    condition = _expand_sizes(expression)
+
+    def sql(conn: sqlite3.Connection) -> str:
+        view = _sample_view(conn, columns)
+        return f"SELECT __sample__ FROM ({view}) WHERE ({condition}) ORDER BY __sample__"
+
+    rows = _query_all(indexes, sql, f"where={expression!r}")
+    parts = [
+        start + np.fromiter((r[0] for r in found), np.int64, len(found))
+        for start, found in zip(starts.tolist(), rows)
+    ]
+    selected = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    if cache_file is not None:
+        buffer = io.BytesIO()
+        np.save(buffer, selected, allow_pickle=False)
+        try:
+            write_atomic(cache_file, buffer.getvalue())
+        except OSError as e:  # a read-only home still selects, uncached
+            log.warning("cannot cache the selection in %s: %s", cache_file.parent, e)
+    return selected
+
+
+def attribute_values(dataset: Any, expression: str) -> npt.NDArray[np.float64]:
+    """The numeric value of the SQL ``expression`` for every sample of ``dataset`` (an
+    IndexedTarDataset), in dataset order; NaN where it is NULL.
+
+    The expression may name what a ``where`` may (attributes, ``__key__``, ``size(ext)``),
+    for example ``"width * 1.0 / height"``.
+    """
+    _, indexes, _ = _shards(dataset)
+    columns = _columns_of(indexes)
+    value = _expand_sizes(expression)
+
+    def sql(conn: sqlite3.Connection) -> str:
+        view = _sample_view(conn, columns)
+        return f"SELECT ({value}) FROM ({view}) ORDER BY __sample__"
+
+    rows = _query_all(indexes, sql, f"the value {expression!r}")
+    out = np.empty(len(dataset), np.float64)
+    at = 0
+    for found in rows:
+        try:
+            out[at : at + len(found)] = [np.nan if r[0] is None else r[0] for r in found]
+        except (TypeError, ValueError) as e:
+            raise SelectionError(f"the value {expression!r} is not a number: {e}") from e
+        at += len(found)
+    return out
+
+
+def bucket_ids(data: Any, expression: str, boundaries: Sequence[float]) -> npt.NDArray[np.int64]:
+    """The bucket of every sample of ``data`` (an IndexedTarDataset or a view of one, in
+    its order): bucket ``b`` holds values in ``[boundaries[b-1], boundaries[b])``, as
+    ``np.digitize``; ``len(boundaries) + 1`` buckets. For ``BucketBatchSampler``.
+
+    Raises
+    ------
+    SelectionError
+        If the value is NULL or not a number for some sample (named, with a count).
+    """
+    edges = np.asarray(boundaries, dtype=np.float64)
+    if edges.ndim != 1 or (np.diff(edges) <= 0).any():
+        raise ValueError(f"boundaries must be increasing numbers; got {list(boundaries)}")
+    base = getattr(data, "base", data)
+    values = attribute_values(base, expression)
+    if base is not data:
+        values = values[data.base_indices(np.arange(len(data)))]
+    missing = np.flatnonzero(np.isnan(values))
+    if missing.size:
+        first = int(missing[0])
+        position = first if base is data else int(data.base_indices(first))
+        shard_no, local = base.locate(position)
+        key = base._shard_index(shard_no).keys()[local]
+        raise SelectionError(
+            f"{missing.size} of {values.size} samples have no value for {expression!r} "
+            f"(the first: {key!r} in {base.shards[shard_no]!r}); select them out first "
+            f"with where={expression + ' IS NOT NULL'!r}"
+        )
+    return np.digitize(values, edges).astype(np.int64)
