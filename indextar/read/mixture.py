@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleIndexError
+from ..source.base import fork_generation
 
 __all__ = ["MixtureDataset"]
 
@@ -187,6 +188,20 @@ class _FlatShards:
         self.parts = parts  # each shard's part
         self.firsts = firsts  # each part's first shard
         self.part_starts = part_starts  # each part's first mixture index
+        self._builds: list[Any] | None = None  # each part's direct build, per process
+        self._generation = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_builds": None, "_generation": -1}
+
+    def _direct_builds(self, datasets: Sequence[Any]) -> list[Any] | None:
+        """Each part's build, if every part reads batches directly in this process (a
+        decode pool's size is resolved in each worker); else ``None``."""
+        if self._generation != fork_generation():
+            builds = [d._direct_builder() for d in datasets]
+            self._builds = None if any(build is None for build in builds) else builds
+            self._generation = fork_generation()
+        return self._builds
 
     @classmethod
     def of(cls, datasets: Sequence[Any], part_starts: npt.NDArray[np.int64]) -> _FlatShards | None:
@@ -205,13 +220,11 @@ class _FlatShards:
     ) -> list[Any] | None:
         """The batch at ``positions`` (in range), or ``None`` if a part needs its own
         ``__getitems__`` (a decode pool, a transform, remote ranges)."""
+        builds = self._direct_builds(datasets)
+        if builds is None:
+            return None
         shards = self.starts.searchsorted(positions, side="right") - 1
         parts = self.parts[shards]
-        builds = {}
-        for part in np.unique(parts).tolist():
-            builds[part] = datasets[part]._direct_builder()
-            if builds[part] is None:
-                return None
         shard_list = shards.tolist()
         locals_ = (positions - self.starts[shards]).tolist()
         in_part = (positions - self.part_starts[parts]).tolist()
