@@ -26,7 +26,8 @@ from .naming import Grouping
 
 __all__ = ["FORMAT_VERSION", "IndexMeta", "fingerprint", "fingerprint_parts"]
 
-FORMAT_VERSION = 2  # 2: raw_name and raw_key columns for names that are not UTF-8
+FORMAT_VERSION = 3  # 2: raw_name and raw_key columns (names not UTF-8); 3: compressed shards
+READABLE_VERSIONS = (2, 3)  # a version-2 index describes a plain tar, as version 3 does
 NAMING = "webdataset-1"
 _FINGERPRINT_SPAN = 64 * 1024
 
@@ -54,6 +55,12 @@ class IndexMeta:
     span_names: bool = True
     """Whether every sample's span names its key, so that reads can check the name
     (:mod:`indextar.index.spans`); else they check the headers' checksums only."""
+    compression: str = ""
+    """``"gzip"`` or ``"zstd"`` for a compressed shard (:mod:`indextar.index.compressed`)."""
+    uncompressed_size: int = 0
+    """The decompressed tar's size (0 for a plain tar)."""
+    seek_spacing: int = 0
+    """Bytes between seek points of a single-stream gzip shard; 0 when read by frames."""
 
     @classmethod
     def describe(
@@ -68,6 +75,9 @@ class IndexMeta:
         etag: str = "",
         ignore_zeros: bool = False,
         span_names: bool = True,
+        compression: str = "",
+        uncompressed_size: int = 0,
+        seek_spacing: int = 0,
     ) -> IndexMeta:
         """The metadata of an index built now from ``scan`` and ``grouping``."""
         return cls(
@@ -86,6 +96,9 @@ class IndexMeta:
             etag=etag,
             ignore_zeros=ignore_zeros,
             span_names=span_names,
+            compression=compression,
+            uncompressed_size=uncompressed_size,
+            seek_spacing=seek_spacing,
         )
 
     @classmethod
@@ -108,6 +121,9 @@ class IndexMeta:
                 etag=rows.get("etag", ""),
                 ignore_zeros=rows.get("ignore_zeros", "0") == "1",
                 span_names=rows.get("span_names", "1") == "1",
+                compression=rows.get("compression", ""),
+                uncompressed_size=int(rows.get("uncompressed_size", "0")),
+                seek_spacing=int(rows.get("seek_spacing", "0")),
             )
         except (KeyError, ValueError) as e:
             raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e
@@ -171,11 +187,12 @@ def _read_meta(path: Path) -> IndexMeta:
             f"{str(path)!r} is not an indextar index (format_version is "
             f"{rows['format_version']!r}, not a number)"
         ) from None
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         newer = "a newer" if version > FORMAT_VERSION else "an older"
         raise IndexFormatError(
             f"index {str(path)!r} has format version {version}, written by {newer} indextar; "
-            f"indextar {__version__} reads format {FORMAT_VERSION} (rebuild with force=True)"
+            f"indextar {__version__} reads formats "
+            f"{', '.join(map(str, READABLE_VERSIONS))} (rebuild with force=True)"
         )
     meta = IndexMeta.from_rows(rows, path)
     if meta.naming != NAMING:

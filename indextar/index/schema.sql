@@ -1,16 +1,19 @@
--- indextar shard index, format version 2.
+-- indextar shard index, format version 3.
 --
 -- One SQLite file per shard, named <shard>.idx.sqlite. It is written to a temporary
 -- file and renamed into place, so it is either absent or complete, and it is never
 -- modified afterwards: a rebuild replaces the whole file. Safe to run twice.
 --
--- Offsets are byte offsets into the uncompressed tar. A member's header_offset is its
+-- Offsets are byte offsets into the uncompressed tar (of a compressed shard: into its
+-- decompressed bytes; the frames and seek_points tables map them onto the file). A member's header_offset is its
 -- first header block, GNU long-name or PAX extension headers included, so that the
 -- bytes [samples.start_offset, samples.end_offset) are themselves a valid tar stream
 -- of that sample's members.
 
 -- Key/value facts about the shard and how the index was built (all values are TEXT):
---   format_version      this schema's version, "2" (2 added the raw_* columns)
+--   format_version      this schema's version, "3" (2 added the raw_* columns, 3 the
+--                       compressed shards: compression, uncompressed_size, seek_spacing,
+--                       and the frames and seek_points tables); version 2 is still read
 --   indextar_version    version of indextar that wrote the file
 --   shard_name          the shard's file name (base name)
 --   shard_size          shard size in bytes when indexed
@@ -23,6 +26,10 @@
 --   naming              naming rules used ("webdataset-1": see docs/format.md)
 --   ignore_zeros        "1" if built with ignore_zeros (concatenated archives), else "0"
 --   created             UTC time of the build, ISO 8601
+--   compression         "gzip" or "zstd" for a compressed shard; "" for a plain tar
+--   uncompressed_size   size of the decompressed tar (a plain tar: 0, its size is shard_size)
+--   seek_spacing        uncompressed bytes between seek points of a single-stream gzip
+--                       shard (seek_points); 0 when the shard is read by frames
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -83,6 +90,32 @@ CREATE TABLE IF NOT EXISTS arrays (
     dtype   TEXT NOT NULL,     -- numpy dtype of packed numbers ("<i8"), or "utf-8" / "json"
     columns TEXT NOT NULL,     -- column names of a 2-D array, comma-separated; "" otherwise
     data    BLOB NOT NULL      -- row-major, little-endian
+);
+
+-- A compressed shard made of independent gzip members or zstd frames (a per-sample
+-- shard, a multi-frame .tar.zst): every data frame, in file order. A read of
+-- uncompressed bytes decompresses the frames that cover them, each whole. Empty for
+-- plain tars and for shards read through seek_points.
+CREATE TABLE IF NOT EXISTS frames (
+    frame_id            INTEGER PRIMARY KEY,  -- 0-based, file order
+    compressed_offset   INTEGER NOT NULL,     -- the frame's first byte in the file
+    compressed_size     INTEGER NOT NULL,
+    uncompressed_offset INTEGER NOT NULL,     -- where its bytes start in the tar
+    uncompressed_size   INTEGER NOT NULL
+);
+
+-- A single-stream gzip shard (tar czf): zlib's zran seek points, about one every
+-- meta.seek_spacing uncompressed bytes. Decompression may resume at a point given the
+-- window of uncompressed data before it.
+CREATE TABLE IF NOT EXISTS seek_points (
+    point_id            INTEGER PRIMARY KEY,  -- 0-based, stream order
+    compressed_offset   INTEGER NOT NULL,     -- the byte where deflate data resumes
+    bits                INTEGER NOT NULL,     -- bits (0-7) of the byte before it that belong
+                                              -- to the point's first deflate code
+    uncompressed_offset INTEGER NOT NULL,
+    window              BLOB                  -- the 32 KiB of uncompressed data before the
+                                              -- point, zlib-compressed; NULL where none is
+                                              -- needed (a gzip member's start)
 );
 
 -- Indexes: created after the bulk insert (indextar splits this file at the next line).

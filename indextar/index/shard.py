@@ -27,9 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
+from ..source.codecs import CODECS
+from ..tar.compress import sniff_compression
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attributes import OnError, has_attribute_table, read_json_attributes
+from .compressed import CompressedLayout
+from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
 from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .spans import spans_name_their_keys
@@ -251,6 +255,14 @@ def _scan_for_index(shard: Path, *, ignore_zeros: bool) -> tuple[TarScan, Groupi
         return scan, grouping, fingerprint(mm, size), named
 
 
+def _compression_of(shard: Path) -> str | None:
+    """``"gzip"`` or ``"zstd"`` if the shard starts as such a file does; ``None`` if it
+    does not (other formats are refused by the tar scanner, with a command to convert)."""
+    with open(shard, "rb") as f:
+        codec = sniff_compression(f.read(8))
+    return codec if codec in CODECS else None
+
+
 def build_index(
     shard: PathLike,
     *,
@@ -259,13 +271,15 @@ def build_index(
     ignore_zeros: bool = False,
     meta: str | None = None,
     on_error: OnError = "fail",
+    seek_spacing: int = DEFAULT_SEEK_SPACING,
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
     Parameters
     ----------
     shard
-        Path to an uncompressed tar shard.
+        Path to a tar shard: uncompressed, or gzip- or zstd-compressed (read in place
+        through frames or seek points: :mod:`indextar.index.compressed`).
     index_dir
         Folder for the index instead of next to the shard.
     force
@@ -282,6 +296,9 @@ def build_index(
         A sample whose ``meta`` member is missing or not a JSON object: ``"fail"``
         raises :class:`~indextar.SampleAttributeError` naming the shard and key;
         ``"skip"`` logs it and records it in the index's ``attribute_errors`` table.
+    seek_spacing
+        For a single-stream ``.tar.gz``: uncompressed bytes between seek points (1 MiB;
+        at least 64 KiB; each costs a 32 KiB window, compressed, in the index).
 
     Raises
     ------
@@ -311,9 +328,18 @@ def build_index(
                 log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
-    scan, grouping, content_fingerprint, span_names = _scan_for_index(
-        shard_path, ignore_zeros=ignore_zeros
-    )
+    codec = _compression_of(shard_path)
+    layout: CompressedLayout | None = None
+    uncompressed_size = 0
+    if codec is None:
+        scan, grouping, content_fingerprint, span_names = _scan_for_index(
+            shard_path, ignore_zeros=ignore_zeros
+        )
+    else:
+        compressed = scan_compressed(
+            shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
+        )
+        scan, grouping, content_fingerprint, span_names, layout, uncompressed_size = compressed
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
@@ -326,11 +352,14 @@ def build_index(
         fingerprint=content_fingerprint,
         ignore_zeros=ignore_zeros,
         span_names=span_names,
+        compression=codec or "",
+        uncompressed_size=uncompressed_size,
+        seek_spacing=layout.seek_points.spacing if layout and layout.seek_points else 0,
     )
     attributes = None
     if meta is not None:
         attributes = read_json_attributes(
             shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
         )
-    write_index(path, index_meta, scan, grouping, attributes=attributes)
+    write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)

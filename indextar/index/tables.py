@@ -23,6 +23,7 @@ from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
 from .arrays import ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
+from .compressed import CompressedLayout
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 
@@ -36,8 +37,11 @@ def write_index(
     grouping: Grouping,
     *,
     attributes: AttributeTable | None = None,
+    layout: CompressedLayout | None = None,
 ) -> None:
     """Write an index file atomically: to a temporary file, then renamed into place.
+
+    ``layout``: a compressed shard's frames or seek points (:mod:`.compressed`).
 
     ``attributes``: the optional per-sample attribute tables (:mod:`.attributes`),
     written in the same transaction."""
@@ -45,7 +49,7 @@ def write_index(
     try:
         with atomic_path(path) as tmp:  # renamed into place, or deleted on any error
             created = True
-            _write_tables(tmp, meta, scan, grouping, attributes)
+            _write_tables(tmp, meta, scan, grouping, attributes, layout)
     except IndextarError:
         raise
     except (OSError, sqlite3.Error) as e:
@@ -139,6 +143,7 @@ def _write_tables(
     scan: TarScan,
     grouping: Grouping,
     attributes: AttributeTable | None = None,
+    layout: CompressedLayout | None = None,
 ) -> None:
     tables, indexes = _schema()
     entries = grouping.entries
@@ -201,6 +206,8 @@ def _write_tables(
         write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end))
         if attributes is not None:
             write_attributes(conn, attributes)
+        if layout is not None:
+            layout.write(conn)
         conn.executescript(indexes)  # commits
     finally:
         conn.close()

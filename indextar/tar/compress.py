@@ -1,16 +1,19 @@
-"""Recognising compressed shards by their first bytes, and saying how to decompress one.
+"""Recognising compressed shards by their first bytes, and the layout of zstd frames.
 
-Random access needs an uncompressed tar: :mod:`indextar.tar.scan` refuses a
-compressed shard with the command that turns it into a plain one, and
-the streaming reader's opening (:mod:`indextar.read.opening`) names the format it must
-decompress.
+The tar scanner needs uncompressed bytes: :mod:`indextar.tar.scan` refuses a compressed
+buffer with the command that turns it into a plain one. Indexes of gzip and zstd shards
+are built from their decompressed bytes (:mod:`indextar.index.decompress`), which finds
+a zstd file's frames from their headers with :func:`zstd_frame_spans`.
 """
 
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
-__all__ = ["compressed_message", "sniff_compression"]
+from ..errors import ShardFormatError, TruncatedShardError
+
+__all__ = ["ZSTD_MAGIC", "compressed_message", "sniff_compression", "zstd_frame_spans"]
 
 # (magic, format, its command-line tool, the file name suffixes it goes with)
 _COMPRESSION_MAGIC = (
@@ -55,3 +58,81 @@ def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str
             return f"{tool} -dc {quote(shard)} > {quote(plain)}"
     tmp = shard + ".tmp"
     return f"{tool} -dc {quote(shard)} > {quote(tmp)} && mv {quote(tmp)} {quote(shard)}"
+
+
+# -- zstd frames -------------------------------------------------------------------
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_FCS_SIZES = (0, 2, 4, 8)
+_DICT_ID_SIZES = (0, 1, 2, 4)
+
+
+def zstd_frame_spans(buf: Any, *, shard: str | None = None) -> list[tuple[int, int, bool]]:
+    """Every frame of a zstd file as ``(offset, size, is_data)``, from its headers alone.
+
+    Skippable frames (the seekable format's seek table, say) have ``is_data`` false.
+    No byte is decompressed: a data frame's size is its header plus its blocks' headers
+    and sizes (RFC 8878, section 3.1.1), and its checksum if it has one.
+
+    Raises
+    ------
+    TruncatedShardError
+        If the file ends inside a frame.
+    ShardFormatError
+        If a frame starts with neither zstd's nor a skippable frame's magic number.
+    """
+    view = memoryview(buf).cast("B")
+    size = len(view)
+    spans: list[tuple[int, int, bool]] = []
+    pos = 0
+    while pos < size:
+        start = pos
+        magic = bytes(view[pos : pos + 4])
+        if len(magic) == 4 and magic[1:] == b"\x2a\x4d\x18" and magic[0] & 0xF0 == 0x50:
+            pos += 8 + _little(view, pos + 4, 4, start, shard)
+            if pos > size:
+                raise _truncated(shard, start, "a skippable zstd frame")
+            spans.append((start, pos - start, False))
+            continue
+        if magic != ZSTD_MAGIC:
+            raise ShardFormatError(
+                f"expected a zstd frame (magic {ZSTD_MAGIC.hex()}) or a skippable frame, found "
+                f"{magic.hex() or 'the end of the file'}",
+                shard=shard,
+                offset=start,
+            )
+        descriptor = _little(view, pos + 4, 1, start, shard)
+        single_segment = descriptor >> 5 & 1
+        fcs_size = _FCS_SIZES[descriptor >> 6] or single_segment
+        pos += 5 + (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3] + fcs_size
+        while True:
+            header = _little(view, pos, 3, start, shard)
+            kind, block_size = header >> 1 & 3, header >> 3
+            if kind == 3:
+                raise ShardFormatError(
+                    "zstd block of reserved type 3 (corrupt data)", shard=shard, offset=pos
+                )
+            pos += 3 + (1 if kind == 1 else block_size)
+            if header & 1:
+                break
+        pos += 4 * (descriptor >> 2 & 1)  # the content checksum
+        if pos > size:
+            raise _truncated(shard, start, "a zstd frame")
+        spans.append((start, pos - start, True))
+    return spans
+
+
+def _little(view: memoryview, pos: int, length: int, frame: int, shard: str | None) -> int:
+    """The little-endian number of ``length`` bytes at ``pos``, in the frame at ``frame``."""
+    if pos + length > len(view):
+        raise _truncated(shard, frame, "a zstd frame")
+    return int.from_bytes(view[pos : pos + length], "little")
+
+
+def _truncated(shard: str | None, frame: int, what: str) -> TruncatedShardError:
+    return TruncatedShardError(
+        f"the compressed shard is truncated: it ends inside {what} that starts at compressed "
+        f"byte offset {frame}",
+        shard=shard,
+        offset=frame,
+    )

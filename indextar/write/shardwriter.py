@@ -17,7 +17,7 @@ from ..index.manifest import write_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import END_OF_ARCHIVE
 from .sample import TarSample, encode_sample
-from .tarwriter import ClosingWriter, TarWriter
+from .tarwriter import ClosingWriter, TarWriter, compressor_for
 
 __all__ = [
     "ShardWriter",
@@ -69,8 +69,9 @@ class ShardWriter(ClosingWriter):
     manifest
         Also write a dataset manifest (:mod:`indextar.index.manifest`, readable by wids) to
         this path on close; needs ``index=True``.
-    encoder
-        As for :class:`TarWriter`.
+    encoder, compress
+        As for :class:`TarWriter`: ``compress="gzip"`` or ``"zstd"`` writes every sample
+        as its own gzip member or zstd frame (``maxsize`` counts uncompressed bytes).
     """
 
     def __init__(
@@ -83,7 +84,10 @@ class ShardWriter(ClosingWriter):
         index: bool = True,
         manifest: PathLike | None = None,
         encoder: bool = True,
+        compress: str | None = None,
     ):
+        if compress is not None:
+            compressor_for(compress)  # refuses an unknown codec, or a missing library, now
         try:
             distinct = (pattern % 0) != (pattern % 1)
         except (TypeError, ValueError) as e:
@@ -103,6 +107,7 @@ class ShardWriter(ClosingWriter):
         self.maxcount = maxcount
         self.maxsize = maxsize
         self.encoder = encoder
+        self.compress = compress
         self._index = index
         self._manifest = manifest
         self._next_shard = start_shard
@@ -130,7 +135,10 @@ class ShardWriter(ClosingWriter):
             writer = None
         if writer is None:
             writer = self._writer = TarWriter(
-                self.pattern % self._next_shard, encoder=self.encoder, index=self._index
+                self.pattern % self._next_shard,
+                encoder=self.encoder,
+                index=self._index,
+                compress=self.compress,
             )
             self._next_shard += 1
         return writer.append(sample)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -21,10 +21,12 @@ import numpy as np
 
 from ..atomic import create_temp
 from ..errors import WriterError
+from ..index.compressed import CompressedLayout
 from ..index.meta import IndexMeta, _file_fingerprint
 from ..index.naming import group_members
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.tables import write_index
+from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
 from .sample import TarSample, encode_sample
@@ -32,6 +34,7 @@ from .sample import TarSample, encode_sample
 __all__ = [
     "ClosingWriter",
     "TarWriter",
+    "compressor_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,17 @@ _REGULAR = ord("0")
 _BUFFER_BYTES = 1 << 20
 
 _Writer = TypeVar("_Writer", bound="ClosingWriter")
+
+
+def compressor_for(compress: str | None) -> Callable[[bytes], bytes] | None:
+    """The frame compressor of ``compress`` (``None``: write plain tar)."""
+    if compress is None:
+        return None
+    if compress not in CODECS:
+        raise WriterError(
+            f"compress must be one of {', '.join(map(repr, CODECS))} or None, got {compress!r}"
+        )
+    return frame_compressor(compress)
 
 
 class ClosingWriter(abc.ABC):
@@ -84,6 +98,11 @@ class TarWriter(ClosingWriter):
         Encode values by extension (:mod:`indextar.write.encode`); ``False`` takes bytes only.
     index
         Write ``<shard>.idx.sqlite`` next to the shard on close.
+    compress
+        ``"gzip"`` or ``"zstd"``: write each sample's members, and the end-of-archive
+        blocks, as a gzip member or zstd frame of its own. The file is an ordinary
+        ``.tar.gz`` / ``.tar.zst`` that GNU tar and webdataset read; the index records
+        each frame's compressed span, so a sample is one read of exactly its bytes.
 
     Examples
     --------
@@ -92,9 +111,18 @@ class TarWriter(ClosingWriter):
     """
 
     def __init__(
-        self, path_or_fileobj: PathLike | IO[bytes], *, encoder: bool = True, index: bool = True
+        self,
+        path_or_fileobj: PathLike | IO[bytes],
+        *,
+        encoder: bool = True,
+        index: bool = True,
+        compress: str | None = None,
     ):
         self.encoder = encoder
+        self.compress = compress
+        self._compressor = compressor_for(compress)
+        self._frames: list[tuple[int, int, int, int]] = []  # compressed and uncompressed spans
+        self._compressed_pos = 0
         self.index: ShardIndex | None = None
         self._path: Path | None = None
         self._tmp: Path | None = None
@@ -163,9 +191,12 @@ class TarWriter(ClosingWriter):
                 key=sample.key,
             )
         try:
-            write = self._file.write
-            for part in sample.parts:
-                write(part)
+            if self._compressor is None:
+                write = self._file.write
+                for part in sample.parts:
+                    write(part)
+            else:
+                self._write_frame(b"".join(sample.parts))
         except BaseException:
             self._state = "failed"
             raise
@@ -177,6 +208,19 @@ class TarWriter(ClosingWriter):
         self._sizes += sample.sizes
         self._pos += sample.nbytes
         return sample.nbytes
+
+    def _write_frame(self, data: bytes) -> None:
+        """Compress ``data`` (the next bytes of the tar) as one frame and write it."""
+        assert self._compressor is not None
+        frame = self._compressor(data)
+        self._file.write(frame)
+        self._frames.append((self._compressed_pos, len(frame), self._frame_start(), len(data)))
+        self._compressed_pos += len(frame)
+
+    def _frame_start(self) -> int:
+        """Where the next frame's bytes start in the uncompressed tar."""
+        last = self._frames[-1] if self._frames else (0, 0, 0, 0)
+        return last[2] + last[3]
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -201,7 +245,10 @@ class TarWriter(ClosingWriter):
             self.abort()
             raise WriterError("an earlier write failed; the shard was not written", shard=self.name)
         try:
-            self._file.write(END_OF_ARCHIVE)
+            if self._compressor is None:
+                self._file.write(END_OF_ARCHIVE)
+            else:
+                self._write_frame(END_OF_ARCHIVE)
             self._file.flush()
             if self._tmp is None:
                 self._state = "closed"
@@ -241,7 +288,7 @@ class TarWriter(ClosingWriter):
             data_offsets=np.asarray(self._data_offsets, dtype=np.int64),
             sizes=np.asarray(self._sizes, dtype=np.int64),
             end_offset=self._pos,
-            file_size=st.st_size,
+            file_size=self._pos + len(END_OF_ARCHIVE),
         )
         grouping = group_members(scan, shard=str(path))
         meta = IndexMeta.describe(
@@ -251,7 +298,13 @@ class TarWriter(ClosingWriter):
             shard_size=st.st_size,
             shard_mtime_ns=st.st_mtime_ns,
             fingerprint=content_fingerprint,
+            compression=self.compress or "",
+            uncompressed_size=self._pos + len(END_OF_ARCHIVE) if self.compress else 0,
         )
+        layout = None
+        if self.compress is not None:
+            frames = np.array(self._frames, np.int64).reshape(-1, 4)
+            layout = CompressedLayout(self.compress, frames=frames)
         target = index_path(path)
-        write_index(target, meta, scan, grouping)
+        write_index(target, meta, scan, grouping, layout=layout)
         return ShardIndex(shard=str(path), path=target, meta=meta)

@@ -1,0 +1,159 @@
+"""Decompressing a gzip or zstd shard once, to index the tar inside.
+
+The whole file is decompressed and checked (each gzip member's CRC and length, each
+zstd frame's checksum where it has one): a truncated stream or a corrupt block is an
+error naming the shard and the compressed byte offset, never a shorter index. What
+random access will need is recorded on the way (:class:`~.compressed.CompressedLayout`):
+
+* a file of several gzip members or zstd frames, none larger than ``4 * seek_spacing``
+  uncompressed (per-sample shards, ``.tar.zst`` from ``zstd --seekable``-style writers):
+  every frame's span;
+* a single-stream ``.tar.gz`` (``tar czf``, webdataset's ``.tgz``): zran seek points
+  every ``seek_spacing`` bytes (:func:`~indextar.source.gzipped.build_seek_points`);
+* a ``.tar.zst`` of one frame is refused: zstd cannot resume inside a frame, so it is
+  read from the front only (streaming) or converted (``indextar recompress``).
+
+The decompressed tar is held in memory while it is scanned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shlex
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
+from ..source.codecs import decompress_frame
+from ..source.gzipped import build_seek_points
+from ..tar.compress import zstd_frame_spans
+from ..tar.scan import TarScan, scan_tar
+from .compressed import CompressedLayout
+from .meta import fingerprint
+from .naming import Grouping, group_members
+from .spans import spans_name_their_keys
+
+__all__ = ["DEFAULT_SEEK_SPACING", "decompress_shard", "scan_compressed"]
+
+DEFAULT_SEEK_SPACING = 1 << 20
+"""Uncompressed bytes between seek points: sample-sized reads decompress ~0.5 MiB on
+average before their first byte (ratarmount's 16 MiB would cost 16 times that)."""
+
+
+def scan_compressed(
+    shard: Path, codec: str, *, ignore_zeros: bool, seek_spacing: int
+) -> tuple[TarScan, Grouping, str, bool, CompressedLayout, int]:
+    """What ``build_index`` needs of a compressed shard: the tar's scan and grouping, the
+    file's fingerprint, whether spans name their keys, the layout and the tar's size.
+
+    Errors in the tar itself give offsets into the decompressed tar, and say so.
+    """
+    with open(shard, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            content_fingerprint = fingerprint(mm, size)
+            data, layout = decompress_shard(
+                memoryview(mm), codec, shard=shard, seek_spacing=seek_spacing
+            )
+        finally:
+            with contextlib.suppress(BufferError):
+                # An error's traceback still holds views of the map; it is unmapped
+                # when that exception is collected.
+                mm.close()
+    try:
+        scan = scan_tar(data, shard=str(shard), ignore_zeros=ignore_zeros)
+        grouping = group_members(scan, shard=str(shard))
+    except ShardFormatError as e:
+        e.args = (f"{e} (an offset in the decompressed tar)",)
+        raise
+    named = spans_name_their_keys(data, scan, grouping, shard=str(shard))
+    return scan, grouping, content_fingerprint, named, layout, len(data)
+
+
+def decompress_shard(
+    buf: memoryview, codec: str, *, shard: Path, seek_spacing: int = DEFAULT_SEEK_SPACING
+) -> tuple[bytes, CompressedLayout]:
+    """The decompressed tar of the compressed file ``buf`` at ``shard``, and its layout."""
+    if codec == "gzip":
+        data, frames = _gunzip_members(buf, str(shard))
+    else:
+        data, frames = _unzstd_frames(buf, str(shard))
+    framed = len(frames) > 1 and max(row[3] for row in frames) <= 4 * seek_spacing
+    if framed or codec == "zstd":  # zstd: one frame was refused before decompressing
+        return data, CompressedLayout(codec, frames=np.array(frames, np.int64).reshape(-1, 4))
+    points = build_seek_points(str(shard), spacing=seek_spacing)
+    if points.uncompressed_size != len(data):
+        raise ShardFormatError(
+            f"zran found {points.uncompressed_size} uncompressed bytes, zlib {len(data)}",
+            shard=str(shard),
+        )
+    return data, CompressedLayout(codec, seek_points=points)
+
+
+def _single_frame_message(shard: str) -> str:
+    quote = shlex.quote
+    framed = (
+        shard[: -len(".tar.zst")] + "-framed.tar.zst"
+        if shard.endswith(".tar.zst")
+        else (shard + ".framed")
+    )
+    return (
+        "shard is one zstd frame: zstd cannot start reading inside a frame, so random access "
+        "needs a shard of many small frames; read this one from the front "
+        "(StreamingTarDataset) or convert it: indextar recompress "
+        f"{quote(shard)} {quote(framed)}"
+    )
+
+
+def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+    """Every gzip member decompressed and checked, and its spans."""
+    size = len(buf)
+    out = bytearray()
+    frames: list[tuple[int, int, int, int]] = []
+    pos = 0
+    while pos < size:
+        start, u_start = pos, len(out)
+        decompressor = zlib.decompressobj(wbits=31)
+        chunk = 4096  # grows: a small member's unused_data copies little
+        while not decompressor.eof:
+            if pos >= size:
+                raise TruncatedShardError(
+                    f"the compressed shard is truncated: it ends inside the gzip member that "
+                    f"starts at compressed byte offset {start}",
+                    shard=shard,
+                    offset=start,
+                )
+            try:
+                out += decompressor.decompress(buf[pos : pos + chunk])
+            except zlib.error as e:
+                raise ShardFormatError(
+                    f"corrupt gzip data in the member that starts at compressed byte offset "
+                    f"{start}, within bytes [{pos}, {min(size, pos + chunk)}) ({e})",
+                    shard=shard,
+                    offset=pos,
+                ) from e
+            pos += min(chunk, size - pos)
+            chunk = min(chunk * 2, 1 << 20)
+        pos -= len(decompressor.unused_data)
+        frames.append((start, pos - start, u_start, len(out) - u_start))
+    return bytes(out), frames
+
+
+def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+    """Every zstd data frame decompressed and checked, and its spans."""
+    out = bytearray()
+    frames: list[tuple[int, int, int, int]] = []
+    spans = zstd_frame_spans(buf, shard=shard)
+    if sum(is_data for _, _, is_data in spans) == 1:
+        raise CompressedShardError(_single_frame_message(shard), shard=shard)
+    for start, length, is_data in spans:
+        if is_data:
+            u_start = len(out)
+            out += decompress_frame("zstd", buf[start : start + length], shard=shard, offset=start)
+            frames.append((start, length, u_start, len(out) - u_start))
+    return bytes(out), frames

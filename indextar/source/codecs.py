@@ -1,0 +1,113 @@
+"""The compression libraries, imported lazily, and whole-frame decompression.
+
+``import indextar`` imports none of them: a gzip frame needs only :mod:`zlib`; zstd needs
+``zstandard`` and a single-stream ``.tar.gz`` read through seek points ``indexed_gzip``,
+each imported on first use with an ImportError that says what to install (the extras
+``indextar[zstd]`` and ``indextar[gzip]``).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ..errors import ShardFormatError, TruncatedShardError
+
+__all__ = ["CODECS", "decompress_frame", "frame_compressor", "indexed_gzip", "zstandard"]
+
+CODECS = ("gzip", "zstd")
+
+
+def zstandard() -> ModuleType:
+    """The ``zstandard`` module, or an ImportError naming the extra that installs it."""
+    try:
+        import zstandard as module
+    except ImportError as e:
+        raise ImportError(
+            "zstd shards need the zstandard package: pip install 'indextar[zstd]'"
+        ) from e
+    return module
+
+
+def indexed_gzip() -> ModuleType:
+    """The ``indexed_gzip`` module, or an ImportError naming the extra that installs it."""
+    try:
+        import indexed_gzip as module
+    except ImportError as e:
+        raise ImportError(
+            "random access into a .tar.gz shard needs the indexed_gzip package: "
+            "pip install 'indextar[gzip]'"
+        ) from e
+    return module  # type: ignore[no-any-return]
+
+
+def decompress_frame(codec: str, data: bytes | memoryview, *, shard: str, offset: int) -> bytes:
+    """One whole gzip member or zstd frame (``data``, at compressed byte ``offset`` of
+    ``shard``), decompressed and checked: a frame that is cut short or corrupt raises."""
+    try:
+        if codec == "gzip":
+            decompressor = zlib.decompressobj(wbits=31)
+            out = decompressor.decompress(data)
+            complete, rest = decompressor.eof, decompressor.unused_data
+        else:
+            zstd_decompressor = _zstd_context().decompressobj()
+            out = zstd_decompressor.decompress(data)
+            complete, rest = zstd_decompressor.eof, zstd_decompressor.unused_data
+    except (zlib.error, Exception) as e:  # zstandard.ZstdError derives from Exception
+        if isinstance(e, ImportError):
+            raise
+        raise ShardFormatError(
+            f"corrupt {codec} data in the frame at compressed byte offset {offset} ({e})",
+            shard=shard,
+            offset=offset,
+        ) from e
+    if not complete:
+        raise TruncatedShardError(
+            f"the {codec} frame at compressed byte offset {offset} is cut short "
+            f"({len(data)} bytes read)",
+            shard=shard,
+            offset=offset,
+        )
+    if rest:
+        raise ShardFormatError(
+            f"the {codec} frame at compressed byte offset {offset} ends "
+            f"{len(rest)} bytes before the span the index records",
+            shard=shard,
+            offset=offset,
+        )
+    return out
+
+
+_local = threading.local()
+
+
+def _zstd_context() -> Any:
+    """This thread's ``ZstdDecompressor`` (one is not safe to share between threads, and
+    making one per frame costs more than decompressing a small frame)."""
+    context = getattr(_local, "zstd", None)
+    if context is None:
+        context = _local.zstd = zstandard().ZstdDecompressor()
+    return context
+
+
+def frame_compressor(codec: str, level: int | None = None) -> Callable[[bytes], bytes]:
+    """A function that compresses bytes into one gzip member or one zstd frame (with its
+    content size and checksum), so that every call's output decompresses on its own and
+    the outputs' concatenation is one valid ``.gz`` or ``.zst`` file."""
+    if codec == "gzip":
+        gzip_level = 6 if level is None else level
+
+        def gzip_frame(data: bytes) -> bytes:
+            compressor = zlib.compressobj(gzip_level, zlib.DEFLATED, 31)
+            return compressor.compress(data) + compressor.flush()
+
+        return gzip_frame
+    if codec == "zstd":
+        compressor = zstandard().ZstdCompressor(
+            level=3 if level is None else level, write_content_size=True, write_checksum=True
+        )
+        return compressor.compress  # type: ignore[no-any-return]
+    raise ValueError(f"compress must be one of {', '.join(CODECS)} or None, got {codec!r}")

@@ -1,0 +1,104 @@
+"""A compressed shard made of independent frames, read at uncompressed offsets.
+
+A shard written with ``compress="gzip"`` or ``"zstd"`` holds each sample as its own gzip
+member or zstd frame; a multi-frame ``.tar.zst`` holds runs of the tar in frames. The
+index records every frame's compressed and uncompressed span, so a range of the
+uncompressed tar is one read of the frames that cover it, each decompressed whole: a
+sample of a per-sample shard is one read of exactly its compressed bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import TruncatedShardError
+from .base import ByteSource
+from .codecs import decompress_frame
+
+__all__ = ["FramedSource"]
+
+
+class FramedSource(ByteSource):
+    """The uncompressed bytes of a framed shard, over the source of its compressed bytes.
+
+    Parameters
+    ----------
+    raw
+        The compressed file (local or remote).
+    codec
+        ``"gzip"`` or ``"zstd"``.
+    frames
+        ``(compressed_offset, compressed_size, uncompressed_offset, uncompressed_size)``
+        per data frame, in file order (the index's ``frames`` table).
+    """
+
+    __slots__ = ("url", "raw", "codec", "_frames", "_starts", "_size")
+
+    def __init__(self, raw: ByteSource, codec: str, frames: npt.NDArray[np.int64]):
+        self.url = raw.url
+        self.raw = raw
+        self.codec = codec
+        self._frames = frames
+        self._starts = np.ascontiguousarray(frames[:, 2])
+        self._size = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def compressed_span(self, offset: int, length: int) -> tuple[int, int, int, int]:
+        """``(first frame, last frame + 1, compressed offset, compressed length)`` of the
+        frames that hold uncompressed bytes ``[offset, offset + length)``."""
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise TruncatedShardError(
+                f"range [{offset}, {offset + length}) is outside the decompressed shard "
+                f"({self._size} bytes)",
+                shard=self.url,
+                offset=offset,
+            )
+        first = int(np.searchsorted(self._starts, offset, "right")) - 1
+        last = max(first + 1, int(np.searchsorted(self._starts, offset + length, "left")))
+        c_start = int(self._frames[first, 0])
+        c_end = int(self._frames[last - 1, 0] + self._frames[last - 1, 1])
+        return first, last, c_start, c_end - c_start
+
+    def decompress(self, first: int, last: int, data: bytes, offset: int, length: int) -> bytes:
+        """Uncompressed ``[offset, offset + length)`` from ``data``, the compressed bytes of
+        frames ``first`` to ``last - 1`` (as :meth:`compressed_span` gave them)."""
+        rows = self._frames[first:last].tolist()
+        base = rows[0][0]
+        parts = []
+        for c_offset, c_size, _, u_size in rows:
+            frame = decompress_frame(
+                self.codec, data[c_offset - base : c_offset - base + c_size],
+                shard=self.url, offset=c_offset,
+            )  # fmt: skip
+            if len(frame) != u_size:
+                raise TruncatedShardError(
+                    f"the {self.codec} frame at compressed byte offset {c_offset} holds "
+                    f"{len(frame)} bytes; the index recorded {u_size}",
+                    shard=self.url,
+                    offset=c_offset,
+                )
+            parts.append(frame)
+        whole = parts[0] if len(parts) == 1 else b"".join(parts)
+        skip = offset - rows[0][2]
+        return whole if skip == 0 and len(whole) == length else whole[skip : skip + length]
+
+    def read(self, offset: int, length: int) -> bytes:
+        first, last, c_offset, c_length = self.compressed_span(offset, length)
+        return self.decompress(first, last, self.raw.read(c_offset, c_length), offset, length)
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        spans = [self.compressed_span(o, n) for o, n in zip(offsets, lengths)]
+        datas = self.raw.read_many([s[2] for s in spans], [s[3] for s in spans])
+        return [
+            self.decompress(first, last, data, offset, length)
+            for (first, last, _, _), data, offset, length in zip(spans, datas, offsets, lengths)
+        ]
+
+    def close(self) -> None:
+        self.raw.close()
