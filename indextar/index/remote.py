@@ -4,7 +4,9 @@ The index of ``<url>`` is looked for, in order:
 
 1. in ``index_dir`` (a local folder), under the shard's name plus a hash of its URL;
 2. next to the shard as ``<url>.idx.sqlite``, which is downloaded into ``index_dir``;
-3. nowhere: the shard is streamed once into ``index_dir``, indexed, and deleted.
+3. nowhere: the shard is scanned as it streams past (or its headers alone are read,
+   for large members), and the index is written into ``index_dir``; no copy of the
+   shard touches the disk.
 
 Every index is checked against the object before use: size and ETag, or, where the
 server gives no ETag, the content fingerprint (two ranged reads of 64 KiB).
@@ -14,11 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import mmap
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,23 @@ from ..atomic import write_atomic
 from ..errors import IndexFormatError, MissingIndexError, StaleIndexError
 from ..source.conditional import RemoteStat, check_version
 from ..source.filesystems import filesystem
+from ..source.forward import ForwardReader, ScanMode
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
-from ..source.stream import RemoteStream
-from ..tar.scan import scan_tar
-from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint, fingerprint_parts
+from ..tar.streamscan import StreamedBytes, scan_stream
+from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
 from .naming import group_members
 from .shard import INDEX_SUFFIX, ShardIndex
+from .spans import headers_name_their_keys
 from .tables import write_index
 
-__all__ = ["remote_index_path", "open_remote_index", "upload_index"]
+__all__ = [
+    "RemoteBuild",
+    "remote_index_path",
+    "open_remote_index",
+    "build_remote_index",
+    "scan_remote_shard",
+    "upload_index",
+]
 
 log = logging.getLogger(__name__)
 
@@ -129,31 +137,62 @@ def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | N
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteBuild:
+    """A remote shard's index as built, and what building it fetched.
+
+    ``mode`` is how the shard was read: ``"stream"`` (every byte, once) or
+    ``"ranged"`` (its headers alone); ``bytes_fetched`` counts the bytes read.
+    """
+
+    index: ShardIndex
+    mode: str
+    bytes_fetched: int
+
+
 def build_remote_index(
     url: str,
     *,
     index_dir: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     reason: Exception | None = None,
+    mode: ScanMode = "auto",
 ) -> ShardIndex:
-    """Stream ``url`` once into ``index_dir``, index the copy, delete it."""
+    """Scan ``url`` as it streams (or its headers by ranged reads) into an index in
+    ``index_dir``; no copy of the shard is written. See :func:`scan_remote_shard`."""
+    return scan_remote_shard(
+        url, index_dir=index_dir, storage_options=storage_options, mode=mode
+    ).index
+
+
+def scan_remote_shard(
+    url: str,
+    *,
+    index_dir: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    mode: ScanMode = "auto",
+) -> RemoteBuild:
+    """Build the index of ``url`` in ``index_dir`` from one forward read of the object.
+
+    ``mode="stream"`` reads every byte once, in order; ``"ranged"`` reads the headers
+    alone, jumping over member data; ``"auto"`` chooses from the first headers
+    (:class:`~indextar.source.forward.ForwardReader`). Either way the members, and
+    any error, are :func:`~indextar.tar.scan.scan_tar`'s, and every read is
+    conditional on the object's first version.
+    """
     local = remote_index_path(url, index_dir)
     local.parent.mkdir(parents=True, exist_ok=True)
-    source = RangeSource(url, storage_options=storage_options)
-    stat = source.stat()
-    log.info("building the index of %s (%d bytes) by streaming it once", url, stat.size)
+    stat = RangeSource(url, storage_options=storage_options).stat()
     source = RangeSource(url, expected=stat, storage_options=storage_options)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".shard", dir=local.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f, RemoteStream(source) as stream:
-            shutil.copyfileobj(stream, f, 1 << 20)
-        with open(tmp, "rb") as copy, mmap.mmap(copy.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            scan = scan_tar(mm, shard=url)
-            content_fingerprint = fingerprint(mm, stat.size)
+    log.info("building the index of %s (%d bytes) from one forward read", url, stat.size)
+    with ForwardReader(source, mode=mode) as reader:
+        view = StreamedBytes(reader, stat.size, shard=url, edges=_FINGERPRINT_SPAN)
+        scan = scan_stream(view)
         grouping = group_members(scan, shard=url)
-    finally:
-        tmp.unlink(missing_ok=True)
+        span_names = headers_name_their_keys(view.read, scan, grouping, shard=url)
+        view.finish()
+        content_fingerprint = fingerprint_parts(stat.size, view.head(), view.tail())
+        chosen, fetched = reader.mode, reader.bytes_fetched
     meta = IndexMeta.describe(
         scan,
         grouping,
@@ -162,9 +201,11 @@ def build_remote_index(
         shard_mtime_ns=0,
         fingerprint=content_fingerprint,
         etag=stat.etag,
+        span_names=span_names,
     )
     write_index(local, meta, scan, grouping)
-    return ShardIndex(shard=url, path=local, meta=meta)
+    log.info("indexed %s: %s scan, %d of %d bytes fetched", url, chosen, fetched, stat.size)
+    return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), chosen, fetched)
 
 
 def upload_index(index: ShardIndex, *, storage_options: Mapping[str, Any] | None = None) -> str:

@@ -6,7 +6,7 @@ import concurrent.futures
 import io
 from typing import Any
 
-from .remote import RangeSource
+from .base import ByteSource
 
 __all__ = ["RemoteStream"]
 
@@ -16,9 +16,17 @@ class RemoteStream(io.RawIOBase):
 
     Each chunk is one retried ranged read, so a connection cut mid-object costs one
     chunk, not the whole stream. Wrap it in :class:`io.BufferedReader` for small reads.
+    It starts at byte ``start``; ``fetched`` counts the bytes read from the source.
     """
 
-    def __init__(self, source: RangeSource, *, chunk_size: int = 8 << 20, prefetch: int = 2):
+    def __init__(
+        self,
+        source: ByteSource,
+        *,
+        chunk_size: int = 8 << 20,
+        prefetch: int = 2,
+        start: int = 0,
+    ):
         super().__init__()
         self.source = source
         self.chunk_size = chunk_size
@@ -26,7 +34,8 @@ class RemoteStream(io.RawIOBase):
         self._buffer = memoryview(b"")
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ahead: list[concurrent.futures.Future[bytes]] = []
-        self._next = 0
+        self._next = start
+        self.fetched = 0
 
     def readable(self) -> bool:
         return True
@@ -48,6 +57,7 @@ class RemoteStream(io.RawIOBase):
             if not self._ahead:
                 return 0
             self._buffer = memoryview(self._ahead.pop(0).result())
+            self.fetched += len(self._buffer)
             self._schedule()
         n = min(len(buffer), len(self._buffer))
         buffer[:n] = self._buffer[:n]

@@ -123,6 +123,13 @@ class ShardBytes:
             )
         return self.data[start : start + size].tobytes()
 
+    def next_part(self, end: int) -> int | None:
+        """The first block after ``end`` that is not all zeros, if any (a later part)."""
+        if end % BLOCK or end >= len(self.blocks) * BLOCK:
+            return None  # past the last whole block: check_end judges what is left
+        nonzero = np.flatnonzero(self.blocks[end // BLOCK :].any(axis=1))
+        return end + int(nonzero[0]) * BLOCK if nonzero.size else None
+
     def decode_all(self, raw_names: list[bytes]) -> list[str]:
         """Every name of ``raw_names`` decoded as :func:`decode_name` does."""
         return [raw.decode("utf-8", "surrogateescape") for raw in raw_names]

@@ -47,7 +47,7 @@ from .compress import compressed_message, sniff_compression
 from .ext import EXTENSION_TYPES, fold_extensions
 from .fields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at
 from .sparse import GNU_MULTIVOL, GNU_SPARSE, unsupported_member_error
-from .walk import next_part, walk_adaptive, walk_parts, walk_sequential
+from .walk import walk_adaptive, walk_parts, walk_sequential
 from .walk import walk_window as _walk_window
 
 __all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
@@ -171,7 +171,7 @@ class _Scanner(ShardBytes):
     def scan(self) -> TarScan:
         self.check_start()
         plain = self.walk_c()
-        if plain is not None and not (self.ignore_zeros and next_part(self, plain[3]) is not None):
+        if plain is not None and not (self.ignore_zeros and self.next_part(plain[3]) is not None):
             return self.resolve_plain(*plain)
         try:
             offsets, end = walk_parts(self, self.walk_fast, ignore_zeros=self.ignore_zeros)
@@ -183,6 +183,10 @@ class _Scanner(ShardBytes):
             log.debug("%s: walking sequentially", self.shard)
         walk = functools.partial(walk_sequential, self, limit=self.size)
         offsets, end = walk_parts(self, walk, ignore_zeros=self.ignore_zeros)
+        return self.resolve_walked(offsets, end)
+
+    def resolve_walked(self, offsets: npt.NDArray[np.int64], end: int) -> TarScan:
+        """:meth:`resolve` after the sequential walk, the reference: its chain stands."""
         try:
             return self.resolve(offsets, end)
         except _ChainMismatch as e:

@@ -33,7 +33,7 @@ from .ext import EXTENSION_TYPES, PAX_GLOBAL, PAX_LOCAL, PendingExtensions
 from .fields import MAGIC_OFFSET, cached_octal, parse_numeric
 from .sparse import GNU_SPARSE, sparse_extension_blocks
 
-__all__ = ["next_part", "walk_adaptive", "walk_parts", "walk_sequential", "walk_window"]
+__all__ = ["walk_adaptive", "walk_parts", "walk_sequential", "walk_window"]
 
 _ZERO_BLOCK = bytes(BLOCK)
 # A walk from a start offset: the header offsets and where it stopped.
@@ -50,18 +50,10 @@ def walk_parts(
     parts = []
     offsets, end = walk(0)
     parts.append(offsets)
-    while ignore_zeros and (start := next_part(shard, end)) is not None:
+    while ignore_zeros and (start := shard.next_part(end)) is not None:
         offsets, end = walk(start)
         parts.append(offsets)
     return (np.concatenate(parts) if len(parts) > 1 else parts[0]), end
-
-
-def next_part(shard: ShardBytes, end: int) -> int | None:
-    """The first block after ``end`` that is not all zeros, if any (a later part)."""
-    if end % BLOCK or end >= len(shard.blocks) * BLOCK:
-        return None  # past the last whole block: check_end judges what is left
-    nonzero = np.flatnonzero(shard.blocks[end // BLOCK :].any(axis=1))
-    return end + int(nonzero[0]) * BLOCK if nonzero.size else None
 
 
 def walk_adaptive(

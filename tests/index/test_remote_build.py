@@ -1,0 +1,125 @@
+"""Remote index builds read the shard once, forward, with no copy on disk (index/remote.py).
+
+Against the loopback HTTP server: the index equals a local build of the same bytes
+(arrays, fingerprint, span check), errors equal the local scan's, and large members
+are read by their headers alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import sample_members, tar_bytes
+from tarcraft import BLOCK, blocks, header, pax_records
+
+from indextar import IndextarError, build_index, scan_tar
+from indextar.index.remote import build_remote_index, scan_remote_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from loopback_servers import HttpServer  # noqa: E402
+
+
+def _global_named() -> bytes:
+    def pax(kind: bytes, records: dict[str, str]) -> bytes:
+        data = pax_records(records)
+        return header("./PaxHeaders/x", len(data), typeflag=kind) + blocks(data)
+
+    return (
+        pax(b"g", {"path": "k.txt"})  # names every later member without a local path
+        + pax(b"x", {"path": "a.txt"})
+        + header("ignored.txt", 3)
+        + blocks(b"aaa")
+        + header("zzz.txt", 3)
+        + blocks(b"bbb")
+        + bytes(2 * BLOCK)
+    )
+
+
+SHARDS = {
+    "ustar.tar": tar_bytes(sample_members(30, exts=("jpg", "cls")), "ustar"),
+    "gnu.tar": tar_bytes(
+        {**sample_members(20, exts=("json",)), "x" * 150 + ".txt": b"long"}, "gnu"
+    ),
+    "pax.tar": tar_bytes({**sample_members(20, exts=("txt",)), "caf\u00e9.txt": b"utf8"}, "pax"),
+    "global.tar": _global_named(),
+    "video.tar": tar_bytes(
+        {
+            f"v{i:03d}.{ext}": os.urandom(3 << 20) if ext == "mp4" else b"{}"
+            for i in range(6)
+            for ext in ("json", "mp4")
+        }
+    ),
+    "cut.tar": tar_bytes(sample_members(10))[:3000],
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, HttpServer]]:
+    root = tmp_path_factory.mktemp("served")
+    for name, data in SHARDS.items():
+        (root / name).write_bytes(data)
+    with HttpServer(root) as server:
+        yield root, server
+
+
+@pytest.fixture
+def no_temp_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a remote build wrote a temporary file")
+
+    for name in ("mkstemp", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile"):
+        monkeypatch.setattr(tempfile, name, refuse)
+
+
+@pytest.mark.parametrize("name", ["ustar.tar", "gnu.tar", "pax.tar", "global.tar", "video.tar"])
+def test_a_remote_build_equals_the_local_build(
+    name: str, served: tuple[Path, HttpServer], tmp_path: Path, no_temp_files: None
+) -> None:
+    root, server = served
+    local = build_index(root / name, index_dir=tmp_path / "local")
+    remote = build_remote_index(server.url(name), index_dir=tmp_path / "remote")
+    assert remote.meta.fingerprint == local.meta.fingerprint
+    assert remote.meta.span_names == local.meta.span_names == (name != "global.tar")
+    assert (remote.meta.num_samples, remote.meta.num_members) == (
+        local.meta.num_samples,
+        local.meta.num_members,
+    )
+    assert remote.keys() == local.keys()
+    ours, theirs = remote.load_arrays(), local.load_arrays()
+    assert np.array_equal(ours.samples, theirs.samples)
+    assert np.array_equal(ours.members, theirs.members)
+    assert [p.name for p in (tmp_path / "remote").iterdir()] == [remote.path.name]
+
+
+def test_large_members_are_read_by_their_headers(
+    served: tuple[Path, HttpServer], tmp_path: Path
+) -> None:
+    _, server = served
+    size = len(SHARDS["video.tar"])
+    ranged = scan_remote_shard(server.url("video.tar"), index_dir=tmp_path)
+    assert ranged.mode == "ranged" and ranged.bytes_fetched < 0.02 * size
+    streamed = scan_remote_shard(server.url("video.tar"), index_dir=tmp_path / "s", mode="stream")
+    assert streamed.mode == "stream" and streamed.bytes_fetched >= size
+    assert ranged.index.keys() == streamed.index.keys()
+    small = scan_remote_shard(server.url("ustar.tar"), index_dir=tmp_path)
+    assert small.mode == "stream"
+
+
+def test_a_damaged_remote_shard_fails_as_the_local_scan_does(
+    served: tuple[Path, HttpServer], tmp_path: Path
+) -> None:
+    _, server = served
+    with pytest.raises(IndextarError) as local:
+        scan_tar(SHARDS["cut.tar"], shard="cut.tar")
+    for mode in ("stream", "ranged"):
+        with pytest.raises(type(local.value)) as remote:
+            scan_remote_shard(server.url("cut.tar"), index_dir=tmp_path, mode=mode)  # type: ignore[arg-type]
+        assert remote.value.offset == local.value.offset  # type: ignore[attr-defined]
+    assert list(tmp_path.iterdir()) == []
