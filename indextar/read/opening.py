@@ -2,7 +2,7 @@
 
 :func:`open_stream` gives the shard's uncompressed tar bytes as a file object, for
 :func:`~indextar.tar.stream.iter_members`; the tar room reads file objects and leaves
-URLs, pipes and gzip to this module.
+URLs, pipes, gzip and zstd to this module.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from ..errors import CompressedShardError, IndextarError, ShardNotFoundError
 from ..patterns import is_url
+from ..source.codecs import zstandard
 from ..source.remote import RangeSource, check_pipe_allowed
 from ..source.stream import RemoteStream
 from ..tar.compress import sniff_compression
@@ -31,8 +32,8 @@ def open_stream(
 ) -> Iterator[BinaryIO]:
     """A shard's uncompressed tar bytes, read front to back.
 
-    ``url`` is a local path, an fsspec URL or (if allowed) ``pipe:CMD``. gzip is
-    recognised by its magic bytes and decompressed; other compressions raise
+    ``url`` is a local path, an fsspec URL or (if allowed) ``pipe:CMD``. gzip and zstd
+    are recognised by their magic bytes and decompressed; other compressions raise
     :class:`~indextar.errors.CompressedShardError`.
     """
     with contextlib.ExitStack() as stack:
@@ -56,9 +57,14 @@ def open_stream(
         compression = sniff_compression(raw.peek(8)[:8])
         if compression == "gzip":
             raw = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)
+        elif compression == "zstd":  # one frame or many, skippable frames skipped
+            reader = zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            stack.callback(reader.close)
+            raw = io.BufferedReader(reader, _BUFFER)
         elif compression is not None:
             raise CompressedShardError(
-                f"is {compression}-compressed; streaming reads plain or gzip-compressed tars",
+                f"is {compression}-compressed; streaming reads plain, gzip- or "
+                "zstd-compressed tars",
                 shard=url,
             )
         yield raw

@@ -69,3 +69,18 @@ def test_shards_of_every_kind_in_one_dataset(shards: list[str], tmp_path: Path) 
     ds = indextar.IndexedTarDataset(shards)
     order = torch.randperm(N, generator=torch.Generator().manual_seed(1)).tolist()
     assert check(ds.__getitems__(order)) == order
+
+
+def test_streaming_reads_zstd_of_one_frame_and_of_many(shards: list[str], tmp_path: Path) -> None:
+    write_tree(tmp_path / "tree", {f"s{i:05d}.txt": payload(i) for i in range(30)})
+    one_frame = tmp_path / "one.tar.zst"
+    subprocess.run(
+        [GNU_TAR, "--sort=name", "--zstd", "-cf", str(one_frame), "-C", str(tmp_path / "tree"),
+         "."],
+        check=True,
+    )  # fmt: skip
+    with pytest.raises(indextar.CompressedShardError, match="one zstd frame"):
+        indextar.build_index(one_frame)  # random access refuses it; streaming reads it
+    streamed = list(indextar.StreamingTarDataset([str(one_frame), *shards]))
+    assert check(streamed[:30]) == list(range(30))
+    assert sorted(check(streamed[30:])) == list(range(N))
