@@ -26,6 +26,7 @@ from ..index.verify import verify_index
 from ..patterns import expand_shards, is_url
 from ..read.remote_options import default_cache_root
 from .options import add_options
+from .query import add_query_commands
 from .tools import add_tool_commands
 
 __all__ = ["main", "build_parser"]
@@ -373,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(p, index_dir=own_indexes, json=True, quiet=True)
     p.set_defaults(func=_cmd_verify)
     add_tool_commands(sub)
+    add_query_commands(sub)
     return parser
 
 

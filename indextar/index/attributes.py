@@ -100,7 +100,7 @@ class AttributeTable:
     errors: list[tuple[int, str]]
 
 
-def _value(value: object) -> Value:
+def sql_value(value: object) -> Value:
     """A JSON value as SQLite stores it: nested values as JSON text, bools as 0/1."""
     if value is None or isinstance(value, str | float):
         return value
@@ -164,7 +164,7 @@ def parse_attributes(
             if column is None:
                 folded[name.lower()] = name
                 column = columns[name] = [None] * n
-            column[sample] = _value(value)
+            column[sample] = sql_value(value)
     if errors:
         shown = "; ".join(f"{keys[s]!r}: {m}" for s, m in errors[:_SHOWN])
         more = "; ..." if len(errors) > _SHOWN else ""

@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,13 @@ from ..index.attributes import ATTRIBUTES_TABLE, attribute_columns, has_attribut
 from ..index.shard import PathLike, ShardIndex
 from .remote_options import default_cache_root
 
-__all__ = ["where_indices", "attribute_values", "bucket_ids", "default_selection_cache"]
+__all__ = [
+    "where_indices",
+    "where_rows",
+    "attribute_values",
+    "bucket_ids",
+    "default_selection_cache",
+]
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +210,22 @@ def where_indices(
         except OSError as e:  # a read-only home still selects, uncached
             log.warning("cannot cache the selection in %s: %s", cache_file.parent, e)
     return selected
+
+
+def where_rows(dataset: Any, expression: str) -> Iterator[dict[str, Any]]:
+    """Each selected sample's row, shard by shard: ``__shard__``, ``__index__`` (in the
+    dataset), ``__key__`` and every attribute column (``None`` for NULL)."""
+    _, indexes, starts = _shards(dataset)
+    columns = _columns_of(indexes)
+    condition = _expand_sizes(expression)
+    wanted = ", ".join(["__sample__", "__key__", *map(quote, columns)])
+    for index, start in zip(indexes, starts.tolist()):
+        with contextlib.closing(index.connect()) as conn:
+            view = _sample_view(conn, columns)
+        sql = f"SELECT {wanted} FROM ({view}) WHERE ({condition}) ORDER BY __sample__"
+        for row in _run(index, sql, f"where={expression!r}"):
+            fields = {"__shard__": index.shard, "__index__": start + row[0], "__key__": row[1]}
+            yield fields | dict(zip(columns, row[2:]))
 
 
 def attribute_values(dataset: Any, expression: str) -> npt.NDArray[np.float64]:

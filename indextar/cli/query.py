@@ -1,0 +1,129 @@
+"""``indextar query`` (select samples by SQL over their indexes) and ``indextar meta
+import`` (join a parquet table into the indexes by key). Part of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..index.attribute_import import import_attributes
+from ..patterns import expand_shards
+from ..read.dataset import IndexedTarDataset
+from ..read.selection import where_rows
+from .options import add_options
+
+__all__ = ["add_query_commands"]
+
+_INDEXES = "where the shards' indexes live"
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    ds = IndexedTarDataset(args.shards, index_dir=args.index_dir, build_missing=False)
+    if args.json:
+        for row in where_rows(ds, args.where):
+            print(json.dumps(row, ensure_ascii=False))
+        return 0
+    view = ds.where(args.where, cache_dir=False if args.no_cache else None)
+    if args.count:
+        print(len(view))
+    elif args.keys:
+        selected = view.base_indices(np.arange(len(view)))
+        shard_nos = np.searchsorted(ds._starts, selected, side="right") - 1
+        out = sys.stdout.buffer
+        for shard_no in np.unique(shard_nos).tolist():
+            keys = ds._shard_index(shard_no).keys()
+            start = int(ds._starts[shard_no])
+            for at in (selected[shard_nos == shard_no] - start).tolist():
+                out.write(keys[at].encode("utf-8", "surrogateescape") + b"\n")
+        out.flush()
+    else:
+        print(
+            f"{len(view):,} of {len(ds):,} samples in {len(ds.shards):,} "
+            f"shard{'' if len(ds.shards) == 1 else 's'} match "
+            f"{args.where!r}"
+        )
+    return 0
+
+
+def _cmd_meta_import(args: argparse.Namespace) -> int:
+    columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
+    report = import_attributes(
+        expand_shards(args.shards),
+        args.table,
+        key=args.key,
+        columns=columns,
+        index_dir=args.index_dir,
+        missing=args.missing,
+    )
+    summary: dict[str, Any] = {
+        "shards": report.shards,
+        "samples": report.samples,
+        "matched": report.matched,
+        "missing": report.missing,
+        "unused": report.unused,
+        "columns": list(report.columns),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"imported {', '.join(report.columns) or 'no columns'} into {report.shards:,} "
+            f"indexes: {report.matched:,} of {report.samples:,} samples matched, "
+            f"{report.missing:,} without a row (NULL), {report.unused:,} rows unused"
+        )
+    return 0
+
+
+def add_query_commands(sub: Any) -> None:
+    """Register ``query`` and ``meta import`` on the parser's subcommands."""
+    p = sub.add_parser(
+        "query",
+        help="select samples by SQL over their indexes",
+        description="Evaluate an SQL condition over every shard's index: attribute columns "
+        "(index --meta json, meta import), __key__ and size(ext). See docs/metadata.md.",
+    )
+    p.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
+    p.add_argument(
+        "--where",
+        required=True,
+        help='an SQL condition, such as "aesthetic > 5 AND width >= 512 AND size(jpg) < 1e6"',
+    )
+    output = p.add_mutually_exclusive_group()
+    output.add_argument("--count", action="store_true", help="print the number of samples")
+    output.add_argument(
+        "--keys",
+        action="store_true",
+        help="print the samples' keys, one a line (a key file for select / --select)",
+    )
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    add_options(p, index_dir=_INDEXES, json=True)
+    p.set_defaults(func=_cmd_query)
+
+    p = sub.add_parser(
+        "meta",
+        help="per-sample attributes in the indexes",
+        description="Manage the per-sample attributes stored in the shards' indexes.",
+    )
+    meta = p.add_subparsers(dest="meta_command", required=True, metavar="ACTION")
+    p = meta.add_parser(
+        "import",
+        help="join a parquet table into the indexes by key",
+        description="Join the rows of a parquet table into the shards' indexes by sample "
+        "key; each index is rewritten to a temporary file and renamed into place.",
+    )
+    p.add_argument("table", help="a parquet file with a key column")
+    p.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
+    p.add_argument("--key", default="key", help="the table's key column (default: key)")
+    p.add_argument("--columns", help="comma-separated columns to import (default: all but the key)")
+    p.add_argument(
+        "--missing",
+        choices=("null", "fail"),
+        default="null",
+        help="a sample without a row: NULL columns (default), or fail before writing",
+    )
+    add_options(p, index_dir=_INDEXES, json=True)
+    p.set_defaults(func=_cmd_meta_import)

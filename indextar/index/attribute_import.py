@@ -1,0 +1,226 @@
+"""Join an external table (parquet) into the shards' indexes by key: ``import_attributes``.
+
+LAION and its kin ship per-sample scores in a parquet file beside the shards, keyed by
+the sample's key. Each shard's samples are matched to the table's rows by key, in
+Arrow (``pyarrow.compute.index_in``), and the chosen columns are written into the
+shard index's ``attributes`` table (:mod:`indextar.index.attributes`), replacing
+columns of the same name.
+
+An index is never modified in place: each is copied to a temporary file next to it,
+changed there and renamed over the original (:func:`indextar.atomic.atomic_path`), so a
+reader sees the old index or the new one, and a crash leaves the old one. A sidecar
+file would avoid the copy (indexes are small: about 100 bytes a sample), but every
+reader of attributes would then have to find, validate and join a second file; one
+file keeps a query a single SQLite statement. Imports into one index must not run
+concurrently with each other or with a rebuild (the last rename wins).
+
+A key the table holds twice is an error (which row would win?), as is a NULL key. A
+sample the table has no row for gets NULL (or, with ``missing="fail"``, is an error);
+rows that match no sample are counted and logged. pyarrow is an optional dependency
+(``pip install 'indextar[meta]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..atomic import atomic_path
+from ..errors import IndexWriteError, SampleAttributeError
+from .attributes import AttributeTable, sql_value, write_attributes
+from .meta import _read_meta
+from .shard import PathLike, ShardIndex, open_index
+
+__all__ = ["import_attributes", "ImportReport"]
+
+log = logging.getLogger(__name__)
+
+_SHOWN = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    """What :func:`import_attributes` did.
+
+    Attributes
+    ----------
+    shards
+        Indexes rewritten.
+    samples
+        Samples in those shards.
+    matched
+        Samples that got a row of the table.
+    missing
+        Samples the table has no row for (their columns are NULL).
+    unused
+        Rows of the table that match no sample of these shards.
+    columns
+        The columns imported.
+    """
+
+    shards: int
+    samples: int
+    matched: int
+    missing: int
+    unused: int
+    columns: tuple[str, ...]
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.parquet
+    except ImportError as e:  # pragma: no cover - pyarrow is in the test extra
+        raise ImportError(
+            "importing a parquet table needs pyarrow: pip install 'indextar[meta]'"
+        ) from e
+    return pyarrow
+
+
+def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
+    pa = _pyarrow()
+    schema = pa.parquet.read_schema(path)
+    if key not in schema.names:
+        raise SampleAttributeError(
+            f"the table {os.fspath(path)!r} has no key column {key!r}; it has {schema.names}"
+        )
+    wanted = [name for name in schema.names if name != key] if columns is None else list(columns)
+    unknown = [name for name in wanted if name not in schema.names]
+    if unknown:
+        raise SampleAttributeError(
+            f"the table {os.fspath(path)!r} has no columns {unknown}; it has {schema.names}"
+        )
+    table = pa.parquet.read_table(path, columns=[key, *wanted])
+    keys = table.column(key)
+    if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
+        keys = keys.cast(pa.string())
+    if keys.null_count:
+        row = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SampleAttributeError(
+            f"the table {os.fspath(path)!r} has {keys.null_count} rows without a key "
+            f"(the first: row {row})"
+        )
+    counts = pa.compute.value_counts(keys)
+    repeated = counts.filter(pa.compute.greater(counts.field("counts"), 1))
+    if len(repeated):
+        shown = ", ".join(repr(k) for k in repeated.field("values")[:_SHOWN].to_pylist())
+        raise SampleAttributeError(
+            f"the table {os.fspath(path)!r} has {len(repeated)} keys on more than one row "
+            f"(which should a sample take?): {shown}{', ...' if len(repeated) > _SHOWN else ''}"
+        )
+    return keys.combine_chunks(), {name: table.column(name) for name in wanted}
+
+
+def import_attributes(
+    shards: Sequence[PathLike],
+    table: PathLike,
+    *,
+    key: str = "key",
+    columns: Sequence[str] | None = None,
+    index_dir: PathLike | None = None,
+    missing: Literal["null", "fail"] = "null",
+) -> ImportReport:
+    """Join the parquet ``table`` into the indexes of local ``shards`` by sample key.
+
+    Parameters
+    ----------
+    shards
+        Local shard paths; each must have a valid index.
+    table
+        A parquet file with a key column and the columns to import.
+    key
+        The table's column holding each sample's ``__key__`` (cast to a string).
+    columns
+        The columns to import; default every column but ``key``.
+    index_dir
+        Folder of the indexes, when they are not next to their shards.
+    missing
+        A sample the table has no row for: ``"null"`` (its columns are NULL, counted in
+        the report and logged) or ``"fail"`` (an error naming it; no index changes).
+
+    Raises
+    ------
+    SampleAttributeError
+        A key on two rows or a NULL key, an unknown column, or (``missing="fail"``) a
+        sample without a row; nothing is written.
+    StaleIndexError, MissingIndexError
+        As :func:`~indextar.open_index`.
+    """
+    if missing not in ("null", "fail"):
+        raise ValueError(f"missing must be 'null' or 'fail'; got {missing!r}")
+    pa = _pyarrow()
+    keys, values = _read_table(table, key, columns)
+    source = f"import:{Path(table).name}"
+    used = np.zeros(len(keys), dtype=bool)
+    plans: list[tuple[ShardIndex, AttributeTable]] = []
+    total = matched = 0
+    for shard in shards:  # every shard is matched before any index is written
+        index = open_index(shard, index_dir=index_dir)
+        shard_keys = index.keys()
+        found = pa.compute.index_in(pa.array(shard_keys, pa.string()), value_set=keys)
+        rows = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        hit = rows >= 0
+        absent = np.flatnonzero(~hit)
+        if absent.size and missing == "fail":
+            raise SampleAttributeError(
+                f"{absent.size} of {len(rows)} samples have no row in {os.fspath(table)!r}",
+                shard=str(shard),
+                key=shard_keys[int(absent[0])],
+            )
+        used[rows[hit]] = True
+        take = pa.array(np.where(hit, rows, 0))
+        imported = {}
+        for name, column in values.items():
+            taken = column.take(take).to_pylist()
+            imported[name] = [sql_value(v) if h else None for v, h in zip(taken, hit.tolist())]
+        plans.append((index, AttributeTable(len(rows), imported, source, [])))
+        total += len(rows)
+        matched += int(hit.sum())
+    for index, attributes in plans:
+        _rewrite(index, attributes)
+    report = ImportReport(
+        shards=len(plans),
+        samples=total,
+        matched=matched,
+        missing=total - matched,
+        unused=int((~used).sum()),
+        columns=tuple(values),
+    )
+    if report.missing or report.unused:
+        log.warning(
+            "%s: %d of %d samples have no row (their columns are NULL); %d of %d rows "
+            "match no sample",
+            os.fspath(table),
+            report.missing,
+            report.samples,
+            report.unused,
+            len(keys),
+        )
+    return report
+
+
+def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
+    """Add ``attributes`` to a copy of the index and rename the copy over it."""
+    try:
+        with atomic_path(index.path) as tmp:
+            shutil.copyfile(index.path, tmp)
+            if _read_meta(tmp) != index.meta:  # rebuilt since it was opened
+                raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
+            with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
+                conn.execute("BEGIN")
+                write_attributes(conn, attributes)
+                conn.execute("COMMIT")
+    except (OSError, sqlite3.Error) as e:
+        if isinstance(e, IndexWriteError):
+            raise
+        raise IndexWriteError(f"cannot rewrite the index {str(index.path)!r}: {e}") from e
