@@ -5,15 +5,16 @@ quality 90) into 4 shards under ``bench-data/decode/``, then measures, in one ru
 
 * **libraries**, one thread, bytes already in memory: a full decode; a full decode then
   the resize to 256 (what ``decode="rgb8"`` plus a resize in ``transform`` does);
-  Pillow's DCT-domain ``draft`` then the resize (``image_decoder``); ``simplejpeg``
-  and PyTurboJPEG decoding at the same DCT scale, then the same resize (rows appear
-  when they are installed);
+  ``image_decoder`` (simplejpeg's DCT scale where it is installed, the ``bench``
+  extra), and with ``backend="pillow"`` (Pillow's DCT-domain ``draft``); bare
+  ``simplejpeg`` and PyTurboJPEG decoding at a DCT scale, then the same resize (rows
+  appear when they are installed);
 * **threads**: ``image_decoder`` over a batch of 64 in one process, decoded in the
   calling thread and in the ``decode_threads=2`` pool;
 * **DataLoader**, 2 workers, batch 64, 256-pixel ``rgb8`` arrays: webdataset with
   ``.decode("rgb8")`` and a PIL resize in ``.map``; indextar with ``decode="rgb8"``
   and the same resize in ``transform``; indextar with ``image_decoder(size=256)``,
-  with and without ``decode_threads``; and the in-memory limit, ``image_decoder`` over
+  with and without ``decode_threads``, and with ``backend="pillow"``; and the in-memory limit, ``image_decoder`` over
   bytes already in RAM; then 1 worker, with and without 2 decode threads.
 
 Every row is the best of ``ROUNDS`` runs, interleaved, with the range over the runs:
@@ -40,6 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 import indextar  # noqa: E402
 from indextar import image_decoder  # noqa: E402
+from indextar.read.image import _jpeg_module  # noqa: E402
+
+BACKEND = "simplejpeg" if _jpeg_module("auto") is not None else "pillow"
+"""Who decodes JPEGs for ``image_decoder()`` here: simplejpeg where installed."""
 from indextar.read.decode import make_decoder  # noqa: E402
 
 WIDTH, HEIGHT, SIZE = 1024, 768, 256
@@ -145,6 +150,7 @@ def library_cases(jpegs: list[bytes]) -> dict[str, Callable[[], float]]:
     full = make_decoder("rgb8")
     assert full is not None
     ours = image_decoder("rgb8", SIZE)
+    ours_pillow = image_decoder("rgb8", SIZE, backend="pillow")
 
     def rate(fn: Callable[[bytes], Any]) -> Callable[[], float]:
         def case() -> float:
@@ -163,7 +169,10 @@ def library_cases(jpegs: list[bytes]) -> dict[str, Callable[[], float]]:
     cases = {
         'Pillow full decode (`decode="rgb8"`)': rate(lambda d: full("jpg", d)),
         "Pillow full decode + resize": rate(lambda d: resize(full("jpg", d))),
-        "Pillow `draft` + resize (`image_decoder`)": rate(lambda d: ours(".jpg", d)),
+        f"`image_decoder` (backend {BACKEND})": rate(lambda d: ours(".jpg", d)),
+        'Pillow `draft` + resize (`image_decoder(backend="pillow")`)': rate(
+            lambda d: ours_pillow(".jpg", d)
+        ),
         "Pillow `draft` + resize, bare": rate(pillow_draft),
     }
     try:
@@ -276,6 +285,7 @@ def loader_cases(paths: list[str]) -> dict[str, Callable[[], float]]:
         OURS: timed(ours(small)),
         OURS_THREADS: timed(ours(small, decode_threads=2)),
         LIMIT: timed(limit),
+        OURS_PILLOW: timed(ours(image_decoder(size=SIZE, backend="pillow"))),
         "indextar `image_decoder`, 1 worker": timed(ours(small, 1)),
         "indextar `image_decoder`, 1 worker, `decode_threads=2`": timed(
             ours(small, 1, decode_threads=2)
@@ -286,6 +296,7 @@ def loader_cases(paths: list[str]) -> dict[str, Callable[[], float]]:
 WDS = 'webdataset `.decode("rgb8")` + resize in `.map`'
 FULL = 'indextar `decode="rgb8"` + resize in `transform`'
 OURS = "indextar `image_decoder(size=256)`"
+OURS_PILLOW = 'indextar `image_decoder(size=256, backend="pillow")`'
 OURS_THREADS = "indextar `image_decoder(size=256)`, `decode_threads=2`"
 LIMIT = "in-memory limit: `image_decoder` on bytes in RAM"
 

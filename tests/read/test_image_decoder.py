@@ -15,9 +15,19 @@ from photos import encode, photo, psnr
 from PIL import Image, ImageOps
 
 from indextar import DecodeError, DecodeSpecError, IndexedTarDataset, image_decoder
+from indextar.read import image
 from indextar.read.image import _draft, target_geometry
 
 MIN_PSNR = 30.0  # the stated tolerance (docs/dataset.md); measured 45-48 dB
+
+
+@pytest.fixture(autouse=True, params=["pillow", "simplejpeg"])
+def jpeg_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with each JPEG decoder behind ``backend="auto"``."""
+    import simplejpeg  # noqa: F401  a test dependency: both paths are proven here
+
+    monkeypatch.setattr(image, "AUTO_SIMPLEJPEG", request.param == "simplejpeg")
+    return str(request.param)
 
 
 def reference(
@@ -196,6 +206,7 @@ def test_named_filters(resample: str) -> None:
         {"size": (224, 0)},
         {"fit": "stretch"},
         {"resample": "cubic"},
+        {"backend": "libjpeg"},
     ],
 )
 def test_bad_arguments_are_refused(kwargs: dict[str, object]) -> None:
@@ -238,3 +249,35 @@ def test_tar_bytes_helper_round_trips_images() -> None:
     # The shards above carry images byte for byte (no text mode, no padding mix-ups).
     data = tar_bytes({"x.jpg": JPEGS[0]})
     assert JPEGS[0] in data
+
+
+def test_the_backend_decides_who_decodes_jpegs(
+    jpeg_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import simplejpeg
+
+    calls: list[tuple[int, int]] = []
+    decode_jpeg = simplejpeg.decode_jpeg
+
+    def spy(data: bytes, **options: object) -> np.ndarray:
+        calls.append((options["min_width"], options["min_height"]))  # type: ignore[arg-type]
+        return decode_jpeg(data, **options)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", spy)
+    auto = image_decoder("rgb8", 150)(".jpg", JPEGS[0])
+    assert calls == ([(200, 150)] if jpeg_backend == "simplejpeg" else [])
+    pillow = image_decoder("rgb8", 150, backend="pillow")(".jpg", JPEGS[0])
+    chosen = image_decoder("rgb8", 150, backend="simplejpeg")(".jpg", JPEGS[0])
+    assert len(calls) == (2 if jpeg_backend == "simplejpeg" else 1)  # pillow: never
+    assert auto.shape == pillow.shape == chosen.shape == (150, 200, 3)
+    assert psnr(pillow, chosen) >= 40  # the same libjpeg-turbo, scales apart
+    # CMYK, PNG and files simplejpeg refuses are Pillow's.
+    image_decoder("rgb8", 150, backend="simplejpeg")(".jpg", encode(photo(60, 40).convert("CMYK")))
+    image_decoder("rgb8", 20, backend="simplejpeg")(".png", encode(photo(60, 40), "PNG"))
+    assert len(calls) == (2 if jpeg_backend == "simplejpeg" else 1)
+
+
+def test_simplejpeg_backend_needs_simplejpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image, "_SIMPLEJPEG", None)
+    with pytest.raises(DecodeSpecError, match=r"pip install 'indextar\[jpeg\]'"):
+        image_decoder(backend="simplejpeg")
