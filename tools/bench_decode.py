@@ -14,8 +14,9 @@ quality 90) into 4 shards under ``bench-data/decode/``, then measures, in one ru
 * **DataLoader**, 2 workers, batch 64, 256-pixel ``rgb8`` arrays: webdataset with
   ``.decode("rgb8")`` and a PIL resize in ``.map``; indextar with ``decode="rgb8"``
   and the same resize in ``transform``; indextar with ``image_decoder(size=256)``,
-  with and without ``decode_threads``, and with ``backend="pillow"``; and the in-memory limit, ``image_decoder`` over
-  bytes already in RAM; then 1 worker, with and without 2 decode threads.
+  with and without ``decode_threads``, and with ``backend="pillow"``; and the in-memory
+  limit, ``image_decoder`` over bytes already in RAM; then 1 worker, with and without 2
+  decode threads.
 
 Every row is the best of ``ROUNDS`` runs, interleaved, with the range over the runs:
 this machine is shared. Targets are printed as PASS/FAIL, never asserted. A bar chart
