@@ -91,8 +91,9 @@ def selection_of(data_source: Any) -> Any:
 
 def state_consumed(state: Mapping[str, Any], num_samples: int) -> int:
     """The ``consumed`` of a saved ``state``, checked against ``num_samples``."""
+    consumed = _state_int(state, "consumed")  # a SamplerStateError of its own
     try:
-        return check_consumed(_state_int(state, "consumed"), num_samples)
+        return check_consumed(consumed, num_samples)
     except ValueError as error:
         raise SamplerStateError(f"sampler state: {error}") from error
 

@@ -225,7 +225,7 @@ def test_config_drift_is_accepted_with_strict_false(caplog: pytest.LogCaptureFix
     ({"epoch": 0, "consumed": 0, "step": 3}, r"unknown keys \['step'\]"),
     ({"epoch": 0, "consumed": -1}, "consumed=-1 is negative"),
     ({"epoch": 0, "consumed": 11}, "consumed=11 exceeds num_samples=10"),
-    ({"epoch": 0, "consumed": 2.5}, "consumed must be an int; got 2.5"),
+    ({"epoch": 0, "consumed": 2.5}, "^sampler state: consumed must be an int; got 2.5$"),
     ({"epoch": 0, "consumed": True}, "consumed must be an int"),
     ({"epoch": -1, "consumed": 0}, "epoch=-1"),
     ({"epoch": "1", "consumed": 0}, "epoch must be an int"),
