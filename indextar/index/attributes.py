@@ -37,6 +37,7 @@ from .naming import Grouping
 
 __all__ = [
     "AttributeTable",
+    "AttributeBuilder",
     "OnError",
     "ATTRIBUTES_TABLE",
     "RESERVED_NAMES",
@@ -111,6 +112,85 @@ def sql_value(value: object) -> Value:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+class AttributeBuilder:
+    """Collects one shard's attributes sample by sample (a writer's, or a build's).
+
+    :meth:`add` takes each sample's member text in order; with ``on_error="fail"`` a
+    bad one raises before anything of it is recorded, so a writer can refuse the
+    sample and stay usable.
+    """
+
+    def __init__(self, *, shard: str, ext: str, on_error: OnError = "fail") -> None:
+        if on_error not in ("fail", "skip"):
+            raise ValueError(f"on_error must be 'fail' or 'skip'; got {on_error!r}")
+        self.shard, self.ext, self.on_error = shard, ext, on_error
+        self._columns: dict[str, list[Value]] = {}
+        self._folded: dict[str, str] = {}  # SQLite column names ignore ASCII case
+        self._errors: list[tuple[int, str]] = []
+        self._keys: dict[int, str] = {}  # the keys of samples in error, for the log
+        self._count = 0
+
+    def _fields(self, text: bytes | None) -> tuple[dict[str, object], str | None]:
+        """The sample's fields, or the problem with its member."""
+        ext = self.ext
+        if text is None:
+            return {}, f"has no {ext!r} member"
+        try:
+            parsed = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            return {}, f"its {ext!r} member is not valid JSON ({e})"
+        if not isinstance(parsed, dict):
+            return {}, f"its {ext!r} member is a JSON {type(parsed).__name__}, not an object"
+        for name in parsed:
+            known = self._folded.get(name.lower())
+            if name in RESERVED_NAMES or (known is not None and known != name):
+                clash = "is reserved" if known is None else f"differs from {known!r} only in case"
+                return {}, f"its {ext!r} member has the field {name!r}, whose name {clash}"
+        return parsed, None
+
+    def add(self, text: bytes | None, key: str) -> None:
+        """Record the next sample's member (``None``: it has none).
+
+        Raises
+        ------
+        SampleAttributeError
+            If the member is missing or not a JSON object, with ``on_error="fail"``.
+        """
+        fields, problem = self._fields(text)
+        if problem is not None:
+            if self.on_error == "fail":
+                raise SampleAttributeError(problem, shard=self.shard, key=key)
+            self._errors.append((self._count, problem))
+            self._keys[self._count] = key
+        for name, value in fields.items():
+            column = self._columns.get(name)
+            if column is None:
+                self._folded[name.lower()] = name
+                column = self._columns[name] = [None] * self._count
+            column.append(sql_value(value))
+        self._count += 1
+        for column in self._columns.values():
+            if len(column) < self._count:
+                column.append(None)
+
+    def table(self) -> AttributeTable:
+        """The attributes of the samples added so far (and a warning for the bad ones)."""
+        errors = self._errors
+        if errors:
+            shown = "; ".join(f"{self._keys[s]!r}: {m}" for s, m in errors[:_SHOWN])
+            more = "; ..." if len(errors) > _SHOWN else ""
+            log.warning(
+                "%r: %d of %d samples have no attributes (on_error='skip'): %s%s",
+                self.shard,
+                len(errors),
+                self._count,
+                shown,
+                more,
+            )
+        columns = {name: list(values) for name, values in self._columns.items()}
+        return AttributeTable(self._count, columns, f"json:{self.ext}", list(errors))
+
+
 def parse_attributes(
     texts: Sequence[bytes | None],
     keys: Sequence[str],
@@ -126,57 +206,10 @@ def parse_attributes(
     SampleAttributeError
         For the first bad sample, with ``on_error="fail"``.
     """
-    if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip'; got {on_error!r}")
-    columns: dict[str, list[Value]] = {}
-    folded: dict[str, str] = {}  # SQLite column names ignore ASCII case
-    errors: list[tuple[int, str]] = []
-    n = len(texts)
-    for sample, text in enumerate(texts):
-        problem = None
-        fields: dict[str, object] = {}
-        if text is None:
-            problem = f"has no {ext!r} member"
-        else:
-            try:
-                parsed = json.loads(text)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                problem = f"its {ext!r} member is not valid JSON ({e})"
-            else:
-                if isinstance(parsed, dict):
-                    fields = parsed
-                else:
-                    problem = f"its {ext!r} member is a JSON {type(parsed).__name__}, not an object"
-        for name in fields:
-            known = folded.get(name.lower())
-            if name in RESERVED_NAMES or (known is not None and known != name):
-                clash = "is reserved" if known is None else f"differs from {known!r} only in case"
-                problem = f"its {ext!r} member has the field {name!r}, whose name {clash}"
-                fields = {}
-                break
-        if problem is not None:
-            if on_error == "fail":
-                raise SampleAttributeError(problem, shard=shard, key=keys[sample])
-            errors.append((sample, problem))
-            continue
-        for name, value in fields.items():
-            column = columns.get(name)
-            if column is None:
-                folded[name.lower()] = name
-                column = columns[name] = [None] * n
-            column[sample] = sql_value(value)
-    if errors:
-        shown = "; ".join(f"{keys[s]!r}: {m}" for s, m in errors[:_SHOWN])
-        more = "; ..." if len(errors) > _SHOWN else ""
-        log.warning(
-            "%r: %d of %d samples have no attributes (on_error='skip'): %s%s",
-            shard,
-            len(errors),
-            n,
-            shown,
-            more,
-        )
-    return AttributeTable(n, columns, f"json:{ext}", errors)
+    builder = AttributeBuilder(shard=shard, ext=ext, on_error=on_error)
+    for text, key in zip(texts, keys):
+        builder.add(text, key)
+    return builder.table()
 
 
 def read_json_attributes(

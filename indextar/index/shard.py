@@ -357,6 +357,11 @@ def build_index(
         seek_spacing=layout.seek_points.spacing if layout and layout.seek_points else 0,
     )
     attributes = None
+    if meta is not None and codec is not None:  # the members' offsets are uncompressed ones
+        raise IndextarError(
+            f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"
+            "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
+        )
     if meta is not None:
         attributes = read_json_attributes(
             shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import WriterError
+from ..index.attributes import OnError
 from ..index.manifest import write_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import END_OF_ARCHIVE
@@ -72,6 +73,9 @@ class ShardWriter(ClosingWriter):
     encoder, compress
         As for :class:`TarWriter`: ``compress="gzip"`` or ``"zstd"`` writes every sample
         as its own gzip member or zstd frame (``maxsize`` counts uncompressed bytes).
+    meta, on_error
+        As for :class:`TarWriter`: store each sample's JSON attributes in its shard's
+        index as it is written (``meta="json"``); needs ``index=True``.
     """
 
     def __init__(
@@ -85,7 +89,11 @@ class ShardWriter(ClosingWriter):
         manifest: PathLike | None = None,
         encoder: bool = True,
         compress: str | None = None,
+        meta: str | None = None,
+        on_error: OnError = "fail",
     ):
+        if meta is not None and not index:
+            raise WriterError("meta= stores attributes in the shards' indexes; it needs index=True")
         if compress is not None:
             compressor_for(compress)  # refuses an unknown codec, or a missing library, now
         try:
@@ -108,6 +116,7 @@ class ShardWriter(ClosingWriter):
         self.maxsize = maxsize
         self.encoder = encoder
         self.compress = compress
+        self.meta, self.on_error = meta, on_error
         self._index = index
         self._manifest = manifest
         self._next_shard = start_shard
@@ -139,6 +148,8 @@ class ShardWriter(ClosingWriter):
                 encoder=self.encoder,
                 index=self._index,
                 compress=self.compress,
+                meta=self.meta,
+                on_error=self.on_error,
             )
             self._next_shard += 1
         return writer.append(sample)

@@ -21,9 +21,10 @@ import numpy as np
 
 from ..atomic import create_temp
 from ..errors import WriterError
+from ..index.attributes import AttributeBuilder, OnError
 from ..index.compressed import CompressedLayout
 from ..index.meta import IndexMeta, _file_fingerprint
-from ..index.naming import group_members
+from ..index.naming import group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.tables import write_index
 from ..source.codecs import CODECS, frame_compressor
@@ -103,6 +104,12 @@ class TarWriter(ClosingWriter):
         blocks, as a gzip member or zstd frame of its own. The file is an ordinary
         ``.tar.gz`` / ``.tar.zst`` that GNU tar and webdataset read; the index records
         each frame's compressed span, so a sample is one read of exactly its bytes.
+    meta, on_error
+        Store each sample's attributes in the index, as ``build_index(..., meta="json")``
+        does, from the bytes being written (no read back): the top-level fields of its
+        ``meta`` member. A sample whose member is missing or not a JSON object raises
+        :class:`~indextar.SampleAttributeError` before it is written (``"fail"``), or is
+        recorded in the index's ``attribute_errors`` (``"skip"``).
 
     Examples
     --------
@@ -117,9 +124,12 @@ class TarWriter(ClosingWriter):
         encoder: bool = True,
         index: bool = True,
         compress: str | None = None,
+        meta: str | None = None,
+        on_error: OnError = "fail",
     ):
         self.encoder = encoder
         self.compress = compress
+        self.meta = meta
         self._compressor = compressor_for(compress)
         self._frames: list[tuple[int, int, int, int]] = []  # compressed and uncompressed spans
         self._compressed_pos = 0
@@ -147,6 +157,9 @@ class TarWriter(ClosingWriter):
             self.name = str(getattr(path_or_fileobj, "name", "<stream>"))
             self._file = path_or_fileobj
         self._index = index
+        self._attributes = (
+            None if meta is None else AttributeBuilder(shard=self.name, ext=meta, on_error=on_error)
+        )
         self._state = "open"
         self._pos = 0
         self._keys: set[str] = set()
@@ -190,6 +203,8 @@ class TarWriter(ClosingWriter):
                 shard=self.name,
                 key=sample.key,
             )
+        if self._attributes is not None:  # refuses a bad sample before writing it
+            self._attributes.add(_member_bytes(sample, self._attributes.ext), sample.key)
         try:
             if self._compressor is None:
                 write = self._file.write
@@ -306,5 +321,24 @@ class TarWriter(ClosingWriter):
             frames = np.array(self._frames, np.int64).reshape(-1, 4)
             layout = CompressedLayout(self.compress, frames=frames)
         target = index_path(path)
-        write_index(target, meta, scan, grouping, layout=layout)
+        attributes = None if self._attributes is None else self._attributes.table()
+        write_index(target, meta, scan, grouping, attributes=attributes, layout=layout)
         return ShardIndex(shard=str(path), path=target, meta=meta)
+
+
+def _member_bytes(sample: TarSample, ext: str) -> bytes | None:
+    """The data of ``sample``'s member with extension ``ext`` (``None`` if it has none),
+    sliced from its parts without joining them."""
+    for name, data_offset, size in zip(sample.names, sample.data_offsets, sample.sizes):
+        split = split_name(name)
+        if split is None or split[1] != ext:
+            continue
+        at = 0
+        for part in sample.parts:
+            view = memoryview(part).cast("B")
+            if at <= data_offset and data_offset + size <= at + view.nbytes:
+                return bytes(view[data_offset - at : data_offset - at + size])
+            at += view.nbytes
+        joined = b"".join(sample.parts)  # the data spans parts: rare
+        return joined[data_offset : data_offset + size]
+    return None
