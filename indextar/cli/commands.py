@@ -19,12 +19,14 @@ from .._version import __version__
 from ..errors import IndextarError, StaleIndexError
 from ..index.attributes import OnError
 from ..index.build import default_workers, parallel_map
+from ..index.decompress import DEFAULT_SEEK_SPACING
 from ..index.manifest import write_manifest
 from ..index.remote import build_remote_index, open_remote_index, remote_index_path, upload_index
 from ..index.shard import ShardIndex, build_index, index_path, open_index
 from ..index.verify import verify_index
 from ..patterns import expand_shards, is_url
 from ..read.remote_options import default_cache_root
+from .compress import add_compress_commands
 from .options import add_options
 from .query import add_query_commands
 from .tools import add_tool_commands
@@ -67,6 +69,7 @@ def _index_one(
     ignore_zeros: bool = False,
     meta: str | None = None,
     on_error: OnError = "fail",
+    seek_spacing: int = DEFAULT_SEEK_SPACING,
 ) -> Outcome:
     def work() -> dict[str, Any]:
         start = time.perf_counter()
@@ -88,6 +91,7 @@ def _index_one(
                     ignore_zeros=ignore_zeros,
                     meta=meta,
                     on_error=on_error,
+                    seek_spacing=seek_spacing,
                 )
             except StaleIndexError as e:
                 raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
@@ -98,6 +102,7 @@ def _index_one(
             "samples": ix.meta.num_samples,
             "members": ix.meta.num_members,
             "bytes": ix.meta.shard_size,
+            "index_bytes": ix.path.stat().st_size if not is_url(shard) else None,
             "seconds": time.perf_counter() - start,
             "built": built,
             "_index": ix,
@@ -195,7 +200,15 @@ def _cmd_index(args: argparse.Namespace) -> int:
         _run(
             _index_one,
             shards,
-            (args.index_dir, args.force, args.upload, args.ignore_zeros, args.meta, args.on_error),
+            (
+                args.index_dir,
+                args.force,
+                args.upload,
+                args.ignore_zeros,
+                args.meta,
+                args.on_error,
+                args.seek_spacing,
+            ),
             args.jobs,
             "indexing",
             args.quiet,
@@ -354,6 +367,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.json",
         help="also write a dataset manifest (a superset of wids' shard list) of all the shards",
     )
+    p.add_argument(
+        "--seek-spacing",
+        type=int,
+        default=DEFAULT_SEEK_SPACING,
+        metavar="BYTES",
+        help="single-stream .tar.gz shards: uncompressed bytes between seek points "
+        f"(default {DEFAULT_SEEK_SPACING}, at least 65536; each adds a window of up to 32 KiB, "
+        "compressed, to the index)",
+    )
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser(
@@ -375,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_verify)
     add_tool_commands(sub)
     add_query_commands(sub)
+    add_compress_commands(sub)
     return parser
 
 

@@ -69,6 +69,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             manifest=args.manifest,
             progress=progress,
+            compress=args.compress,
         )
     finally:
         bar.close()
@@ -110,6 +111,7 @@ def _cmd_reshard(args: argparse.Namespace) -> int:
             index_dir=args.index_dir,
             manifest=args.manifest,
             progress=lambda samples, nbytes: bar.update(nbytes),
+            compress=args.compress,
         )
     finally:
         bar.close()
@@ -221,6 +223,13 @@ def _add_output_shards(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--start-shard", type=int, default=0, help="number of the first shard")
     p.add_argument("--manifest", metavar="FILE.json", help="also write a dataset manifest")
+    p.add_argument(
+        "--compress",
+        choices=("gzip", "zstd"),
+        help="write each sample as its own gzip member or zstd frame: a .tar.gz / .tar.zst "
+        "that tar and webdataset read, with random access per sample (--maxsize counts "
+        "uncompressed bytes)",
+    )
 
 
 def _add_key_filter(p: argparse.ArgumentParser, what: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 from ..errors import CompressedShardError, IndextarError, ShardNotFoundError
 from ..patterns import is_url
-from ..source.codecs import zstandard
+from ..source.codecs import decompressed_stream
 from ..source.remote import RangeSource, check_pipe_allowed
 from ..source.stream import RemoteStream
 from ..tar.compress import sniff_compression
@@ -58,9 +58,7 @@ def open_stream(
         if compression == "gzip":
             raw = io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)
         elif compression == "zstd":  # one frame or many, skippable frames skipped
-            reader = zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-            stack.callback(reader.close)
-            raw = io.BufferedReader(reader, _BUFFER)
+            raw = stack.enter_context(decompressed_stream(raw, "zstd", shard=url))
         elif compression is not None:
             raise CompressedShardError(
                 f"is {compression}-compressed; streaming reads plain, gzip- or "

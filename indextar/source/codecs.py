@@ -8,6 +8,8 @@ each imported on first use with an ImportError that says what to install (the ex
 
 from __future__ import annotations
 
+import gzip
+import io
 import threading
 import zlib
 from collections.abc import Callable
@@ -16,7 +18,14 @@ from typing import Any
 
 from ..errors import ShardFormatError, TruncatedShardError
 
-__all__ = ["CODECS", "decompress_frame", "frame_compressor", "indexed_gzip", "zstandard"]
+__all__ = [
+    "CODECS",
+    "decompress_frame",
+    "decompressed_stream",
+    "frame_compressor",
+    "indexed_gzip",
+    "zstandard",
+]
 
 CODECS = ("gzip", "zstd")
 
@@ -111,3 +120,51 @@ def frame_compressor(codec: str, level: int | None = None) -> Callable[[bytes], 
         )
         return compressor.compress  # type: ignore[no-any-return]
     raise ValueError(f"compress must be one of {', '.join(CODECS)} or None, got {codec!r}")
+
+
+class _CheckedReader(io.RawIOBase):
+    """A decompressing reader whose errors name the shard and the compressed offset."""
+
+    def __init__(self, inner: Any, raw: Any, codec: str, shard: str):
+        super().__init__()
+        self._inner, self._raw, self._codec, self._shard = inner, raw, codec, shard
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            return int(self._inner.readinto(buffer))
+        except EOFError as e:
+            offset = self._raw.tell()
+            raise TruncatedShardError(
+                f"the {self._codec} stream is cut short (at compressed byte offset {offset})",
+                shard=self._shard,
+                offset=offset,
+            ) from e
+        except (OSError, zlib.error, Exception) as e:  # gzip.BadGzipFile, zstandard.ZstdError
+            if isinstance(e, (ImportError, ShardFormatError)):
+                raise
+            offset = self._raw.tell()
+            raise ShardFormatError(
+                f"corrupt {self._codec} data (read up to compressed byte offset {offset}: {e})",
+                shard=self._shard,
+                offset=offset,
+            ) from e
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
+def decompressed_stream(raw: Any, codec: str, *, shard: str) -> io.BufferedReader:
+    """The uncompressed bytes of the gzip or zstd stream ``raw`` (one frame or many),
+    read front to back; a cut or corrupt stream raises
+    :class:`~indextar.errors.TruncatedShardError` or
+    :class:`~indextar.errors.ShardFormatError` naming ``shard`` and the compressed offset
+    reached. zstd's skippable frames are skipped."""
+    if codec == "gzip":
+        inner: Any = gzip.GzipFile(fileobj=raw, mode="rb")
+    else:
+        inner = zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    return io.BufferedReader(_CheckedReader(inner, raw, codec, shard), 1 << 20)

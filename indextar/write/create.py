@@ -33,7 +33,7 @@ from ..index.shard import PathLike, ShardIndex
 from ..tar.header import member_header, padded_size
 from .sample import check_key
 from .shardwriter import plan_shards
-from .tarwriter import TarWriter
+from .tarwriter import TarWriter, compressor_for
 
 __all__ = ["TreeSample", "Tree", "CreateResult", "walk_tree", "create_shards"]
 
@@ -183,10 +183,12 @@ def walk_tree(root: PathLike, *, class_from_dir: bool = False) -> Tree:
     )
 
 
-def write_tree_shard(shard: tuple[str, list[TreeSample]], root: Path) -> ShardIndex:
+def write_tree_shard(
+    shard: tuple[str, list[TreeSample]], root: Path, compress: str | None = None
+) -> ShardIndex:
     """Write the shard ``(path, samples)`` of tree samples, read from ``root``; return its index."""
     path, samples = shard
-    with TarWriter(path, encoder=False) as writer:
+    with TarWriter(path, encoder=False, compress=compress) as writer:
         for sample in samples:
             record: dict[str, object] = {"__key__": sample.key}
             for ext, rel, _ in sample.files:
@@ -209,6 +211,7 @@ def create_shards(
     jobs: int = 1,
     manifest: PathLike | None = None,
     progress: Callable[[ShardIndex, int], None] | None = None,
+    compress: str | None = None,
 ) -> CreateResult:
     """Write the samples of the folder tree ``root`` to indexed shards named by ``pattern``.
 
@@ -216,7 +219,7 @@ def create_shards(
     ----------
     root, class_from_dir
         As for :func:`walk_tree`.
-    pattern, maxcount, maxsize, start_shard, manifest
+    pattern, maxcount, maxsize, start_shard, manifest, compress
         As for :class:`~indextar.ShardWriter`; the shards are the ones it would write.
     jobs
         Shards written in parallel by this many processes.
@@ -225,6 +228,7 @@ def create_shards(
         shard is finished.
     """
     began = time.perf_counter()
+    compressor_for(compress)  # an unknown codec fails before any work
     tree = walk_tree(root, class_from_dir=class_from_dir)
     plan = plan_shards([s.nbytes for s in tree.samples], maxcount=maxcount, maxsize=maxsize)
     try:
@@ -238,7 +242,8 @@ def create_shards(
     shards = [(names[i], tree.samples[r.start : r.stop]) for i, r in enumerate(plan)]
     indexes: list[ShardIndex] = []
     # max(1, jobs): parallel_map reads workers=0 as "the default", create_shards as one.
-    for index in parallel_map(write_tree_shard, shards, (tree.root,), workers=max(1, jobs)):
+    args = (tree.root, compress)
+    for index in parallel_map(write_tree_shard, shards, args, workers=max(1, jobs)):
         indexes.append(index)
         if progress is not None:
             progress(index, len(shards))

@@ -12,6 +12,7 @@ that readers that only shuffle within a buffer see well-mixed shards.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -22,8 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WriterError
+from ..index.compressed import decompressing_source
 from ..index.members import MemberTable, load_members
-from ..index.shard import PathLike, build_index
+from ..index.shard import PathLike, ShardIndex, build_index
+from ..source.base import ByteSource
+from ..source.local import LocalFileSource
 from .sample import TarSample
 from .shardwriter import ShardWriter
 
@@ -44,8 +48,9 @@ class ReshardResult:
     seconds: float
 
 
-def span_sample(table: MemberTable, sample: int, fd: int) -> TarSample:
-    """Sample ``sample`` of ``table`` as a :class:`TarSample`, read from the shard open as ``fd``.
+def span_sample(table: MemberTable, sample: int, fd: int | ByteSource) -> TarSample:
+    """Sample ``sample`` of ``table`` as a :class:`TarSample`, read from the shard open as
+    ``fd`` (or from the byte source of a compressed shard's uncompressed bytes).
 
     One read of the sample's span when its members are contiguous (the normal
     case); one read per member when other entries (a directory, a skipped name)
@@ -57,14 +62,15 @@ def span_sample(table: MemberTable, sample: int, fd: int) -> TarSample:
     datas = table.data_offsets[lo:hi].tolist()
     sizes = table.sizes[lo:hi].tolist()
     ends = [d + -(-s // 512) * 512 for d, s in zip(datas, sizes)]
+    pread = _pread(fd)
     start, end = int(table.start_offset[sample]), int(table.end_offset[sample])
     if all(e == h for e, h in zip(ends, headers[1:])) and ends[-1] == end and headers[0] == start:
-        parts: tuple[bytes, ...] = (os.pread(fd, end - start, start),)
+        parts: tuple[bytes, ...] = (pread(end - start, start),)
         rel_headers = [h - start for h in headers]
         rel_datas = [d - start for d in datas]
         nbytes = end - start
     else:
-        parts = tuple(os.pread(fd, e - h, h) for h, e in zip(headers, ends))
+        parts = tuple(pread(e - h, h) for h, e in zip(headers, ends))
         rel_headers, rel_datas, nbytes = [], [], 0
         for h, d, e in zip(headers, datas, ends):
             rel_headers.append(nbytes)
@@ -81,6 +87,23 @@ def span_sample(table: MemberTable, sample: int, fd: int) -> TarSample:
     )
 
 
+def _pread(fd: int | ByteSource) -> Callable[[int, int], bytes]:
+    """``pread(length, offset)`` on a descriptor, or on a byte source."""
+    if isinstance(fd, int):
+        return functools.partial(os.pread, fd)
+    return lambda length, offset: fd.read(offset, length)
+
+
+def _open_source(index: ShardIndex, stack: ExitStack) -> int | ByteSource:
+    """A plain shard's descriptor; a compressed shard's source of uncompressed bytes."""
+    if not index.meta.compression:
+        return stack.enter_context(open(index.shard, "rb", buffering=0)).fileno()
+    raw = LocalFileSource(index.shard)
+    source = decompressing_source(index.path, index.meta, raw, local_path=index.shard)
+    stack.callback(source.close)
+    return source
+
+
 def reshard(
     shards: Sequence[PathLike],
     pattern: str,
@@ -93,14 +116,16 @@ def reshard(
     index_dir: PathLike | None = None,
     manifest: PathLike | None = None,
     progress: Callable[[int, int], None] | None = None,
+    compress: str | None = None,
 ) -> ReshardResult:
     """Copy every sample of ``shards`` into new indexed shards named by ``pattern``.
 
     Parameters
     ----------
     shards
-        Source shards, in order; their indexes are built first if missing.
-    pattern, maxcount, maxsize, start_shard, manifest
+        Source shards, in order; their indexes are built first if missing. They may be
+        compressed (a ``.tar.gz`` or a per-sample or multi-frame ``.tar.zst``).
+    pattern, maxcount, maxsize, start_shard, manifest, compress
         As for :class:`~indextar.ShardWriter`.
     shuffle, seed
         Write samples in a seeded global random order instead of source order.
@@ -115,7 +140,8 @@ def reshard(
         If two source samples with the same key would land in one output shard.
     """
     began = time.perf_counter()
-    tables = [load_members(build_index(shard, index_dir=index_dir)) for shard in shards]
+    indexes = [build_index(shard, index_dir=index_dir) for shard in shards]
+    tables = [load_members(index) for index in indexes]
     counts = np.asarray([len(t) for t in tables], dtype=np.int64)
     source_of = np.repeat(np.arange(len(tables)), counts)
     sample_of = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -133,13 +159,14 @@ def reshard(
                 start_shard=start_shard,
                 manifest=manifest,
                 encoder=False,
+                compress=compress,
             )
         )
-        files = [stack.enter_context(open(t.shard, "rb", buffering=0)) for t in tables]
+        files = [_open_source(index, stack) for index in indexes]
         for source, sample in zip(source_of.tolist(), sample_of.tolist()):
             table = tables[source]
             try:
-                nbytes = writer.append(span_sample(table, sample, files[source].fileno()))
+                nbytes = writer.append(span_sample(table, sample, files[source]))
             except WriterError as e:
                 raise WriterError(
                     f"{e} (copying sample {sample} of {table.shard!r}; keys must be unique "
