@@ -33,16 +33,19 @@ from .errors import (
     UnsupportedMemberError,
     WriterError,
 )
+from .index.attribute_import import import_attributes
 from .index.build import build_indexes
 from .index.manifest import read_manifest, write_manifest
 from .index.meta import IndexMeta
 from .index.naming import split_name
 from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_index
+from .order.buckets import BucketBatchSampler
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
 from .read.image import image_decoder
 from .read.mixture import MixtureDataset
+from .read.selection import bucket_ids
 from .read.subset import KeySubset
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
@@ -62,6 +65,7 @@ __all__ = [
     "split_name",
     "expand_shards",
     "build_indexes",
+    "import_attributes",
     # reading
     "IndexedTarDataset",
     "StreamingTarDataset",
@@ -70,8 +74,10 @@ __all__ = [
     "image_decoder",
     "write_manifest",
     "read_manifest",
+    "bucket_ids",
     # sampling
     "ResumableSampler",
+    "BucketBatchSampler",
     # writing
     "TarWriter",
     "ShardWriter",

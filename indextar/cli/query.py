@@ -27,7 +27,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         for row in where_rows(ds, args.where):
             print(json.dumps(row, ensure_ascii=False))
         return 0
-    view = ds.where(args.where, cache_dir=False if args.no_cache else None)
+    view = ds.where(args.where, cache_dir=False if args.no_cache else args.cache_dir)
     if args.count:
         print(len(view))
     elif args.keys:
@@ -98,6 +98,10 @@ def add_query_commands(sub: Any) -> None:
         "--keys",
         action="store_true",
         help="print the samples' keys, one a line (a key file for select / --select)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="folder of cached selections (default: ~/.cache/indextar/selections)",
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     add_options(p, index_dir=_INDEXES, json=True)

@@ -44,14 +44,14 @@ logger = logging.getLogger(__name__)
 STATE_VERSION = 1
 _TAG_BATCHES = 21
 _TAG_BUCKET = 22
-_CONFIG_FIELDS = (
+_CONFIG_FIELDS = (  # checked in this order: the first that differs is reported
+    "selection",
     "batch_size",
     "seed",
     "shuffle",
     "drop_last",
     "bucket_sizes",
     "buckets_digest",
-    "selection",
     "num_batches",
 )
 _KNOWN = frozenset(_CONFIG_FIELDS + ("version", "epoch", "consumed", "num_replicas"))
