@@ -31,7 +31,7 @@ from ..source.local import FileVersion, LRUCache, open_source
 from .decode import DecodeArg
 from .entries import index_entries, open_entry_index
 from .pool import BatchPool, DecodeThreads
-from .remote_options import RemoteOptions, fetch_ranges
+from .remote_options import RemoteOptions, fetch_spans
 from .sample import SampleBuilder
 from .shard import OpenShard
 from .subset import KeysArg, KeySubset
@@ -340,8 +340,8 @@ class IndexedTarDataset:
         shards = [self._shard(n) for n, _ in wanted]
         spans = [shard.span(local) for shard, (_, local) in zip(shards, wanted)]
         fetched = iter(
-            fetch_ranges(
-                [shard.source for shard in shards],  # type: ignore[misc]
+            fetch_spans(  # compressed shards: their frames, or from their seek points
+                [shard.source for shard in shards],
                 [offset for offset, _ in spans],
                 [length for _, length in spans],
                 max_in_flight=self._remote.max_in_flight,

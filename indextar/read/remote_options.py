@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,9 +13,10 @@ from ..index.remote import expected_stat, open_remote_index
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource
 from ..source.cache import CachedSource, ShardCache
+from ..source.frames import FramedSource
 from ..source.remote import RangeSource, fetch_ranges
 
-__all__ = ["RemoteOptions", "default_cache_root", "fetch_ranges"]
+__all__ = ["RemoteOptions", "default_cache_root", "fetch_ranges", "fetch_spans"]
 
 Strategy = Literal["ranges", "cache"]
 
@@ -102,3 +103,42 @@ class RemoteOptions:
             storage_options=self.storage_options,
             max_in_flight=self.max_in_flight,
         )
+
+
+def fetch_spans(
+    sources: Sequence[ByteSource],
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    max_in_flight: int = 64,
+) -> list[bytes]:
+    """What :func:`fetch_ranges` gives, where some sources are compressed shards' sources
+    of uncompressed bytes: a per-sample shard's ranges become the ranges of its frames,
+    all in flight together and then decompressed; a ``.tar.gz`` read through seek points
+    fetches from the point before each range, one range after another."""
+    if all(isinstance(source, RangeSource) for source in sources):
+        return fetch_ranges(sources, offsets, lengths, max_in_flight=max_in_flight)  # type: ignore[arg-type]
+    results: list[bytes | None] = [None] * len(sources)
+    batched: list[tuple[int, RangeSource, int, int]] = []  # (position, raw, offset, length)
+    framed: dict[int, tuple[FramedSource, tuple[int, int, int, int]]] = {}
+    for i, (source, offset, length) in enumerate(zip(sources, offsets, lengths)):
+        if isinstance(source, RangeSource):
+            batched.append((i, source, offset, length))
+        elif isinstance(source, FramedSource) and isinstance(source.raw, RangeSource):
+            span = source.compressed_span(offset, length)
+            framed[i] = (source, span)
+            batched.append((i, source.raw, span[2], span[3]))
+        else:
+            results[i] = source.read(offset, length)
+    fetched = fetch_ranges(
+        [raw for _, raw, _, _ in batched],
+        [offset for _, _, offset, _ in batched],
+        [length for _, _, _, length in batched],
+        max_in_flight=max_in_flight,
+    )
+    for (i, _, _, _), data in zip(batched, fetched):
+        if i in framed:
+            source, (first, last, _, _) = framed[i]
+            data = source.decompress(first, last, data, offsets[i], lengths[i])
+        results[i] = data
+    return [r for r in results if r is not None]
