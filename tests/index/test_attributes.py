@@ -107,6 +107,8 @@ def test_an_index_without_meta_has_no_attribute_tables(make_tar: Callable[..., P
     [
         (b'{"aesthetic": 5,', "is not valid JSON"),
         (b"\xff\xfe{}", "is not valid JSON"),
+        (b'{"a": 1} {"b": 2}', "is not valid JSON .Extra data"),
+        (b'{"a": 1},{"b": 2}', "is not valid JSON .Extra data"),
         (b"[1, 2]", "is a JSON list, not an object"),
         (b"<none>", "has no 'json' member"),
         (b'{"__key__": 1}', "whose name is reserved"),
@@ -142,6 +144,12 @@ def test_skip_records_and_logs_every_bad_sample(
     assert [w for (w,) in widths] == [
         None if i in (3, 8) else records[i]["width"] for i in range(12)
     ]
+
+
+def test_space_around_the_object_is_json(make_tar: Callable[..., Path]) -> None:
+    shard = make_tar({"a.json": b' \n{"w": 1}', "b.json": b'{"w": 2}\n', "c.json": b'{"w": 3}'})
+    ix = indextar.build_index(shard, meta="json")
+    assert _rows(ix.path, "SELECT w FROM attributes ORDER BY __sample__") == [(1,), (2,), (3,)]
 
 
 def test_case_clashing_fields_are_a_sample_error(make_tar: Callable[..., Path]) -> None:
