@@ -19,17 +19,19 @@ The decompressed tar is held in memory while it is scanned.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import shlex
 import zlib
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
 from ..source.codecs import decompress_frame
-from ..source.gzipped import build_seek_points
+from ..source.gzipped import build_seek_points, decompress_with_seek_points
 from ..tar.compress import zstd_frame_spans
 from ..tar.scan import TarScan, scan_tar
 from .compressed import CompressedLayout
@@ -38,6 +40,8 @@ from .naming import Grouping, group_members
 from .spans import spans_name_their_keys
 
 __all__ = ["DEFAULT_SEEK_SPACING", "decompress_shard", "scan_compressed"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SEEK_SPACING = 1 << 20
 """Uncompressed bytes between seek points: sample-sized reads decompress ~0.5 MiB on
@@ -71,15 +75,19 @@ def scan_compressed(
     except ShardFormatError as e:
         e.args = (f"{e} (an offset in the decompressed tar)",)
         raise
-    named = spans_name_their_keys(data, scan, grouping, shard=str(shard))
+    # a bytearray reads as bytes do; cast rather than copy the whole tar
+    named = spans_name_their_keys(cast(bytes, data), scan, grouping, shard=str(shard))
     return scan, grouping, content_fingerprint, named, layout, len(data)
 
 
 def decompress_shard(
     buf: memoryview, codec: str, *, shard: Path, seek_spacing: int = DEFAULT_SEEK_SPACING
-) -> tuple[bytes, CompressedLayout]:
+) -> tuple[bytearray, CompressedLayout]:
     """The decompressed tar of the compressed file ``buf`` at ``shard``, and its layout."""
     if codec == "gzip":
+        fast = _single_stream_fast(buf, shard, seek_spacing)
+        if fast is not None:
+            return fast
         data, frames = _gunzip_members(buf, str(shard))
     else:
         data, frames = _unzstd_frames(buf, str(shard))
@@ -93,6 +101,38 @@ def decompress_shard(
             shard=str(shard),
         )
     return data, CompressedLayout(codec, seek_points=points)
+
+
+def _single_stream_fast(
+    buf: memoryview, shard: Path, seek_spacing: int
+) -> tuple[bytearray, CompressedLayout] | None:
+    """A single-member gzip file decompressed by zran as it places its seek points (one
+    pass, not zlib's and then zran's), checked against the trailer's CRC and size.
+    ``None`` when the file is not one member or does not check out: the zlib pass then
+    finds its members, or says precisely where it is cut short or corrupt."""
+    probe = zlib.decompressobj(wbits=31)
+    try:
+        probe.decompress(buf[: 1 << 20], 1 << 22)
+    except zlib.error:
+        return None
+    if probe.eof or len(buf) < 18:  # a first member within 1 MiB: a framed file
+        return None
+    crc, isize = int.from_bytes(buf[-8:-4], "little"), int.from_bytes(buf[-4:], "little")
+    try:
+        data, points = decompress_with_seek_points(
+            str(shard), spacing=seek_spacing, size_hint=isize
+        )
+    except Exception as e:  # noqa: BLE001 - zran's errors: the zlib pass says what is wrong
+        if isinstance(e, ImportError):
+            raise
+        log.debug("%s: zran failed (%s); decompressing it member by member", shard, e)
+        return None
+    if len(data) % (1 << 32) != isize or zlib.crc32(data) != crc:
+        log.debug("%s: not one checked gzip member; decompressing it member by member", shard)
+        return None
+    if points.uncompressed_size != len(data) or points.compressed_size != len(buf):
+        return None
+    return data, CompressedLayout("gzip", seek_points=points)
 
 
 def _single_frame_message(shard: str) -> str:
@@ -110,7 +150,7 @@ def _single_frame_message(shard: str) -> str:
     )
 
 
-def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytearray, list[tuple[int, int, int, int]]]:
     """Every gzip member decompressed and checked, and its spans."""
     size = len(buf)
     out = bytearray()
@@ -141,10 +181,10 @@ def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytes, list[tuple[int,
             chunk = min(chunk * 2, 1 << 20)
         pos -= len(decompressor.unused_data)
         frames.append((start, pos - start, u_start, len(out) - u_start))
-    return bytes(out), frames
+    return out, frames
 
 
-def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytearray, list[tuple[int, int, int, int]]]:
     """Every zstd data frame decompressed and checked, and its spans."""
     out = bytearray()
     frames: list[tuple[int, int, int, int]] = []
@@ -156,4 +196,4 @@ def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytes, list[tuple[int, 
             u_start = len(out)
             out += decompress_frame("zstd", buf[start : start + length], shard=shard, offset=start)
             frames.append((start, length, u_start, len(out) - u_start))
-    return bytes(out), frames
+    return out, frames
