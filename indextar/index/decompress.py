@@ -43,6 +43,9 @@ __all__ = ["DEFAULT_SEEK_SPACING", "decompress_shard", "scan_compressed"]
 
 log = logging.getLogger(__name__)
 
+Frames = list[tuple[int, int, int, int]]
+"""``(compressed_offset, compressed_size, uncompressed_offset, uncompressed_size)`` rows."""
+
 DEFAULT_SEEK_SPACING = 1 << 20
 """Uncompressed bytes between seek points: sample-sized reads decompress ~0.5 MiB on
 average before their first byte (ratarmount's 16 MiB would cost 16 times that)."""
@@ -150,11 +153,11 @@ def _single_frame_message(shard: str) -> str:
     )
 
 
-def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytearray, list[tuple[int, int, int, int]]]:
+def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytearray, Frames]:
     """Every gzip member decompressed and checked, and its spans."""
     size = len(buf)
     out = bytearray()
-    frames: list[tuple[int, int, int, int]] = []
+    frames: Frames = []
     pos = 0
     while pos < size:
         start, u_start = pos, len(out)
@@ -184,10 +187,10 @@ def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytearray, list[tuple[
     return out, frames
 
 
-def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytearray, list[tuple[int, int, int, int]]]:
+def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytearray, Frames]:
     """Every zstd data frame decompressed and checked, and its spans."""
     out = bytearray()
-    frames: list[tuple[int, int, int, int]] = []
+    frames: Frames = []
     spans = zstd_frame_spans(buf, shard=shard)
     if sum(is_data for _, _, is_data in spans) == 1:
         raise CompressedShardError(_single_frame_message(shard), shard=shard)
