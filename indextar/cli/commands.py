@@ -6,27 +6,22 @@ import argparse
 import json
 import logging
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from .._version import __version__
-from ..errors import IndextarError, StaleIndexError
-from ..index.attributes import OnError
+from ..errors import IndextarError
 from ..index.build import default_workers, parallel_map
 from ..index.decompress import DEFAULT_SEEK_SPACING
-from ..index.manifest import write_manifest
-from ..index.remote import build_remote_index, open_remote_index, remote_index_path, upload_index
-from ..index.shard import ShardIndex, build_index, index_path, open_index
+from ..index.shard import ShardIndex, open_index
 from ..index.verify import verify_index
-from ..patterns import expand_shards, is_url
-from ..read.remote_options import default_cache_root
+from ..patterns import expand_shards
 from .compress import add_compress_commands
+from .indexing import add_index_options, run_index
 from .options import add_options
 from .query import add_query_commands
 from .tools import add_tool_commands
@@ -59,77 +54,6 @@ def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
         return Outcome(
             shard, False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()
         )
-
-
-def _index_one(
-    shard: str,
-    index_dir: str | None,
-    force: bool,
-    upload: bool = False,
-    ignore_zeros: bool = False,
-    meta: str | None = None,
-    on_error: OnError = "fail",
-    seek_spacing: int = DEFAULT_SEEK_SPACING,
-) -> Outcome:
-    def work() -> dict[str, Any]:
-        start = time.perf_counter()
-        if is_url(shard) and ignore_zeros:
-            raise IndextarError(f"--ignore-zeros is for local shards; {shard!r} is remote")
-        if is_url(shard) and meta is not None:
-            raise IndextarError(f"--meta is for local shards; {shard!r} is remote")
-        if is_url(shard):
-            ix, built = _index_remote(shard, index_dir, force)
-        else:
-            if upload:
-                raise IndextarError(f"--upload is for remote shards; {shard!r} is a local file")
-            before = _identity(index_path(shard, index_dir=index_dir))
-            try:
-                ix = build_index(
-                    shard,
-                    index_dir=index_dir,
-                    force=force,
-                    ignore_zeros=ignore_zeros,
-                    meta=meta,
-                    on_error=on_error,
-                    seek_spacing=seek_spacing,
-                )
-            except StaleIndexError as e:
-                raise StaleIndexError(f"{e} (or run: indextar index --force)") from e
-            # A rebuilt index is a new file (renamed into place), so a new inode.
-            built = before is None or before != _identity(ix.path)
-        result = {
-            "index": str(ix.path),
-            "samples": ix.meta.num_samples,
-            "members": ix.meta.num_members,
-            "bytes": ix.meta.shard_size,
-            "index_bytes": ix.path.stat().st_size if not is_url(shard) else None,
-            "seconds": time.perf_counter() - start,
-            "built": built,
-            "_index": ix,
-        }
-        if upload:
-            result["uploaded"] = upload_index(ix)
-        return result
-
-    return _guard(shard, work)
-
-
-def _index_remote(url: str, index_dir: str | None, force: bool) -> tuple[ShardIndex, bool]:
-    """Index a remote shard into ``index_dir`` (default: the remote cache's index folder)."""
-    folder = Path(index_dir) if index_dir is not None else default_cache_root() / "indexes"
-    if force:
-        return build_remote_index(url, index_dir=folder), True
-    before = _identity(remote_index_path(url, folder))
-    ix = open_remote_index(url, index_dir=folder)
-    return ix, before is None or before != _identity(ix.path)
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns
 
 
 def _info_one(shard: str, index_dir: str | None) -> Outcome:
@@ -194,65 +118,7 @@ def _report_errors(outcomes: Sequence[Outcome], debug: bool) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    shards = expand_shards(args.shards)
-    start = time.perf_counter()
-    outcomes = list(
-        _run(
-            _index_one,
-            shards,
-            (
-                args.index_dir,
-                args.force,
-                args.upload,
-                args.ignore_zeros,
-                args.meta,
-                args.on_error,
-                args.seek_spacing,
-            ),
-            args.jobs,
-            "indexing",
-            args.quiet,
-        )
-    )
-    seconds = time.perf_counter() - start
-    done = [o.result for o in outcomes if o.ok and o.result]
-    members = sum(r["members"] for r in done)
-    summary = {
-        "shards": len(done),
-        "failed": len(outcomes) - len(done),
-        "built": sum(1 for r in done if r["built"]),
-        "samples": sum(r["samples"] for r in done),
-        "members": members,
-        "bytes": sum(r["bytes"] for r in done),
-        "seconds": seconds,
-        "members_per_second": members / seconds if seconds else 0.0,
-    }
-    if args.json:
-        per_shard = [
-            {"shard": o.shard, "ok": o.ok, "result": o.result, "error": o.error} for o in outcomes
-        ]
-        print(json.dumps({"summary": summary, "shards": per_shard}))
-    elif not args.quiet:
-        reused = summary["shards"] - summary["built"]
-        print(
-            f"indexed {_count(summary['shards'], 'shard')} ({summary['built']} built, "
-            f"{reused} up to date"
-            f"{', ' + str(summary['failed']) + ' failed' if summary['failed'] else ''}): "
-            f"{summary['samples']:,} samples, {members:,} members, "
-            f"{summary['bytes'] / 1e6:,.1f} MB in {seconds:.2f} s "
-            f"({summary['members_per_second']:,.0f} members/s)"
-        )
-    status = _report_errors(outcomes, args.debug)
-    if args.manifest:
-        if status:
-            print(
-                f"indextar: error: not writing {args.manifest}: some shards failed", file=sys.stderr
-            )
-        else:
-            path = write_manifest(args.manifest, [o.index for o in outcomes if o.index is not None])
-            if not args.quiet and not args.json:
-                print(f"wrote manifest {path} ({len(outcomes)} shards)")
-    return status
+    return run_index(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -367,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.json",
         help="also write a dataset manifest (a superset of wids' shard list) of all the shards",
     )
+    add_index_options(p)
     p.add_argument(
         "--seek-spacing",
         type=int,

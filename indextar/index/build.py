@@ -1,35 +1,39 @@
-"""Build the indexes of many shards, in parallel processes."""
+"""Build the indexes of many shards: in parallel processes, or on any executor.
+
+The driver checks local shards on a stat first (:func:`~indextar.index.jobs.fresh_on_stat`)
+and sends only the rest out as jobs (:func:`~indextar.index.jobs.build_shard`), so a
+re-run over 100k mostly indexed shards starts no pool at all. The executor can be
+anything with ``submit``: a process pool here, Dask's ``Client.get_executor()`` on a
+cluster. Each job writes its own index and returns a small outcome.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
+from .. import errors
+from ..errors import IndextarError
 from .attributes import OnError
-from .shard import PathLike, ShardIndex, build_index
+from .jobs import BuildOptions, ShardOutcome, build_shard, fresh_on_stat
+from .shard import PathLike, ShardIndex
 
-__all__ = ["build_indexes", "parallel_map"]
+__all__ = ["build_indexes", "iter_builds", "parallel_map", "default_workers"]
+
+# The error classes a failure's type name maps back to.
+_ERROR_CLASSES = [
+    cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, IndextarError)
+]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-
-def _build_one(
-    shard: str,
-    index_dir: str | None,
-    ignore_zeros: bool,
-    meta: str | None = None,
-    on_error: OnError = "fail",
-) -> ShardIndex:
-    return build_index(
-        shard, index_dir=index_dir, ignore_zeros=ignore_zeros, meta=meta, on_error=on_error
-    )
 
 
 def build_indexes(
@@ -41,13 +45,15 @@ def build_indexes(
     ignore_zeros: bool = False,
     meta: str | None = None,
     on_error: OnError = "fail",
+    executor: Executor | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[ShardIndex]:
     """Build (or open, where valid) the index of every shard; return them in order.
 
     Parameters
     ----------
     shards
-        Local shard paths.
+        Local shard paths, or URLs (their indexes go into ``index_dir``).
     index_dir
         Folder for the indexes instead of next to each shard.
     workers
@@ -59,26 +65,126 @@ def build_indexes(
         As :func:`~indextar.build_index`: index every member of concatenated archives.
     meta, on_error
         As :func:`~indextar.build_index`: store each sample's JSON attributes.
+    executor
+        Any :class:`concurrent.futures.Executor` to build in instead of a process
+        pool, such as Dask's ``Client.get_executor()``. Each job writes its index
+        where it belongs and sends back only its outcome, so the workers must see
+        the shards and ``index_dir`` (shared storage or URLs).
+    storage_options
+        fsspec options for remote shards (endpoint, credentials), sent to each job.
 
     Raises
     ------
     ShardFormatError, ShardNotFoundError, IndexWriteError
-        As :func:`~indextar.build_index`, for the first shard that fails.
+        As :func:`~indextar.build_index`, for the first shard that failed, once every
+        shard has been tried; its notes name the other failures.
     """
-    folder = None if index_dir is None else os.fspath(index_dir)
+    options = BuildOptions(
+        index_dir=None if index_dir is None else os.fspath(index_dir),
+        ignore_zeros=ignore_zeros,
+        meta=meta,
+        on_error=on_error,
+        storage_options=storage_options,
+    )
     log.info("building %d shard indexes", len(shards))
     bar = _progress_bar(len(shards)) if progress else None
-    results: list[ShardIndex] = []
+    outcomes: dict[str, ShardOutcome] = {}
     try:
-        args = (folder, ignore_zeros, meta, on_error)
-        for index in parallel_map(_build_one, shards, args, workers=workers):
-            results.append(index)
+        for outcome in iter_builds(shards, options, workers=workers, executor=executor):
+            outcomes[outcome.shard] = outcome
             if bar is not None:
                 bar.update()
     finally:
         if bar is not None:
             bar.close()
-    return results
+    failed = [outcomes[shard] for shard in shards if not outcomes[shard].ok]
+    if failed:
+        raise _failure(failed, len(shards))
+    return [outcomes[shard].index for shard in shards]  # type: ignore[misc]
+
+
+def iter_builds(
+    shards: Sequence[str],
+    options: BuildOptions,
+    *,
+    workers: int | None = None,
+    executor: Executor | None = None,
+) -> Iterator[ShardOutcome]:
+    """Every shard's :class:`~indextar.index.jobs.ShardOutcome`, as each finishes.
+
+    Local shards whose index is fresh on a stat (:func:`~indextar.index.jobs.fresh_on_stat`)
+    are answered here, first and without a job; the rest run as jobs on ``executor``,
+    or else in a process pool of ``workers`` (none is started for fewer than two
+    jobs). A failed shard is an outcome with its error; the others go on.
+    """
+    pending = []
+    for shard in shards:
+        fresh = fresh_on_stat(shard, options)
+        if fresh is None:
+            pending.append(shard)
+        else:
+            yield ShardOutcome(shard, fresh)
+    if not pending:
+        return
+    log.info("%d of %d shards need a build or a full check", len(pending), len(shards))
+    if executor is not None:
+        yield from _run_on(executor, pending, options)
+        return
+    count = max(1, min(workers or default_workers(), len(pending)))
+    if count == 1:
+        for shard in pending:
+            yield build_shard(shard, options)
+        return
+    with _process_pool(count) as pool:
+        yield from _run_on(pool, pending, options)
+
+
+def _run_on(executor: Executor, shards: list[str], options: BuildOptions) -> Iterator[ShardOutcome]:
+    futures = {executor.submit(build_shard, shard, options): shard for shard in shards}
+    try:
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as e:  # noqa: BLE001 - the worker itself died: still one shard's failure
+                shard = futures[future]
+                yield ShardOutcome(
+                    shard, error=f"{type(e).__name__}: {e}", error_type=type(e).__name__
+                )
+    except BaseException:  # an error, or the caller stopped iterating
+        for future in futures:
+            future.cancel()
+        raise
+
+
+def _failure(failed: list[ShardOutcome], total: int) -> IndextarError:
+    """The first failure's error (its class, from its text), naming every other failure."""
+    first = failed[0]
+    classes = {cls.__name__: cls for cls in _ERROR_CLASSES}
+    message = first.error or "failed"
+    if len(failed) > 1:
+        listed = "; ".join(f"{o.shard!r}: {o.error}" for o in failed[1:6])
+        more = f" and {len(failed) - 6} more" if len(failed) > 6 else ""
+        message += f" ({len(failed)} of {total} shards failed; also {listed}{more})"
+    try:
+        return classes.get(first.error_type or "", IndextarError)(message)
+    except TypeError:  # a class that takes more than a message
+        return IndextarError(message)
+
+
+@contextlib.contextmanager
+def _process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of forked processes where the platform can fork (see :func:`parallel_map`)."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    with warnings.catch_warnings(), ProcessPoolExecutor(workers, mp_context=context) as pool:
+        # Python >= 3.12 warns about fork in a process with threads; the children
+        # never touch the parent's threads or their locks.
+        warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+        try:
+            yield pool
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def default_workers() -> int:
@@ -110,12 +216,7 @@ def parallel_map(
         for item in items:
             yield fn(item, *args)
         return
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
-    with warnings.catch_warnings(), ProcessPoolExecutor(workers, mp_context=context) as pool:
-        # Python >= 3.12 warns about fork in a process with threads; the children
-        # never touch the parent's threads or their locks.
-        warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+    with _process_pool(workers) as pool:
         futures = [pool.submit(fn, item, *args) for item in items]
         try:
             for future in futures:

@@ -73,6 +73,8 @@ class ForwardReader:
         self._skipped = 0
         if mode == "auto":
             self._fetch(0, min(probe_bytes, self.size))
+            if len(self._buffer) == self.size:
+                self.mode = "stream"  # the probe read it all, in one request
 
     # -- the reader's two calls -----------------------------------------------------
 

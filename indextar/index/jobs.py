@@ -1,0 +1,229 @@
+"""One shard's build as a job: its options in, a small picklable outcome out.
+
+:func:`build_shard` is what runs in a worker, wherever the executor puts it (a
+process pool, a Dask cluster): it indexes one local or remote shard, writes the index
+where it belongs (next to the shard, in ``index_dir``, or uploaded next to a remote
+shard) and sends back counts and any error as text, never the index's contents.
+
+:func:`fresh_on_stat` is the driver's quick look before any job starts: a local
+shard whose index records its current size and mtime needs no job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import IndexFormatError, IndextarError, MissingIndexError, StaleIndexError
+from ..patterns import is_url
+from ..source.forward import ScanMode
+from .attributes import OnError
+from .decompress import DEFAULT_SEEK_SPACING
+from .meta import _read_meta
+from .remote import open_remote_index, remote_index_path, scan_remote_shard, upload_index
+from .shard import ShardIndex, build_index, index_path
+
+__all__ = ["BuildOptions", "ShardOutcome", "build_shard", "fresh_on_stat"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOptions:
+    """How to build each shard's index (see :func:`~indextar.build_indexes`).
+
+    ``index_dir`` is required for remote shards (a local or shared folder);
+    ``upload`` also puts each remote shard's index next to it as ``<url>.idx.sqlite``;
+    ``remote_mode`` is how a remote shard is read (:mod:`indextar.source.forward`);
+    the others are :func:`~indextar.build_index`'s.
+    """
+
+    index_dir: str | None = None
+    force: bool = False
+    ignore_zeros: bool = False
+    meta: str | None = None
+    on_error: OnError = "fail"
+    upload: bool = False
+    storage_options: dict[str, Any] | None = None
+    remote_mode: ScanMode = "auto"
+    seek_spacing: int = DEFAULT_SEEK_SPACING
+
+
+@dataclass(frozen=True, slots=True)
+class ShardOutcome:
+    """What became of one shard: small enough to send back from any worker.
+
+    Attributes
+    ----------
+    shard
+        The shard's path or URL.
+    index
+        The opened index (its path and metadata), or ``None`` if the shard failed.
+    built
+        Whether an index was written (``False``: a valid one was reused).
+    seconds
+        Time spent on this shard in its worker.
+    scan
+        How it was read: ``"local"``, ``"stream"``, ``"ranged"``, or ``""`` if reused.
+    bytes_fetched
+        Bytes read from a remote shard's object store.
+    uploaded
+        Where the index was uploaded, with ``upload``.
+    error, error_type, traceback
+        The failure, as text, if the shard failed.
+    """
+
+    shard: str
+    index: ShardIndex | None = None
+    built: bool = False
+    seconds: float = 0.0
+    scan: str = ""
+    bytes_fetched: int = 0
+    uploaded: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def summary(self) -> dict[str, Any]:
+        """The outcome as JSON-ready fields."""
+        result: dict[str, Any] = {"shard": self.shard, "ok": self.ok}
+        if self.index is not None:
+            meta = self.index.meta
+            result.update(
+                index=str(self.index.path),
+                built=self.built,
+                samples=meta.num_samples,
+                members=meta.num_members,
+                bytes=meta.shard_size,
+                seconds=round(self.seconds, 6),
+                scan=self.scan,
+                bytes_fetched=self.bytes_fetched,
+            )
+            if self.uploaded is not None:
+                result["uploaded"] = self.uploaded
+        else:
+            result.update(error=self.error, error_type=self.error_type)
+        return result
+
+
+def build_shard(shard: str, options: BuildOptions) -> ShardOutcome:
+    """Index ``shard`` (unless a valid index exists) as ``options`` say; never raises."""
+    start = time.perf_counter()
+    try:
+        if is_url(shard):
+            outcome = _build_remote(shard, options)
+        else:
+            outcome = _build_local(shard, options)
+    except Exception as e:  # noqa: BLE001 - reported per shard; the others still run
+        message = str(e) if isinstance(e, (IndextarError, OSError)) else f"{type(e).__name__}: {e}"
+        return ShardOutcome(
+            shard,
+            seconds=time.perf_counter() - start,
+            error=message or type(e).__name__,
+            error_type=type(e).__name__,
+            traceback=traceback.format_exc(),
+        )
+    return _timed(outcome, time.perf_counter() - start)
+
+
+def _timed(outcome: ShardOutcome, seconds: float) -> ShardOutcome:
+    return ShardOutcome(**{**_fields(outcome), "seconds": seconds})
+
+
+def _fields(outcome: ShardOutcome) -> dict[str, Any]:
+    return {name: getattr(outcome, name) for name in ShardOutcome.__dataclass_fields__}
+
+
+def _build_local(shard: str, options: BuildOptions) -> ShardOutcome:
+    if options.upload:
+        raise IndextarError(f"upload is for remote shards; {shard!r} is a local file")
+    before = _identity(index_path(shard, index_dir=options.index_dir))
+    index = build_index(
+        shard,
+        index_dir=options.index_dir,
+        force=options.force,
+        ignore_zeros=options.ignore_zeros,
+        meta=options.meta,
+        on_error=options.on_error,
+        seek_spacing=options.seek_spacing,
+    )
+    # A rebuilt index is a new file (renamed into place), so a new inode.
+    built = before is None or before != _identity(index.path)
+    return ShardOutcome(shard, index, built=built, scan="local" if built else "")
+
+
+def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
+    if options.ignore_zeros:
+        raise IndextarError(f"ignore_zeros is for local shards; {url!r} is remote")
+    if options.meta is not None:
+        raise IndextarError(f"meta is for local shards; {url!r} is remote")
+    if options.index_dir is None:
+        raise IndextarError(f"a remote shard needs index_dir= for its index; {url!r} is remote")
+    folder = Path(options.index_dir)
+    index: ShardIndex | None = None
+    if not options.force and remote_index_path(url, folder).exists():
+        try:
+            index = open_remote_index(
+                url, index_dir=folder, storage_options=options.storage_options, build_missing=False
+            )
+        except (MissingIndexError, StaleIndexError, IndexFormatError) as e:
+            log.info("rebuilding the index of %s: %s", url, e)
+    if index is not None:
+        outcome = ShardOutcome(url, index)
+    else:
+        build = scan_remote_shard(
+            url,
+            index_dir=folder,
+            storage_options=options.storage_options,
+            mode=options.remote_mode,
+        )
+        outcome = ShardOutcome(
+            url, build.index, built=True, scan=build.mode, bytes_fetched=build.bytes_fetched
+        )
+    if options.upload:
+        assert outcome.index is not None
+        uploaded = upload_index(outcome.index, storage_options=options.storage_options)
+        outcome = ShardOutcome(**{**_fields(outcome), "uploaded": uploaded})
+    return outcome
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
+    """The index of a local ``shard`` if it records the shard's current size and mtime.
+
+    The quick check of a re-run: one ``stat`` of the shard and a read of the index's
+    metadata, no fingerprint (opening the dataset checks that). ``None`` means the
+    shard needs a job: no index, a stale or unreadable one, or options it was not
+    built with.
+    """
+    if options.force or options.meta is not None or is_url(shard):
+        return None
+    path = index_path(shard, index_dir=options.index_dir)
+    try:
+        st = os.stat(shard)
+        if not os.path.exists(path):
+            return None
+        meta = _read_meta(path)
+    except (OSError, IndexFormatError):
+        return None
+    if (st.st_size, st.st_mtime_ns) != (meta.shard_size, meta.shard_mtime_ns):
+        return None
+    if meta.ignore_zeros and not options.ignore_zeros:
+        return None  # build_index rebuilds it
+    return ShardIndex(shard=shard, path=path, meta=meta)
