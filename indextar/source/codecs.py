@@ -25,6 +25,7 @@ __all__ = [
     "frame_compressor",
     "indexed_gzip",
     "zstandard",
+    "zstd_whole_frame",
 ]
 
 CODECS = ("gzip", "zstd")
@@ -100,6 +101,12 @@ def _zstd_context() -> Any:
     if context is None:
         context = _local.zstd = zstandard().ZstdDecompressor()
     return context
+
+
+def zstd_whole_frame(data: bytes) -> bytes:
+    """One zstd frame that records its content size, decompressed in one call (its
+    checksum, if any, checked); raises ``zstandard.ZstdError`` on anything else."""
+    return _zstd_context().decompress(data)  # type: ignore[no-any-return]
 
 
 def frame_compressor(codec: str, level: int | None = None) -> Callable[[bytes], bytes]:

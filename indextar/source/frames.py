@@ -9,16 +9,20 @@ sample of a per-sample shard is one read of exactly its compressed bytes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from .. import native
 from ..errors import TruncatedShardError
-from .base import ByteSource
-from .codecs import decompress_frame
+from .base import ByteSource, Span, split_members
+from .codecs import decompress_frame, zstd_whole_frame
 
 __all__ = ["FramedSource"]
+
+_MAPREAD = native.mapread()
 
 
 class FramedSource(ByteSource):
@@ -89,8 +93,61 @@ class FramedSource(ByteSource):
         return whole if skip == 0 and len(whole) == length else whole[skip : skip + length]
 
     def read(self, offset: int, length: int) -> bytes:
+        # The common case, one whole frame (a sample of a per-sample shard), in few steps.
+        first = int(self._starts.searchsorted(offset, "right")) - 1
+        if first >= 0:
+            c_offset, c_size, u_offset, u_size = self._frames[first].tolist()
+            if offset == u_offset and length == u_size:
+                data = self.raw.read(c_offset, c_size)
+                frame = self._whole(data, c_offset)
+                if len(frame) == u_size:
+                    return frame
         first, last, c_offset, c_length = self.compressed_span(offset, length)
         return self.decompress(first, last, self.raw.read(c_offset, c_length), offset, length)
+
+    def _whole(self, data: bytes, offset: int) -> bytes:
+        """One frame decompressed: zstd's one-call path where the frame records its size."""
+        if self.codec == "zstd":
+            with contextlib.suppress(Exception):  # no content size: the checked path says
+                return zstd_whole_frame(data)
+        return decompress_frame(self.codec, data, shard=self.url, offset=offset)
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        """The members of the decompressed span, copied and its headers checked by
+        ``_mapread`` where it is built (the reference, :func:`split_members`, in Python
+        costs more than a small frame's decompression)."""
+        span = self.read(offset, length)
+        if _MAPREAD is not None and count <= _MAPREAD.MAX_MEMBERS:
+            got = _MAPREAD.members(span, 0, member_rows, first, count, ext_names, key)
+            if type(got) is list:
+                return got
+        # the reference, which also raises the error that names what is wrong
+        return split_members(
+            span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+        )
+
+    def read_members_many(
+        self,
+        spans: Sequence[Span],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` for each sample: a frame is read and decompressed on its own
+        either way."""
+        read = self.read_members
+        return [
+            read(offset, length, member_rows, first, count, ext_names, key)
+            for offset, length, first, count, key in spans
+        ]
 
     def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         spans = [self.compressed_span(o, n) for o, n in zip(offsets, lengths)]
