@@ -35,7 +35,7 @@ from .errors import (
 )
 from .index.attribute_import import import_attributes
 from .index.build import build_indexes
-from .index.manifest import read_manifest, write_manifest
+from .index.manifest import append_to_manifest, read_manifest, write_manifest
 from .index.meta import IndexMeta
 from .index.naming import split_name
 from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_index
@@ -74,6 +74,7 @@ __all__ = [
     "image_decoder",
     "write_manifest",
     "read_manifest",
+    "append_to_manifest",
     "bucket_ids",
     # sampling
     "ResumableSampler",

@@ -10,7 +10,10 @@ for indextar (whole ``build_index``, the scan alone and the scan with grouping),
 ``SQLiteIndexedTar``, a bare pure-Python header walk (the floor a Python indexer must
 beat) and GNU ``tar tf`` (for reference). ``sampler`` runs ``tools/bench_sampler.py``;
 ``dataset`` runs ``tools/bench_dataset.py`` when it exists; ``decode`` runs
-``tools/bench_decode.py`` (images at training size). Each ``tools/bench_*.py``
+``tools/bench_decode.py`` (images at training size); ``meta`` runs ``tools/bench_meta.py``
+(per-sample attributes: building, ``where`` selections, against filtering in a webdataset
+loop); ``scale`` runs ``tools/bench_scale.py`` (10k and 100k shards, a Dask cluster,
+remote shards scanned as they stream). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -504,7 +507,17 @@ def main(argv: list[str] | None = None) -> int:
         "what",
         nargs="?",
         default="all",
-        choices=("index", "sampler", "dataset", "writer", "remote", "decode", "all"),
+        choices=(
+            "index",
+            "sampler",
+            "dataset",
+            "writer",
+            "remote",
+            "decode",
+            "meta",
+            "scale",
+            "all",
+        ),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument(
@@ -544,6 +557,14 @@ def main(argv: list[str] | None = None) -> int:
         report("## Images at training size")
         report("")
         results["decode"] = run_module("bench_decode", quick=args.quick, report=report)
+    if args.what in ("meta", "all"):
+        report("## Metadata")
+        report("")
+        results["meta"] = run_module("bench_meta", quick=args.quick, report=report)
+    if args.what in ("scale", "all"):
+        report("## Indexing at scale")
+        report("")
+        results["scale"] = run_module("bench_scale", quick=args.quick, report=report)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     return 0

@@ -11,11 +11,12 @@ shard whose index records its current size and mtime needs no job.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ..patterns import is_url
 from ..source.forward import ScanMode
 from .attributes import OnError
 from .decompress import DEFAULT_SEEK_SPACING
-from .meta import _read_meta
+from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
 from .remote import open_remote_index, remote_index_path, scan_remote_shard, upload_index
 from .shard import ShardIndex, build_index, index_path
 
@@ -158,6 +159,8 @@ def _build_local(shard: str, options: BuildOptions) -> ShardOutcome:
     )
     # A rebuilt index is a new file (renamed into place), so a new inode.
     built = before is None or before != _identity(index.path)
+    if built:
+        _cache_meta(index.path, index.meta)
     return ShardOutcome(shard, index, built=built, scan="local" if built else "")
 
 
@@ -204,22 +207,53 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+# An index file's metadata, as JSON in an extended attribute of the file: a re-check
+# of 100k shards then reads one attribute each instead of opening 100k SQLite files
+# (about 20 us against 200 us). An index is replaced by a rename, never changed in
+# place, so the attribute on its inode always describes that inode's contents.
+_META_XATTR = "user.indextar.meta"
+
+
+def _cached_meta(path: Path) -> IndexMeta | None:
+    try:
+        raw = os.getxattr(path, _META_XATTR)
+    except (OSError, AttributeError):  # no index, none set, or no xattrs here
+        return None
+    try:
+        meta = IndexMeta(**json.loads(raw))
+    except (ValueError, TypeError):
+        return None
+    if meta.format_version not in READABLE_VERSIONS or meta.naming != NAMING:
+        return None
+    return meta
+
+
+def _cache_meta(path: Path, meta: IndexMeta) -> None:
+    try:
+        os.setxattr(path, _META_XATTR, json.dumps(asdict(meta)).encode())
+    except (OSError, AttributeError):  # read-only, or no xattrs: the SQLite read stays
+        pass
+
+
 def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
     """The index of a local ``shard`` if it records the shard's current size and mtime.
 
     The quick check of a re-run: one ``stat`` of the shard and a read of the index's
-    metadata, no fingerprint (opening the dataset checks that). ``None`` means the
-    shard needs a job: no index, a stale or unreadable one, or options it was not
-    built with.
+    metadata (from the index file's extended attribute where one was set), no
+    fingerprint (opening the dataset checks that). ``None`` means the shard needs a
+    job: no index, a stale or unreadable one, or options it was not built with.
     """
     if options.force or options.meta is not None or is_url(shard):
         return None
     path = index_path(shard, index_dir=options.index_dir)
     try:
         st = os.stat(shard)
-        if not os.path.exists(path):
-            return None
-        meta = _read_meta(path)
+        meta = _cached_meta(path)
+        if meta is None:
+            if not os.path.exists(path):
+                return None
+            meta = _read_meta(path)
+            _cache_meta(path, meta)
     except (OSError, IndexFormatError):
         return None
     if (st.st_size, st.st_mtime_ns) != (meta.shard_size, meta.shard_mtime_ns):

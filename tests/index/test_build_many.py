@@ -61,3 +61,29 @@ def test_a_fresh_rerun_starts_no_pool_and_a_touched_shard_is_rebuilt(
     assert len(rebuilt) == 1 and rebuilt[0].error_type == "StaleIndexError"
     forced = [o for o in iter_builds([paths[2]], BuildOptions(force=True), workers=4)]
     assert forced[0].built
+
+
+def test_a_recheck_reads_the_index_metadata_from_its_extended_attribute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar.index import jobs
+
+    paths = shards(tmp_path, 3)
+    built = {o.shard: o.index for o in iter_builds(paths, BuildOptions(), workers=1)}
+    try:
+        os.getxattr(str(built[paths[0]].path), "user.indextar.meta")  # type: ignore[union-attr]
+    except OSError:
+        pytest.skip(f"the filesystem under {tmp_path} keeps no user extended attributes")
+
+    def no_sqlite(path: Path) -> None:
+        raise AssertionError("the index was opened")
+
+    monkeypatch.setattr(jobs, "_read_meta", no_sqlite)
+    for path in paths:
+        fresh = fresh_on_stat(path, BuildOptions())
+        assert fresh is not None and fresh.meta == built[path].meta  # type: ignore[union-attr]
+    monkeypatch.undo()
+    # A rebuilt index is a new inode, with its own attribute.
+    rebuilt = next(iter_builds([paths[1]], BuildOptions(force=True), workers=1))
+    assert rebuilt.built and rebuilt.index is not None
+    assert fresh_on_stat(paths[1], BuildOptions()) == rebuilt.index

@@ -202,3 +202,41 @@ def test_ten_thousand_shards_open_in_under_a_second(tmp_path: Path) -> None:
     assert elapsed < 1.0, f"opening took {elapsed:.2f} s"
     assert peak < 40 * 2**20, f"peak {peak / 2**20:.1f} MiB"  # O(shards): ~10k small records
     assert ds.locate(n - 1) == (9999, 1000 + 9999 % 7 - 1)
+
+
+def test_appending_shards_copies_the_old_entries_unread(
+    indexed: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar.index import manifest as manifest_module
+    from indextar.index.manifest import append_to_manifest
+
+    indexes = [build_index(p) for p in indexed]
+    target = tmp_path / "data" / "m.json"
+    write_manifest(target, indexes[:1], name="train")
+    before = target.read_bytes()
+
+    def no_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the old entries were parsed")
+
+    monkeypatch.setattr(manifest_module.json, "loads", no_parse)
+    append_to_manifest(target, indexes[1:])
+    monkeypatch.undo()
+    assert target.read_bytes().startswith(before[: -len(b"\n]}\n")])
+    manifest = read_manifest(target)
+    assert [s.url for s in manifest.shards] == [str(p) for p in indexed]
+    assert manifest.name == "train" and manifest.num_samples == 12
+    ds = IndexedTarDataset(target)
+    assert len(ds) == 12 and ds[11]["__key__"] == IndexedTarDataset(indexed[2])[3]["__key__"]
+    ds.close()
+
+    empty = tmp_path / "data" / "empty.json"
+    write_manifest(empty, [])
+    append_to_manifest(empty, indexes[:2])
+    assert [s.url for s in read_manifest(empty).shards] == [str(p) for p in indexed[:2]]
+
+    # A manifest in another layout (wids' own, indented) is read and rewritten.
+    wids = tmp_path / "data" / "wids.json"
+    entry = {"url": indexed[0].name, "nsamples": 4}
+    wids.write_text(json.dumps({"wids_version": 1, "shardlist": [entry]}, indent=2))
+    append_to_manifest(wids, indexes[1:2])
+    assert [s.nsamples for s in read_manifest(wids).shards] == [4, 4]
