@@ -187,6 +187,23 @@ class AttributeBuilder:
                     self._folded[name.lower()] = name
         self._records.append(fields)
 
+    def add_many(self, texts: Sequence[bytes | None], keys: Sequence[str]) -> None:
+        """:meth:`add` for each of ``texts`` in turn: a build's loop, with the common case
+        (a whole member that is an object of known fields) inline."""
+        scan, names, records = _scan_json, self._names.keys(), self._records
+        append = records.append
+        for text, key in zip(texts, keys):
+            if text is not None:
+                try:
+                    string = text.decode("utf-8")
+                    parsed, end = scan(string, 0)
+                    if end == len(string) and type(parsed) is dict and names >= parsed.keys():
+                        append(parsed)
+                        continue
+                except (StopIteration, ValueError):  # UnicodeDecodeError is a ValueError
+                    pass
+            self.add(text, key)  # anything else: checked, reported or added one by one
+
     def table(self) -> AttributeTable:
         """The attributes of the samples added so far (and a warning for the bad ones)."""
         errors = self._errors
@@ -233,8 +250,7 @@ def parse_attributes(
         For the first bad sample, with ``on_error="fail"``.
     """
     builder = AttributeBuilder(shard=shard, ext=ext, on_error=on_error)
-    for text, key in zip(texts, keys):
-        builder.add(text, key)
+    builder.add_many(texts, keys)
     return builder.table()
 
 

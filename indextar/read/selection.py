@@ -34,7 +34,8 @@ import numpy.typing as npt
 from ..atomic import write_atomic
 from ..errors import SelectionError
 from ..index.attributes import ATTRIBUTES_TABLE, attribute_columns, has_attribute_table, quote
-from ..index.shard import PathLike, ShardIndex
+from ..index.shard import PathLike, ShardIndex, index_path
+from ..patterns import is_url
 from .remote_options import default_cache_root
 
 __all__ = [
@@ -144,15 +145,26 @@ def _shards(dataset: Any) -> tuple[list[int], list[ShardIndex], Array]:
     return numbers, indexes, starts
 
 
-def _cache_key(expression: str, indexes: Sequence[ShardIndex], size: int) -> str:
+def _cache_key(expression: str, dataset: Any, numbers: Sequence[int]) -> str:
+    """The cache key of a selection: the expression and, per shard, the index file's
+    identity (path, inode, size, mtime: a rebuild or an import is a new file) and the
+    shard's (its size and mtime, or for a URL its fingerprint). Stats only, so that a
+    cached selection opens in milliseconds; a shard changed since (another key) is
+    then refused as stale when its index is opened to query it."""
     digest = hashlib.blake2b(_CACHE_VERSION, digest_size=16)
-    digest.update(f"{size}\0{expression}\0".encode())
-    for index in indexes:
-        st = os.stat(index.path)
-        digest.update(
-            f"{os.path.abspath(index.path)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0"
-            f"{index.meta.fingerprint}\0".encode("utf-8", "surrogateescape")
-        )
+    digest.update(f"{len(dataset)}\0{expression}\0".encode())
+    for number in numbers:
+        entry = dataset._entries[number]
+        if is_url(entry.url):
+            index = dataset._shard_index(number)
+            path, shard = index.path, index.meta.fingerprint
+        else:
+            path = Path(entry.index or index_path(entry.url, index_dir=dataset._index_dir))
+            st = os.stat(entry.url)
+            shard = f"{st.st_size}:{st.st_mtime_ns}"
+        st = os.stat(path)
+        identity = f"{os.path.abspath(path)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+        digest.update(f"{identity}\0{shard}\0".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
@@ -177,18 +189,19 @@ def where_indices(
     """
     if not isinstance(expression, str) or not expression.strip():
         raise SelectionError(f"where= needs an SQL expression; got {expression!r}")
-    _, indexes, starts = _shards(dataset)
     cache_file = None
     if cache_dir is not False:
         folder = (
             default_selection_cache() if cache_dir is None or cache_dir is True else Path(cache_dir)
         )
-        cache_file = folder / f"{_cache_key(expression, indexes, len(dataset))}.npy"
+        numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
         with contextlib.suppress(FileNotFoundError, ValueError, OSError):
+            cache_file = folder / f"{_cache_key(expression, dataset, numbers)}.npy"
             cached: Array = np.load(cache_file, allow_pickle=False)
             if cached.dtype == np.int64 and cached.ndim == 1:
                 log.debug("selection %r from the cache %s", expression, cache_file)
                 return cached
+    _, indexes, starts = _shards(dataset)
     columns = _columns_of(indexes)
     condition = _expand_sizes(expression)
 
