@@ -108,14 +108,7 @@ class ForwardReader:
             self.position += length  # a jump: nothing is fetched
             self._buffer, self._buffer_start = b"", self.position
             return
-        scratch = bytearray(min(length, 1 << 20))
-        view = memoryview(scratch)
-        while length > 0:
-            n = self._stream.readinto(view[: min(length, len(view))])
-            if not n:
-                break
-            self.position += n
-            length -= n
+        self.position += self._stream.skip(length)
         self._buffer, self._buffer_start = b"", self.position
 
     def close(self) -> None:

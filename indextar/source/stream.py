@@ -64,6 +64,22 @@ class RemoteStream(io.RawIOBase):
         self._buffer = self._buffer[n:]
         return n
 
+    def skip(self, length: int) -> int:
+        """Pass over the next ``length`` bytes without copying them; how many there were."""
+        skipped = 0
+        while skipped < length:
+            if not self._buffer:
+                self._schedule()
+                if not self._ahead:
+                    break
+                self._buffer = memoryview(self._ahead.pop(0).result())
+                self.fetched += len(self._buffer)
+                self._schedule()
+            n = min(length - skipped, len(self._buffer))
+            self._buffer = self._buffer[n:]
+            skipped += n
+        return skipped
+
     def close(self) -> None:
         if self._pool is not None:
             for future in self._ahead:
