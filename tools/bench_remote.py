@@ -6,7 +6,9 @@ Measures, on shards it writes itself:
 * random access samples/s: remote="ranges" (1 process, batches of 64 via __getitems__;
   DataLoader with 2 workers), remote="cache" after warm-up, and local files;
 * bytes fetched per sample against the sample's span;
-* with 20 ms added to every response: ranges one request at a time vs 64 in flight.
+* with 20 ms added to every response: ranges one request at a time vs 64 in flight;
+* bytes fetched per shard by a remote index build: streamed (small members), and
+  the ranged header scan of a shard of 256 KiB members (target: under 1%).
 
 Prints a Markdown table and writes it to docs/benchmarks-remote.md (``--no-write``
 to skip). Run: ``.venv/bin/python tools/bench_remote.py``.
@@ -58,6 +60,37 @@ def rate(count: int, run: Callable[[], int]) -> float:
 def row(what: str, rate: float, baseline: float, unit: str) -> tuple[str, str, str]:
     """A table row: a rate in samples/s and its ratio to ``baseline``."""
     return (what, f"{rate:,.0f} samples/s", f"{rate / baseline:.2f}{unit}")
+
+
+def index_builds(folder: Path, http: HttpServer, small: Path) -> list[tuple[str, str, str]]:
+    """Bytes each remote index build fetches: streamed, and by ranged reads of the headers."""
+    from indextar.index.remote import scan_remote_shard
+
+    rng = random.Random(2)
+    big = folder / "k256.tar"
+    with tarfile.open(big, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(256):
+            info = tarfile.TarInfo(f"k{i:05d}.bin")
+            info.size = 256 << 10
+            tf.addfile(info, io.BytesIO(rng.randbytes(info.size)))
+    rows = []
+    for shard, mode in ((small, "auto"), (big, "auto"), (big, "ranged")):
+        start = time.perf_counter()
+        build = scan_remote_shard(
+            http.url(shard.name),
+            index_dir=folder / f"build-{mode}",
+            mode=mode,  # type: ignore[arg-type]
+        )
+        seconds = time.perf_counter() - start
+        size = shard.stat().st_size
+        rows.append(
+            (
+                f"index build of {shard.name} ({size / 1e6:.0f} MB), {mode} -> {build.mode}",
+                f"{build.bytes_fetched / 1e6:,.2f} MB fetched in {seconds:.2f} s",
+                f"{build.bytes_fetched / size:.2%} of the shard",
+            )
+        )
+    return rows
 
 
 def main() -> None:
@@ -172,6 +205,9 @@ def main() -> None:
                     f"{in_flight / single:.1f}x one at a time",
                 ),
             ]
+
+            # -- building the index of a remote shard: bytes fetched ------------------
+            rows += index_builds(folder, http, paths[0])
 
     table = "\n".join(
         ["| case | rate | ratio |", "| --- | ---: | ---: |"]
