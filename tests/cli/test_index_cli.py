@@ -1,0 +1,44 @@
+"""indextar index on local shards: --dry-run, --json-lines, failures and --retry-failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import sample_members, tar_bytes
+
+from indextar.cli.commands import main
+
+
+def test_dry_run_json_lines_and_retry_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for n in range(4):
+        data = tar_bytes(sample_members(3, prefix=f"p{n}_"))
+        (tmp_path / f"s-{n}.tar").write_bytes(b"junk" * 300 if n == 2 else data)
+    assert main(["index", "s-{0..3}.tar", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would build s-0.tar" in out and "4 to build" in out and "0 up to date" in out
+    assert not list(tmp_path.glob("*.idx.sqlite"))
+
+    assert main(["index", "s-{0..3}.tar", "--json-lines"]) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(line["shard"] for line in lines[:-1]) == [f"s-{n}.tar" for n in range(4)]
+    assert lines[-1]["summary"]["failed"] == 1 and lines[-1]["summary"]["built"] == 3
+    failed = json.loads((tmp_path / "indextar-failed.json").read_text())["failed"]
+    assert [f["shard"] for f in failed] == ["s-2.tar"]
+    assert failed[0]["error_type"] == "ShardFormatError"
+
+    assert main(["index", "s-{0..3}.tar", "--dry-run"]) == 0
+    assert "1 to build, 0 to check against the store, 3 up to date" in capsys.readouterr().out
+
+    (tmp_path / "s-2.tar").write_bytes(tar_bytes(sample_members(3, prefix="p2_")))
+    assert main(["index", "s-{0..3}.tar", "--retry-failed", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [s["shard"] for s in document["shards"]] == ["s-2.tar"]
+    assert document["summary"]["built"] == 1
+    assert not (tmp_path / "indextar-failed.json").exists()
+    assert main(["index", "s-{0..3}.tar", "--retry-failed"]) == 1  # nothing left to retry
+    assert "no indextar-failed.json" in capsys.readouterr().err
