@@ -120,7 +120,8 @@ class StreamedBytes:
                 if first > start:
                     self.reader.skip(first - start)
                     self.position = first
-                last = min(upto, -(-max(b for a, b in kept if a <= first) // BLOCK) * BLOCK)
+                ends = [b for a, b in kept if a < first + BLOCK]
+                last = min(upto, -(-max(ends) // BLOCK) * BLOCK)
                 self._take(first, max(last, first + BLOCK))
 
     def _take(self, start: int, end: int) -> None:

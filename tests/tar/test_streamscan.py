@@ -124,6 +124,16 @@ def test_gnu_tar_shards_scan_alike(options: tuple[str, ...], tmp_path: Path) -> 
     assert assert_same(data[: -10240 + 100])[0] == "error"
 
 
+@pytest.mark.parametrize("cut", [0, 1, 700, 512 * 150 + 3])
+def test_a_shard_cut_anywhere_past_the_fingerprint_span_fails_alike(cut: int) -> None:
+    from conftest import tar_bytes
+
+    data = tar_bytes({f"{i:03d}.bin": bytes([i]) * 3000 for i in range(60)})
+    assert len(data) > 2 * EDGES
+    expected = assert_same(data[: len(data) - cut])
+    assert (expected[0] == "error") == (cut > 10240 - 2 * 512 - 512)
+
+
 def test_a_stream_passes_member_data_without_holding_it(tmp_path: Path) -> None:
     members = {f"{i:04d}.bin": os.urandom(1 << 20) for i in range(48)}
     path = tmp_path / "big.tar"
