@@ -277,13 +277,18 @@ def read_json_attributes(
         starts = data_offsets[rows].tolist()
         ends = (data_offsets[rows] + sizes[rows]).tolist()
         with open(shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            for sample, start, end in zip(samples, starts, ends):
-                texts[sample] = mm[start:end]
+            found = [mm[start:end] for start, end in zip(starts, ends)]
+        if len(found) == len(texts):  # every sample has one: they are in sample order
+            texts = found  # type: ignore[assignment]
+        else:
+            for sample, text in zip(samples, found):
+                texts[sample] = text
     return parse_attributes(texts, grouping.keys, shard=str(shard), ext=ext, on_error=on_error)
 
 
 def _declared_type(values: Iterable[Value]) -> str:
-    kinds = {type(v) for v in values if v is not None}
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
     if kinds <= {int}:
         return "INTEGER"
     if kinds <= {int, float}:
