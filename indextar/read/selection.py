@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -122,18 +122,35 @@ def _run(index: ShardIndex, sql: str, what: str) -> list[Any]:
         raise SelectionError(f"{what} fails on the index of {index.shard!r}: {e}") from e
 
 
-def _query_all(indexes: Sequence[ShardIndex], build_sql: Any, what: str) -> list[list[Any]]:
-    """``build_sql(conn)``'s rows from every index, queried in parallel threads."""
+def _shard_rows(
+    dataset: Any,
+    fields: Callable[[list[str]], str],
+    condition: str | None,
+    what: str,
+    *,
+    parallel: bool = True,
+) -> Iterator[tuple[ShardIndex, int, list[str], list[Any]]]:
+    """``SELECT fields(columns) FROM <each sample> [WHERE condition]`` on every
+    non-empty shard's index, in sample order: ``(index, first dataset index, columns,
+    rows)`` shard by shard. ``parallel``: the shards queried in threads (SQLite
+    releases the GIL while it steps), else one at a time as they are consumed."""
+    _, indexes, starts = _shards(dataset)
+    columns = _columns_of(indexes)
+    chosen = fields(columns)
+    where = "" if condition is None else f" WHERE ({_expand_sizes(condition)})"
 
     def one(index: ShardIndex) -> list[Any]:
         with contextlib.closing(index.connect()) as conn:
-            sql = build_sql(conn)
-        return _run(index, sql, what)
+            view = _sample_view(conn, columns)
+        return _run(index, f"SELECT {chosen} FROM ({view}){where} ORDER BY __sample__", what)
 
-    if len(indexes) <= 1:
-        return [one(index) for index in indexes]
+    if not parallel or len(indexes) <= 1:
+        for index, start in zip(indexes, starts.tolist()):
+            yield index, start, columns, one(index)
+        return
     with ThreadPoolExecutor(min(_THREADS, len(indexes))) as pool:
-        return list(pool.map(one, indexes))
+        for index, start, rows in zip(indexes, starts.tolist(), pool.map(one, indexes)):
+            yield index, start, columns, rows
 
 
 def _shards(dataset: Any) -> tuple[list[int], list[ShardIndex], Array]:
@@ -201,18 +218,10 @@ def where_indices(
             if cached.dtype == np.int64 and cached.ndim == 1:
                 log.debug("selection %r from the cache %s", expression, cache_file)
                 return cached
-    _, indexes, starts = _shards(dataset)
-    columns = _columns_of(indexes)
-    condition = _expand_sizes(expression)
-
-    def sql(conn: sqlite3.Connection) -> str:
-        view = _sample_view(conn, columns)
-        return f"SELECT __sample__ FROM ({view}) WHERE ({condition}) ORDER BY __sample__"
-
-    rows = _query_all(indexes, sql, f"where={expression!r}")
+    shards = _shard_rows(dataset, lambda _: "__sample__", expression, f"where={expression!r}")
     parts = [
-        start + np.fromiter((r[0] for r in found), np.int64, len(found))
-        for start, found in zip(starts.tolist(), rows)
+        start + np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        for _, start, _, rows in shards
     ]
     selected = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     if cache_file is not None:
@@ -228,15 +237,15 @@ def where_indices(
 def where_rows(dataset: Any, expression: str) -> Iterator[dict[str, Any]]:
     """Each selected sample's row, shard by shard: ``__shard__``, ``__index__`` (in the
     dataset), ``__key__`` and every attribute column (``None`` for NULL)."""
-    _, indexes, starts = _shards(dataset)
-    columns = _columns_of(indexes)
-    condition = _expand_sizes(expression)
-    wanted = ", ".join(["__sample__", "__key__", *map(quote, columns)])
-    for index, start in zip(indexes, starts.tolist()):
-        with contextlib.closing(index.connect()) as conn:
-            view = _sample_view(conn, columns)
-        sql = f"SELECT {wanted} FROM ({view}) WHERE ({condition}) ORDER BY __sample__"
-        for row in _run(index, sql, f"where={expression!r}"):
+    shards = _shard_rows(
+        dataset,
+        lambda columns: ", ".join(["__sample__", "__key__", *map(quote, columns)]),
+        expression,
+        f"where={expression!r}",
+        parallel=False,  # one shard's rows at a time
+    )
+    for index, start, columns, rows in shards:
+        for row in rows:
             fields = {"__shard__": index.shard, "__index__": start + row[0], "__key__": row[1]}
             yield fields | dict(zip(columns, row[2:]))
 
@@ -248,18 +257,11 @@ def attribute_values(dataset: Any, expression: str) -> npt.NDArray[np.float64]:
     The expression may name what a ``where`` may (attributes, ``__key__``, ``size(ext)``),
     for example ``"width * 1.0 / height"``.
     """
-    _, indexes, _ = _shards(dataset)
-    columns = _columns_of(indexes)
-    value = _expand_sizes(expression)
-
-    def sql(conn: sqlite3.Connection) -> str:
-        view = _sample_view(conn, columns)
-        return f"SELECT ({value}) FROM ({view}) ORDER BY __sample__"
-
-    rows = _query_all(indexes, sql, f"the value {expression!r}")
+    value = f"({_expand_sizes(expression)})"
+    shards = _shard_rows(dataset, lambda _: value, None, f"the value {expression!r}")
     out = np.empty(len(dataset), np.float64)
     at = 0
-    for found in rows:
+    for _, _, _, found in shards:
         try:
             out[at : at + len(found)] = [np.nan if r[0] is None else r[0] for r in found]
         except (TypeError, ValueError) as e:

@@ -107,7 +107,7 @@ def test_where_is_cached_and_recomputed_when_an_index_changes(
         raise AssertionError("the cached selection was queried again")
 
     with monkeypatch.context() as patch:
-        patch.setattr(selection_module, "_query_all", no_query)
+        patch.setattr(selection_module, "_shard_rows", no_query)
         again = indextar.IndexedTarDataset(shards).where("aesthetic > 5", cache_dir=cache)
         assert again.selection == first.selection
         with pytest.raises(AssertionError, match="queried again"):
