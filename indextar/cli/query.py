@@ -21,11 +21,18 @@ __all__ = ["add_query_commands"]
 _INDEXES = "where the shards' indexes live"
 
 
+def _blob_as_hex(value: object) -> str:
+    """A BLOB attribute (bytes) in ``--json`` output: its hex digits."""
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     ds = IndexedTarDataset(args.shards, index_dir=args.index_dir, build_missing=False)
     if args.json:
         for row in where_rows(ds, args.where):
-            print(json.dumps(row, ensure_ascii=False))
+            print(json.dumps(row, ensure_ascii=False, default=_blob_as_hex))
         return 0
     view = ds.where(args.where, cache_dir=False if args.no_cache else args.cache_dir)
     if args.count:

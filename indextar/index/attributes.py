@@ -76,7 +76,7 @@ CREATE TABLE IF NOT EXISTS {ERRORS_TABLE} (
 );
 """
 
-Value = int | float | str | None
+Value = int | float | str | bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +102,20 @@ class AttributeTable:
 
 
 def sql_value(value: object) -> Value:
-    """A JSON value as SQLite stores it: nested values as JSON text, bools as 0/1."""
+    """A JSON (or imported) value as SQLite stores it: bools as 0/1, integers beyond 64
+    bits as text, bytes as a BLOB, nested values as JSON text, anything else (an
+    imported date) as its ``str``."""
     if value is None or isinstance(value, str | float):
         return value
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
         return value if -(1 << 63) <= value < (1 << 63) else str(value)
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return str(value)  # an imported date or decimal: "2024-02-29" compares as text
 
 
 _decode_json = json.JSONDecoder().decode

@@ -136,3 +136,17 @@ def test_integer_keys_and_a_stale_shard(make_tar: Callable[..., Path], tmp_path:
         f.write(b"!")
     with pytest.raises(indextar.StaleIndexError):
         import_attributes([shard], table)
+
+
+def test_binary_and_date_columns(make_tar: Callable[..., Path], tmp_path: Path) -> None:
+    import datetime
+
+    shard = _shard(make_tar, "d.tar", ["x", "y"], meta=False)
+    table = tmp_path / "d.parquet"
+    day = datetime.date(2024, 2, 29)
+    pq.write_table(
+        pa.table({"key": ["x", "y"], "hash": [b"\x00\xff", None], "day": [day, None]}), table
+    )
+    import_attributes([shard], table)
+    assert _column(shard, "hash") == [b"\x00\xff", None]
+    assert _column(shard, "day") == ["2024-02-29", None]  # ISO text: compares in order
