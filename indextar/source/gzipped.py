@@ -28,7 +28,7 @@ from . import base
 from .base import ByteSource
 from .codecs import indexed_gzip
 
-__all__ = ["SeekPoints", "GzipSeekSource", "build_seek_points", "decompress_with_seek_points"]
+__all__ = ["SeekPoints", "GzipSeekSource", "build_seek_points"]
 
 WINDOW = 32768
 MIN_SPACING = 2 * WINDOW  # zran needs points further apart than a window
@@ -111,33 +111,6 @@ def build_seek_points(path: str, *, spacing: int) -> SeekPoints:
         exported = io.BytesIO()
         f.export_index(fileobj=exported)
     return SeekPoints.from_zran_index(exported.getvalue())
-
-
-def decompress_with_seek_points(
-    path: str, *, spacing: int, size_hint: int
-) -> tuple[bytearray, SeekPoints]:
-    """The whole uncompressed stream of the local gzip file ``path``, and its seek points,
-    from one pass of zran. Nothing is checked: zran reads a truncated stream as a shorter
-    one; the caller compares the result with the gzip trailer's CRC and size.
-
-    ``size_hint`` is the expected size (the trailer's ISIZE): read into a buffer of one
-    byte more, a longer stream is seen and read on.
-    """
-    module = indexed_gzip()
-    with module.IndexedGzipFile(
-        path, spacing=max(spacing, MIN_SPACING), buffer_size=_BUFFER, readbuf_size=_BUFFER
-    ) as f:
-        data = bytearray(size_hint + 1)
-        got = f.readinto(data)
-        del data[got:]
-        while got == size_hint + 1 or len(data) > size_hint:  # longer than hinted
-            more = f.read(1 << 24)
-            if not more:
-                break
-            data += more
-        exported = io.BytesIO()
-        f.export_index(fileobj=exported)
-    return data, SeekPoints.from_zran_index(exported.getvalue())
 
 
 class _RawFile(io.RawIOBase):

@@ -39,8 +39,8 @@ def compressed_message(head: bytes, shard: str | None) -> str | None:
         if head.startswith(magic):
             hint = _decompress_command(tool, suffixes, shard or "SHARD")
             return (
-                f"shard is {name}-compressed; random access needs an uncompressed tar "
-                f"(decompress it first, for example: {hint})"
+                f"shard is {name}-compressed; random access needs a plain, gzip- or "
+                f"zstd-compressed tar (decompress it first, for example: {hint})"
             )
     return None
 
