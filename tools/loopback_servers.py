@@ -180,6 +180,17 @@ class SeaweedServer:
             "client_kwargs": {"region_name": "us-east-1"},
         }
 
+    def environment(self) -> dict[str, str]:
+        """The same endpoint and keys the usual way, as environment variables (what a CLI
+        run or a cluster's workers read; never on a command line)."""
+        options = self.storage_options()
+        return {
+            "AWS_ACCESS_KEY_ID": options["key"],
+            "AWS_SECRET_ACCESS_KEY": options["secret"],
+            "AWS_ENDPOINT_URL": options["endpoint_url"],
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
     def __exit__(self, *exc: object) -> None:
         if self._process is not None:
             _stop(self._process)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from .. import errors
 from ..errors import IndextarError
 from .attributes import OnError
-from .jobs import BuildOptions, ShardOutcome, build_shard, fresh_on_stat
+from .jobs import BuildOptions, ShardOutcome, build_shard, build_shards, fresh_on_stat
 from .shard import PathLike, ShardIndex
 
 __all__ = ["build_indexes", "iter_builds", "parallel_map", "default_workers"]
@@ -139,17 +139,25 @@ def iter_builds(
         yield from _run_on(pool, pending, options)
 
 
+# Shards per job: enough jobs to spread over any cluster and to show progress, few
+# enough that a scheduler's cost per job (a few ms on Dask) stays small beside a build.
+_MIN_JOBS = 256
+_MAX_BATCH = 32
+
+
 def _run_on(executor: Executor, shards: list[str], options: BuildOptions) -> Iterator[ShardOutcome]:
-    futures = {executor.submit(build_shard, shard, options): shard for shard in shards}
+    batch = max(1, min(_MAX_BATCH, len(shards) // _MIN_JOBS))
+    batches = [shards[i : i + batch] for i in range(0, len(shards), batch)]
+    futures = {executor.submit(build_shards, part, options): part for part in batches}
     try:
         for future in as_completed(futures):
             try:
-                yield future.result()
-            except Exception as e:  # noqa: BLE001 - the worker itself died: still one shard's failure
-                shard = futures[future]
-                yield ShardOutcome(
-                    shard, error=f"{type(e).__name__}: {e}", error_type=type(e).__name__
-                )
+                yield from future.result()
+            except Exception as e:  # noqa: BLE001 - the worker itself died: those shards failed
+                for shard in futures[future]:
+                    yield ShardOutcome(
+                        shard, error=f"{type(e).__name__}: {e}", error_type=type(e).__name__
+                    )
     except BaseException:  # an error, or the caller stopped iterating
         for future in futures:
             future.cancel()

@@ -29,7 +29,7 @@ from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
 from .remote import open_remote_index, remote_index_path, scan_remote_shard, upload_index
 from .shard import ShardIndex, build_index, index_path
 
-__all__ = ["BuildOptions", "ShardOutcome", "build_shard", "fresh_on_stat"]
+__all__ = ["BuildOptions", "ShardOutcome", "build_shard", "build_shards", "fresh_on_stat"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,11 @@ def build_shard(shard: str, options: BuildOptions) -> ShardOutcome:
             traceback=traceback.format_exc(),
         )
     return _timed(outcome, time.perf_counter() - start)
+
+
+def build_shards(shards: list[str], options: BuildOptions) -> list[ShardOutcome]:
+    """:func:`build_shard` of each of ``shards``, in one job."""
+    return [build_shard(shard, options) for shard in shards]
 
 
 def _timed(outcome: ShardOutcome, seconds: float) -> ShardOutcome:

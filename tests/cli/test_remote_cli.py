@@ -50,13 +50,7 @@ def indextar(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 def s3_env(server: SeaweedServer) -> dict[str, str]:
     """Credentials and endpoint the usual way, from the environment (never on the command line)."""
-    options = server.storage_options()
-    return {
-        "AWS_ACCESS_KEY_ID": options["key"],
-        "AWS_SECRET_ACCESS_KEY": options["secret"],
-        "AWS_ENDPOINT_URL": options["endpoint_url"],
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    return server.environment()
 
 
 def test_index_http_urls_into_an_index_dir(http: HttpServer, tmp_path: Path) -> None:

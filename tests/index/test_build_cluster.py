@@ -42,21 +42,11 @@ def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
         yield server
 
 
-def s3_env(server: SeaweedServer) -> dict[str, str]:
-    options = server.storage_options()
-    return {
-        "AWS_ACCESS_KEY_ID": options["key"],
-        "AWS_SECRET_ACCESS_KEY": options["secret"],
-        "AWS_ENDPOINT_URL": options["endpoint_url"],
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-
-
 @pytest.fixture(scope="module")
 def cluster(bucket: SeaweedServer) -> Iterator[distributed.LocalCluster]:
     # The workers inherit the endpoint from the environment, as on a real cluster.
     saved = dict(os.environ)
-    os.environ.update(s3_env(bucket))
+    os.environ.update(bucket.environment())
     try:
         with distributed.LocalCluster(
             n_workers=2,
@@ -102,7 +92,7 @@ def test_a_local_cluster_builds_every_shard_but_the_damaged_one(
 def test_the_cli_on_dask_and_retry_failed(
     cluster: distributed.LocalCluster, bucket: SeaweedServer, tmp_path: Path
 ) -> None:
-    env = {**os.environ, **s3_env(bucket)}
+    env = {**os.environ, **bucket.environment()}
 
     def index(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
