@@ -13,7 +13,9 @@ beat) and GNU ``tar tf`` (for reference). ``sampler`` runs ``tools/bench_sampler
 ``tools/bench_decode.py`` (images at training size); ``meta`` runs ``tools/bench_meta.py``
 (per-sample attributes: building, ``where`` selections, against filtering in a webdataset
 loop); ``scale`` runs ``tools/bench_scale.py`` (10k and 100k shards, a Dask cluster,
-remote shards scanned as they stream). Each ``tools/bench_*.py``
+remote shards scanned as they stream); ``compressed`` runs ``tools/bench_compressed.py``
+(per-sample gzip and zstd shards next to plain ones, a foreign ``.tar.gz`` against
+ratarmountcore). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -516,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode",
             "meta",
             "scale",
+            "compressed",
             "all",
         ),
     )
@@ -565,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
         report("## Indexing at scale")
         report("")
         results["scale"] = run_module("bench_scale", quick=args.quick, report=report)
+    if args.what in ("compressed", "all"):
+        report("## Compressed shards")
+        report("")
+        results["compressed"] = run_module("bench_compressed", quick=args.quick, report=report)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     return 0
