@@ -11,6 +11,8 @@ from typing import Any
 
 from ..errors import IndexFormatError
 from .arrays import ShardArrays, read_arrays
+from .compressed import CompressedLayout, read_layout
+from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _connect_ro
 from .naming import from_sql, group_members, sql_text
 from .shard import PathLike, open_index, scan_shard_file
@@ -48,7 +50,15 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     """
     ix = open_index(shard, index_dir=index_dir)
     shard_path = Path(shard)
-    scan, _ = scan_shard_file(shard_path, ignore_zeros=ix.meta.ignore_zeros)
+    layout: CompressedLayout | None = None
+    if ix.meta.compression:  # decompressed and checked again, its frames or points kept
+        spacing = ix.meta.seek_spacing or DEFAULT_SEEK_SPACING
+        scan, _, _, _, layout, _ = scan_compressed(
+            shard_path, ix.meta.compression, ignore_zeros=ix.meta.ignore_zeros,
+            seek_spacing=spacing,
+        )  # fmt: skip
+    else:
+        scan, _ = scan_shard_file(shard_path, ignore_zeros=ix.meta.ignore_zeros)
     grouping = group_members(scan, shard=str(shard_path))
     rows = grouping.entries
     expected_members = list(
@@ -107,6 +117,8 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
                 problems += _check_arrays(conn, ix.path, arrays, ix.meta, warnings)
     except sqlite3.DatabaseError as e:
         problems.append(f"index cannot be read: {e}")
+    if layout is not None and not problems:
+        problems += _compare_layout(read_layout(ix.path, ix.meta), layout)
     if ix.meta.end_offset != scan.end_offset:
         problems.append(f"end offset: index says {ix.meta.end_offset}, shard has {scan.end_offset}")
     # Sample spans past the archive's end need no check of their own: the samples
@@ -146,6 +158,21 @@ def _check_arrays(
     if stored.equals(expected):
         return []
     return ["arrays: the packed arrays disagree with the samples and members tables"]
+
+
+def _compare_layout(stored: CompressedLayout, scanned: CompressedLayout) -> list[str]:
+    """Problems with a compressed shard's frames or seek points, against a fresh pass."""
+    if stored.frames is not None and scanned.frames is not None:
+        return _compare("frame", stored.frames.tolist(), scanned.frames.tolist())
+    if stored.seek_points is not None and scanned.seek_points is not None:
+        got, expected = stored.seek_points, scanned.seek_points
+        problems = _compare("seek point", got.points.tolist(), expected.points.tolist())
+        if not problems and got.zran_index() != expected.zran_index():
+            problems.append("seek points: their windows differ from the shard's data")
+        return problems
+    kinds = ("frames" if stored.frames is not None else "seek points", "frames"
+             if scanned.frames is not None else "seek points")  # fmt: skip
+    return [f"compressed layout: index has {kinds[0]}, shard has {kinds[1]}"]
 
 
 def _compare(

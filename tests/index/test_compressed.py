@@ -16,6 +16,7 @@ import zstandard
 
 import indextar
 from indextar.index.compressed import read_layout
+from indextar.index.verify import verify_index
 from indextar.source.gzipped import SeekPoints
 from indextar.tar.compress import zstd_frame_spans
 from tests.conftest import tar_bytes
@@ -270,3 +271,22 @@ def test_index_size_of_seek_points_is_small(tmp_path: Path) -> None:
     # text windows compress: far less than 32 KiB a point
     assert layout.index_bytes() < 16 * 1024 * len(layout.seek_points.points)
     assert io.BytesIO(layout.seek_points.zran_index()).getbuffer().nbytes > 32768
+
+
+def test_verify_decompresses_again_and_compares_frames_and_points(tmp_path: Path) -> None:
+    archive = gnu_targz(tmp_path, members(400, size=6000))
+    indextar.build_index(archive, seek_spacing=65536)
+    framed = tmp_path / "multi.tar.zst"
+    framed.write_bytes(zstd_frames_file(tar_bytes(members(40)), 20_000))
+    index = indextar.build_index(framed)
+    assert verify_index(archive).ok and verify_index(framed).ok
+    with contextlib.closing(sqlite3.connect(index.path)) as conn, conn:
+        conn.execute("UPDATE frames SET compressed_size = compressed_size + 1 WHERE frame_id = 2")
+    report = verify_index(framed)
+    assert not report.ok and report.problems[0].startswith("frame 2: index has")
+    gz_index = indextar.open_index(archive)
+    with contextlib.closing(sqlite3.connect(gz_index.path)) as conn, conn:
+        conn.execute("UPDATE seek_points SET window = NULL WHERE point_id = 3")
+    assert verify_index(archive).problems == [
+        "seek points: their windows differ from the shard's data"
+    ]
