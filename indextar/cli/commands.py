@@ -71,6 +71,8 @@ def _info_one(shard: str, index_dir: str | None) -> Outcome:
             "extensions": ix.extension_counts(),
             "skipped": ix.skipped_counts(),
             "scattered_keys": len(ix.scattered_keys()),
+            "compression": ix.meta.compression or None,
+            "uncompressed_bytes": ix.meta.uncompressed_size or ix.meta.shard_size,
         }
 
     return _guard(shard, work)
@@ -132,9 +134,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
             r = o.result or {}
             exts = ", ".join(f"{ext} {n:,}" for ext, n in r["extensions"].items()) or "none"
             skipped = ", ".join(f"{kind} {n:,}" for kind, n in r["skipped"].items()) or "none"
+            packed = (
+                f" ({r['compression']}: a {r['uncompressed_bytes']:,}-byte tar)"
+                if r["compression"]
+                else ""
+            )
             print(
                 f"{o.shard}: {r['samples']:,} samples, {r['members']:,} members, "
-                f"{r['data_bytes']:,} data bytes in {r['shard_bytes']:,}; "
+                f"{r['data_bytes']:,} data bytes in {r['shard_bytes']:,}{packed}; "
                 f"tar overhead {r['overhead_per_sample']:,.0f} bytes/sample\n"
                 f"  extensions: {exts}\n  skipped: {skipped}"
             )

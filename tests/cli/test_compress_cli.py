@@ -106,3 +106,16 @@ def test_index_seek_spacing_and_index_size(
     assert shard["index_bytes"] == index.path.stat().st_size
     points = read_layout(index.path, index.meta).seek_points
     assert points is not None and len(points.points) >= 5
+
+
+def test_info_names_the_compression(
+    plain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["recompress", "-q", str(plain), str(tmp_path / "p.tar.gz")]) == 0
+    assert main(["info", str(tmp_path / "p.tar.gz"), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    index = indextar.open_index(tmp_path / "p.tar.gz")
+    assert row["compression"] == "gzip" and row["shard_bytes"] == index.meta.shard_size
+    assert row["uncompressed_bytes"] == index.meta.uncompressed_size > row["shard_bytes"]
+    assert main(["info", str(tmp_path / "p.tar.gz")]) == 0
+    assert f"(gzip: a {index.meta.uncompressed_size:,}-byte tar)" in capsys.readouterr().out
