@@ -107,6 +107,8 @@ class StreamedBytes:
     def _fill(self, upto: int, *, keep_all: bool) -> None:
         """Move the reader to ``upto`` (block-aligned or the end), keeping what is wanted."""
         upto = min(upto, self.size)
+        # Ranges passed go: a shard of long names adds one each, and would cost O(n^2).
+        self._keep = [(a, b) for a, b in self._keep if b > self.position]
         while self.position < upto:
             start = self.position
             kept = [(a, b) for a, b in self._keep if b > start and a < upto]
