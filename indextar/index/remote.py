@@ -24,13 +24,16 @@ from typing import Any
 
 from ..atomic import write_atomic
 from ..errors import IndexFormatError, MissingIndexError, StaleIndexError
+from ..source.codecs import CODECS
 from ..source.conditional import RemoteStat, check_version
 from ..source.filesystems import filesystem
 from ..source.forward import ForwardReader, ScanMode
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
+from ..tar.compress import sniff_compression
 from ..tar.streamscan import StreamedBytes, scan_stream
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
 from .naming import group_members
+from .remote_compressed import index_compressed_object
 from .shard import INDEX_SUFFIX, ShardIndex
 from .spans import headers_name_their_keys
 from .tables import write_index
@@ -141,8 +144,9 @@ def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | N
 class RemoteBuild:
     """A remote shard's index as built, and what building it fetched.
 
-    ``mode`` is how the shard was read: ``"stream"`` (every byte, once) or
-    ``"ranged"`` (its headers alone); ``bytes_fetched`` counts the bytes read.
+    ``mode`` is how the shard was read: ``"stream"`` (every byte, once),
+    ``"ranged"`` (its headers alone) or, for a gzip or zstd object, ``"download"`` (a
+    temporary copy, :mod:`.remote_compressed`); ``bytes_fetched`` counts the bytes read.
     """
 
     index: ShardIndex
@@ -184,6 +188,10 @@ def scan_remote_shard(
     local.parent.mkdir(parents=True, exist_ok=True)
     stat = RangeSource(url, storage_options=storage_options).stat()
     source = RangeSource(url, expected=stat, storage_options=storage_options)
+    codec = sniff_compression(source.read(0, min(8, stat.size))) if stat.size else None
+    if codec is not None and codec in CODECS:  # .tar.gz, .tar.zst: from a temporary copy
+        index = index_compressed_object(url, source, stat, codec, local)
+        return RemoteBuild(index, "download", stat.size)
     log.info("building the index of %s (%d bytes) from one forward read", url, stat.size)
     with ForwardReader(source, mode=mode) as reader:
         view = StreamedBytes(reader, stat.size, shard=url, edges=_FINGERPRINT_SPAN)

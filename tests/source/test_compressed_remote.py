@@ -136,3 +136,25 @@ def test_a_foreign_targz_is_fetched_from_its_seek_point(
     fetched = http.stats()[NAMES[2]]["bytes"]
     # each read starts at the seek point before it: far less than the file each time
     assert 0 < fetched < 3 * size * 0.6
+
+
+def test_a_remote_shard_without_an_index_is_indexed_from_a_download(
+    root: Path, tmp_path: Path
+) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in NAMES:  # the shards alone, no sidecar indexes
+        (bare / name).write_bytes((root / name).read_bytes())
+    with HttpServer(bare) as server:
+        urls = [server.url(name) for name in NAMES]
+        ds = indextar.IndexedTarDataset(urls, index_dir=tmp_path / "ix")
+        assert len(ds) == 3 * N
+        order = np.random.default_rng(5).permutation(3 * N).tolist()
+        assert [check(s) for s in ds.__getitems__(order)] == [i % N for i in order]
+        kinds = [indextar.IndexedTarDataset(u, index_dir=tmp_path / "ix") for u in urls]
+    built = sorted((tmp_path / "ix").glob("*.idx.sqlite"))
+    assert len(built) == 3 and not list((tmp_path / "ix").glob(".*"))  # no copy left
+    assert len(kinds) == 3
+    metas = {ix.meta.shard_name: ix.meta for ix in (k._shard_index(0) for k in kinds)}
+    assert metas[urls[2]].seek_spacing and not metas[urls[0]].seek_spacing
+    assert metas[urls[0]].compression == "zstd" and metas[urls[1]].compression == "gzip"
