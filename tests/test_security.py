@@ -185,7 +185,17 @@ SQL_INTERPOLATIONS = {
     "table": "one of the fixed table names ('members', 'samples', 'skipped')",
     "code": "CASE branches 'WHEN ? THEN <int>': integers from range(); the values are parameters",
     "n": "an integer from range()",
+    # per-sample attributes (indextar/index/attributes.py): field names come from samples'
+    # JSON or a parquet table, so they reach SQL only as identifiers quoted by quote()
+    # (wrapped in double quotes, each double quote doubled), and types only from
+    # _declared_type's fixed set ("INTEGER", "REAL", "TEXT", "")
+    "columns": "', <quote(name)> <declared type>' for each attribute",
+    "column": "quote(name): an attribute's name as a quoted identifier",
+    "declared[name]": "a type from _declared_type's fixed set",
+    "marks": "', ?' once per column: the values are parameters",
 }
+# Not checked here: ds.where(sql) and `indextar query --where` run the caller's own SQL
+# expression, by design, inside a SELECT on a read-only connection (read/selection.py).
 
 
 def sql_calls() -> list[tuple[str, int, ast.expr]]:

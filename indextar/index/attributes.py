@@ -64,13 +64,13 @@ RESERVED_NAMES = frozenset({"__sample__", "__key__", "__first__", "__count__"})
 _SHOWN = 5  # errors named in a skip's log message
 
 # The optional tables' DDL, run only for an index with attributes (never by schema.sql).
-_DDL = f"""
-CREATE TABLE IF NOT EXISTS {SOURCES_TABLE} (
-    name   TEXT PRIMARY KEY,  -- the column of {ATTRIBUTES_TABLE}
+_DDL = """
+CREATE TABLE IF NOT EXISTS attribute_columns (
+    name   TEXT PRIMARY KEY,  -- the column of attributes
     type   TEXT NOT NULL,     -- its declared SQLite type ("" when values are mixed)
     source TEXT NOT NULL      -- where it came from: "json:<ext>" or "import:<file name>"
 );
-CREATE TABLE IF NOT EXISTS {ERRORS_TABLE} (
+CREATE TABLE IF NOT EXISTS attribute_errors (
     sample_id INTEGER PRIMARY KEY,  -- samples.sample_id of a sample with no attributes
     message   TEXT NOT NULL         -- why: a missing member, malformed JSON, ...
 );
@@ -313,44 +313,45 @@ def write_attributes(conn: sqlite3.Connection, table: AttributeTable) -> None:
     """Create the attribute tables in an index being written and fill them.
 
     ``conn`` is inside the index's write transaction; an index that already has
-    attributes gets these columns added, or replaced where the names are taken.
+    attributes gets these columns added, or replaced where the names are taken. Field
+    names reach the SQL only as quoted identifiers (:func:`quote`), types only from
+    :func:`_declared_type`'s four; every value is a parameter.
     """
     _run_ddl(conn)
     have = {name.lower() for name in attribute_columns(conn)}
     declared = {name: _declared_type(values) for name, values in table.columns.items()}
     if not _has_table(conn, ATTRIBUTES_TABLE):  # a fresh table: every row in one insert
-        names = list(table.columns)
-        columns = "".join(f", {quote(name)} {declared[name]}" for name in names)
-        conn.execute(f"CREATE TABLE {ATTRIBUTES_TABLE} (__sample__ INTEGER PRIMARY KEY{columns})")
-        marks = ", ?" * len(names)
+        columns = "".join(f", {quote(name)} {declared[name]}" for name in table.columns)
+        conn.execute(f"CREATE TABLE attributes (__sample__ INTEGER PRIMARY KEY{columns})")
+        marks = ", ?" * len(table.columns)
         conn.executemany(
-            f"INSERT INTO {ATTRIBUTES_TABLE} VALUES (?{marks})",
+            f"INSERT INTO attributes VALUES (?{marks})",
             zip(range(table.num_samples), *table.columns.values()),
         )
     else:  # columns added to an index's table, or replaced where the names are taken
         for name, values in table.columns.items():
+            column = quote(name)
             if name.lower() not in have:
-                conn.execute(
-                    f"ALTER TABLE {ATTRIBUTES_TABLE} ADD COLUMN {quote(name)} {declared[name]}"
-                )
+                conn.execute(f"ALTER TABLE attributes ADD COLUMN {column} {declared[name]}")
             conn.executemany(
-                f"UPDATE {ATTRIBUTES_TABLE} SET {quote(name)} = ? WHERE __sample__ = ?",
+                f"UPDATE attributes SET {column} = ? WHERE __sample__ = ?",
                 ((value, row) for row, value in enumerate(values)),
             )
     conn.executemany(
-        f"INSERT OR REPLACE INTO {SOURCES_TABLE} VALUES (?, ?, ?)",
+        "INSERT OR REPLACE INTO attribute_columns VALUES (?, ?, ?)",
         ((name, declared[name], table.source) for name in table.columns),
     )
     conn.executemany(
-        f"INSERT OR REPLACE INTO {ERRORS_TABLE} VALUES (?, ?)",
+        "INSERT OR REPLACE INTO attribute_errors VALUES (?, ?)",
         ((sample, f"{table.source}: {message}") for sample, message in table.errors),
     )
 
 
 def _run_ddl(conn: sqlite3.Connection) -> None:
-    for statement in _DDL.split(";"):
-        if statement.strip():
-            conn.execute(statement)
+    """The tables' DDL, a statement at a time (``executescript`` would commit)."""
+    for sql in _DDL.split(";"):
+        if sql.strip():
+            conn.execute(sql)
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:
@@ -367,7 +368,7 @@ def attribute_columns(conn: sqlite3.Connection) -> list[str]:
     """The attribute columns of an index, in table order; empty if it has none."""
     if not _has_table(conn, ATTRIBUTES_TABLE):
         return []
-    rows = conn.execute(f"SELECT name FROM pragma_table_info('{ATTRIBUTES_TABLE}') ORDER BY cid")
+    rows = conn.execute("SELECT name FROM pragma_table_info('attributes') ORDER BY cid")
     return [str(name) for (name,) in rows if name != "__sample__"]
 
 
@@ -375,7 +376,7 @@ def attribute_sources(conn: sqlite3.Connection) -> dict[str, str]:
     """Each attribute column's source (``"json:json"``, ``"import:scores.parquet"``)."""
     if not _has_table(conn, SOURCES_TABLE):
         return {}
-    rows = conn.execute(f"SELECT name, source FROM {SOURCES_TABLE} ORDER BY name")
+    rows = conn.execute("SELECT name, source FROM attribute_columns ORDER BY name")
     return {str(name): str(source) for name, source in rows}
 
 
@@ -383,5 +384,5 @@ def attribute_errors(conn: sqlite3.Connection) -> list[tuple[int, str]]:
     """``(sample number, message)`` of every sample recorded without attributes."""
     if not _has_table(conn, ERRORS_TABLE):
         return []
-    rows = conn.execute(f"SELECT sample_id, message FROM {ERRORS_TABLE} ORDER BY sample_id")
+    rows = conn.execute("SELECT sample_id, message FROM attribute_errors ORDER BY sample_id")
     return [(int(sample), str(message)) for sample, message in rows]

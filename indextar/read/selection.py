@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from ..atomic import write_atomic
 from ..errors import SelectionError
-from ..index.attributes import ATTRIBUTES_TABLE, attribute_columns, has_attribute_table, quote
+from ..index.attributes import attribute_columns, has_attribute_table, quote
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..patterns import is_url
 from .remote_options import default_cache_root
@@ -96,7 +96,7 @@ def _sample_view(conn: sqlite3.Connection, columns: Sequence[str]) -> str:
         for name in columns
     ]
     join = (
-        f" LEFT JOIN {ATTRIBUTES_TABLE} AS a ON a.__sample__ = s.sample_id"
+        " LEFT JOIN attributes AS a ON a.__sample__ = s.sample_id"
         if has_attribute_table(conn)
         else ""
     )
