@@ -224,6 +224,12 @@ def where_indices(
         for _, start, _, rows in shards
     ]
     selected = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    if selected.size and (
+        (np.diff(selected) <= 0).any() or selected[0] < 0 or selected[-1] >= len(dataset)
+    ):  # only an expression that closes the WHERE's parenthesis can do this
+        raise SelectionError(
+            f"where={expression!r} changed the query: its samples are not one each, in order"
+        )
     if cache_file is not None:
         buffer = io.BytesIO()
         np.save(buffer, selected, allow_pickle=False)

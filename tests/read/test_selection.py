@@ -137,6 +137,8 @@ def test_bad_sql_names_the_shard(corpus: Any) -> None:
         ds.where("colour = 'red'", cache_dir=False)
     with pytest.raises(indextar.SelectionError, match="syntax error"):
         ds.where("aesthetic >", cache_dir=False)
+    with pytest.raises(indextar.SelectionError, match="changed the query"):
+        ds.where("1) UNION ALL SELECT 0 --", cache_dir=False)
     with pytest.raises(indextar.SelectionError, match="needs an SQL expression"):
         ds.where("  ", cache_dir=False)
 
