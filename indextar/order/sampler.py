@@ -362,8 +362,9 @@ class ResumableSampler:
             ``version``, ``epoch``, ``consumed``, the fields that must match on load
             (``num_samples``, ``seed``, ``shuffle``, ``order``, ``drop_last``,
             ``block_size``, ``window_blocks``; for a mixture ``part_sizes`` and the
-            ``weights`` history, ``[{"epoch", "weights"}, ...]``) and, for
-            information, ``num_replicas``.
+            ``weights`` history, ``[{"epoch", "weights"}, ...]``; for a ``where`` view,
+            or a mixture of some, ``selection``) and, for information,
+            ``num_replicas``.
         """
         if consumed is None:
             consumed = self.consumed
