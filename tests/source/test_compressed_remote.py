@@ -139,19 +139,18 @@ def test_a_foreign_targz_is_fetched_from_its_seek_point(
 
 
 def test_a_remote_shard_without_an_index_is_indexed_from_a_download(
-    root: Path, tmp_path: Path
+    http: HttpServer, root: Path, tmp_path: Path
 ) -> None:
-    bare = tmp_path / "bare"
-    bare.mkdir()
+    bare = root / "bare"
+    bare.mkdir(exist_ok=True)
     for name in NAMES:  # the shards alone, no sidecar indexes
         (bare / name).write_bytes((root / name).read_bytes())
-    with HttpServer(bare) as server:
-        urls = [server.url(name) for name in NAMES]
-        ds = indextar.IndexedTarDataset(urls, index_dir=tmp_path / "ix")
-        assert len(ds) == 3 * N
-        order = np.random.default_rng(5).permutation(3 * N).tolist()
-        assert [check(s) for s in ds.__getitems__(order)] == [i % N for i in order]
-        kinds = [indextar.IndexedTarDataset(u, index_dir=tmp_path / "ix") for u in urls]
+    urls = [http.url(f"bare/{name}") for name in NAMES]
+    ds = indextar.IndexedTarDataset(urls, index_dir=tmp_path / "ix")
+    assert len(ds) == 3 * N
+    order = np.random.default_rng(5).permutation(3 * N).tolist()
+    assert [check(s) for s in ds.__getitems__(order)] == [i % N for i in order]
+    kinds = [indextar.IndexedTarDataset(u, index_dir=tmp_path / "ix") for u in urls]
     built = sorted((tmp_path / "ix").glob("*.idx.sqlite"))
     assert len(built) == 3 and not list((tmp_path / "ix").glob(".*"))  # no copy left
     assert len(kinds) == 3
