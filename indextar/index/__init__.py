@@ -3,7 +3,9 @@
 ``shard`` builds and opens one index, ``meta`` records and validates what it was built
 from, ``tables`` writes its tables (``schema.sql``, ``_sqlitebulk.c``), ``spans``
 checks at build time that every sample's headers name it; ``naming`` groups members
-into samples; ``arrays`` packs the reader's arrays;
+into samples; ``arrays`` packs the reader's arrays; ``attributes`` stores per-sample
+attributes (an optional table, ``meta="json"``) and ``attribute_import`` joins a parquet
+table into them;
 ``members`` and ``verify`` read and check the tables; ``build`` indexes many shards;
 ``manifest`` lists a dataset's shards; ``remote`` finds, fetches or builds the index
 of a remote shard.

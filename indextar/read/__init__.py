@@ -5,8 +5,9 @@ dataset's shards and opens each one's index; ``dataset`` is the map-style datase
 ``decode`` turns members into values; ``image`` decodes images straight to training
 size (``image_decoder``); ``pool`` decodes a batch in threads; ``sample`` makes what
 both datasets return for a sample (``decode=``, ``keys=``); ``lookup`` finds samples by
-key; ``streaming`` reads shards front to back; ``remote_options`` chooses how remote
-shards are read.
+key; ``subset`` holds key and ``where`` views; ``selection`` evaluates SQL over the
+indexes (``ds.where``, ``bucket_ids``); ``streaming`` reads shards front to back;
+``remote_options`` chooses how remote shards are read.
 
 May import: the shared modules, ``tar/``, ``source/``, ``index/`` and ``order/``.
 Must not import: ``write/``, ``cli/``.

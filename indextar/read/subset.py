@@ -1,4 +1,4 @@
-"""Key subsets: ``ds.select(keys)`` and ``ds.exclude(keys)``, map-style views of a dataset.
+"""Subsets: ``ds.select(keys)``, ``ds.exclude(keys)`` and ``ds.where(sql)``, map-style views.
 
 A view holds one sorted int64 array of the base dataset's indices: those kept, or
 those dropped, whichever is shorter, so a 1e9-sample dataset that excludes 1e6 keys
@@ -7,6 +7,8 @@ holds 1e6 numbers, never 1e9 of anything. View index ``i`` is ``kept[i]``, or th
 by one ``searchsorted``). Keys are found shard by shard, each shard's keys matched
 against the wanted keys in numpy; a key that matches no sample is logged (a count and
 the first few), or with ``strict=True`` raised. A key matches every sample that has it.
+A ``where`` view is the same view of the indices :mod:`indextar.read.selection` finds;
+it carries its ``selection`` (expressions and a digest), which the samplers record.
 """
 
 from __future__ import annotations
