@@ -26,7 +26,7 @@ from ..atomic import write_atomic
 from ..errors import IndextarError, StaleIndexError
 from ..index.build import iter_builds
 from ..index.jobs import BuildOptions, ShardOutcome, fresh_on_stat
-from ..index.manifest import write_manifest
+from ..index.manifest import append_to_manifest, write_manifest
 from ..index.remote import remote_index_path
 from ..patterns import expand_shards, is_url
 from ..read.remote_options import default_cache_root
@@ -61,6 +61,12 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
         "--retry-failed",
         action="store_true",
         help="index only the shards listed in --failures by the last run (of those given)",
+    )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add the shards to the end of an existing --manifest instead of writing it anew, "
+        "without reading the shards it lists (give only new shards)",
     )
     parser.add_argument(
         "--json-lines",
@@ -105,7 +111,11 @@ def run_index(args: argparse.Namespace) -> int:
                 f"indextar: error: not writing {args.manifest}: some shards failed", file=sys.stderr
             )
         else:
-            path = write_manifest(args.manifest, [o.index for o in outcomes if o.index is not None])
+            indexes = [o.index for o in outcomes if o.index is not None]
+            if args.append and Path(args.manifest).exists():
+                path = append_to_manifest(args.manifest, indexes)
+            else:
+                path = write_manifest(args.manifest, indexes)
             if not args.quiet and not args.json and not args.json_lines:
                 print(f"wrote manifest {path} ({len(outcomes)} shards)")
     return status

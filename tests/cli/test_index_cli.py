@@ -42,3 +42,19 @@ def test_dry_run_json_lines_and_retry_failed(
     assert not (tmp_path / "indextar-failed.json").exists()
     assert main(["index", "s-{0..3}.tar", "--retry-failed"]) == 1  # nothing left to retry
     assert "no indextar-failed.json" in capsys.readouterr().err
+
+
+def test_append_adds_new_shards_to_a_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for n in range(3):
+        (tmp_path / f"s-{n}.tar").write_bytes(tar_bytes(sample_members(2, prefix=f"p{n}_")))
+    assert main(["index", "s-0.tar", "s-1.tar", "--manifest", "m.json", "-q"]) == 0
+    assert main(["index", "s-2.tar", "--manifest", "m.json", "--append", "-q"]) == 0
+    shards = json.loads((tmp_path / "m.json").read_text())["shardlist"]
+    assert [s["url"] for s in shards] == ["s-0.tar", "s-1.tar", "s-2.tar"]
+    assert main(["index", "s-2.tar", "--manifest", "m.json", "-q"]) == 0  # without: anew
+    assert [s["url"] for s in json.loads((tmp_path / "m.json").read_text())["shardlist"]] == [
+        "s-2.tar"
+    ]
