@@ -290,3 +290,30 @@ def test_verify_decompresses_again_and_compares_frames_and_points(tmp_path: Path
     assert verify_index(archive).problems == [
         "seek points: their windows differ from the shard's data"
     ]
+
+
+def test_reads_in_order_are_served_from_a_read_ahead_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar.source import gzipped
+
+    monkeypatch.setattr(gzipped, "READ_AHEAD", 40_000)  # many block edges in a small shard
+    files = members(300, size=6000)
+    archive = gnu_targz(tmp_path, files)
+    indextar.build_index(archive, seek_spacing=65536)
+    ds = indextar.IndexedTarDataset(str(archive))
+    source = ds._shard(0).source
+    assert isinstance(source, gzipped.GzipSeekSource)
+    calls: list[int] = []
+    ds[0]
+    f = source._file
+    zran_read = f.read
+    monkeypatch.setattr(f, "read", lambda n=-1: calls.append(n) or zran_read(n), raising=False)
+    want = expected(tar_bytes(files))
+    in_order = [ds[i]["bin"] for i in range(1, 300)]
+    assert in_order == [s["bin"] for s in want[1:]]
+    # 299 samples of ~6.6 KB: one zran read per 40 KB block (~6 samples), not per sample
+    assert len(calls) < 80 and all(n >= 40_000 for n in calls[1:-1])
+    # a jump goes back to a seek point, and in-order reads after it read ahead again
+    order = [250, 3, 4, 5, 120, 121, 7, 299, 298]
+    assert [ds[i]["bin"] for i in order] == [want[i]["bin"] for i in order]
