@@ -217,9 +217,7 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
             if _read_meta(tmp) != index.meta:  # rebuilt since it was opened
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
-                conn.execute("BEGIN")
-                write_attributes(conn, attributes)
-                conn.execute("COMMIT")
+                write_attributes(conn, attributes, path=tmp)  # one transaction, or two
     except (OSError, sqlite3.Error) as e:
         if isinstance(e, IndexWriteError):
             raise

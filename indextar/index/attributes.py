@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import mmap
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from .. import native
 from ..errors import SampleAttributeError
 from .naming import Grouping
 
@@ -231,8 +233,22 @@ class AttributeBuilder:
             kinds = set(map(type, values))
             if not kinds <= _PLAIN or (int in kinds and not _fits_int64(values)):
                 values = [sql_value(v) for v in values]
-            columns[name] = values  # type: ignore[assignment]
+            columns[name] = _utf8_text(values)  # type: ignore[arg-type]
         return AttributeTable(len(records), columns, f"json:{self.ext}", list(errors))
+
+
+def _utf8_text(values: list[Value]) -> list[Value]:
+    """``values`` with each lone surrogate in a string (JSON may escape one: "\\ud800")
+    as U+FFFD, as TEXT holds a name that is not UTF-8 (SQLite text must be UTF-8)."""
+    strings = [v for v in values if type(v) is str]
+    try:
+        "".join(strings).encode("utf-8")  # every string at once, in C: the common case
+        return values
+    except UnicodeEncodeError:
+        return [
+            v.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if type(v) is str else v
+            for v in values
+        ]
 
 
 def _fits_int64(values: list[object]) -> bool:
@@ -309,14 +325,21 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def write_attributes(conn: sqlite3.Connection, table: AttributeTable) -> None:
+def write_attributes(
+    conn: sqlite3.Connection, table: AttributeTable, *, path: Path | None = None
+) -> None:
     """Create the attribute tables in an index being written and fill them.
 
-    ``conn`` is inside the index's write transaction; an index that already has
-    attributes gets these columns added, or replaced where the names are taken. Field
-    names reach the SQL only as quoted identifiers (:func:`quote`), types only from
-    :func:`_declared_type`'s four; every value is a parameter.
+    An index that already has attributes gets these columns added, or replaced where
+    the names are taken. ``conn`` may be inside the caller's write transaction; if it is
+    not, this call is one (or, for a fresh table and with ``path``, the index file's
+    path, two: its rows go in through ``_sqlitebulk.c``'s own connection, where built).
+    Field names reach the SQL only as quoted identifiers (:func:`quote`), types only
+    from :func:`_declared_type`'s four; every value is a parameter.
     """
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
     _run_ddl(conn)
     have = {name.lower() for name in attribute_columns(conn)}
     declared = {name: _declared_type(values) for name, values in table.columns.items()}
@@ -324,10 +347,19 @@ def write_attributes(conn: sqlite3.Connection, table: AttributeTable) -> None:
         columns = "".join(f", {quote(name)} {declared[name]}" for name in table.columns)
         conn.execute(f"CREATE TABLE attributes (__sample__ INTEGER PRIMARY KEY{columns})")
         marks = ", ?" * len(table.columns)
-        conn.executemany(
-            f"INSERT INTO attributes VALUES (?{marks})",
-            zip(range(table.num_samples), *table.columns.values()),
-        )
+        bulk = native.sqlitebulk() if own and path is not None else None
+        if bulk is not None and path is not None:
+            conn.execute("COMMIT")  # the C writer's connection writes next
+            sql = f"INSERT INTO attributes VALUES (?{marks})"
+            bulk.insert_values(
+                os.fspath(path), sql, table.num_samples, list(table.columns.values())
+            )
+            conn.execute("BEGIN")
+        else:
+            conn.executemany(
+                f"INSERT INTO attributes VALUES (?{marks})",
+                zip(range(table.num_samples), *table.columns.values()),
+            )
     else:  # columns added to an index's table, or replaced where the names are taken
         for name, values in table.columns.items():
             column = quote(name)
@@ -345,6 +377,8 @@ def write_attributes(conn: sqlite3.Connection, table: AttributeTable) -> None:
         "INSERT OR REPLACE INTO attribute_errors VALUES (?, ?)",
         ((sample, f"{table.source}: {message}") for sample, message in table.errors),
     )
+    if own:
+        conn.execute("COMMIT")
 
 
 def _run_ddl(conn: sqlite3.Connection) -> None:

@@ -179,6 +179,8 @@ def _write_tables(
             end,
         )
         bulk = native.sqlitebulk()
+        if attributes is not None:  # a transaction of its own, its rows also through C
+            write_attributes(conn, attributes, path=tmp)
         if bulk is not None:
             bulk.insert_rows(os.fspath(tmp), member_rows, sample_rows)
             conn.execute("BEGIN")
@@ -204,8 +206,6 @@ def _write_tables(
             ((field, _meta_text(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
         write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end))
-        if attributes is not None:
-            write_attributes(conn, attributes)
         if layout is not None:
             layout.write(conn)
         conn.executescript(indexes)  # commits

@@ -46,7 +46,10 @@ def _rows(path: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def test_fields_become_columns_that_match_each_sample_json(make_tar: Callable[..., Path]) -> None:
+def test_fields_become_columns_that_match_each_sample_json(
+    make_tar: Callable[..., Path], scanner: str
+) -> None:
+    """Both ways: rows through _sqlitebulk.c ("c") and through executemany ("numpy")."""
     records = _records(40)
     shard = make_tar(_members(records))
     ix = indextar.build_index(shard, meta="json")
@@ -144,6 +147,31 @@ def test_skip_records_and_logs_every_bad_sample(
     assert [w for (w,) in widths] == [
         None if i in (3, 8) else records[i]["width"] for i in range(12)
     ]
+
+
+def test_the_c_writer_stores_what_executemany_stores(
+    make_tar: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar import native
+
+    records = _records(30) + [{"big": 2**70, "flag": True, "mixed": "x"}, {"mixed": 2.5}]
+    shard = make_tar(_members(records))
+    sql = "SELECT *, typeof(aesthetic), typeof(big), typeof(mixed) FROM attributes"
+    assert native.sqlitebulk() is not None
+    ix = indextar.build_index(shard, meta="json")
+    by_c = _rows(ix.path, sql)
+    monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
+    ix = indextar.build_index(shard, meta="json", force=True)
+    assert _rows(ix.path, sql) == by_c
+    assert by_c[30][-3:] == ("null", "text", "text") and by_c[31][-1] == "real"
+
+
+def test_a_lone_surrogate_is_stored_as_the_replacement_character(
+    make_tar: Callable[..., Path],
+) -> None:
+    shard = make_tar({"a.json": b'{"caption": "x\\ud800y", "ok": "\\ud83d\\ude00"}'})
+    ix = indextar.build_index(shard, meta="json")
+    assert _rows(ix.path, "SELECT caption, ok FROM attributes") == [("x\ufffdy", "\U0001f600")]
 
 
 def test_space_around_the_object_is_json(make_tar: Callable[..., Path]) -> None:
