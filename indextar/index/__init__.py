@@ -6,9 +6,10 @@ checks at build time that every sample's headers name it; ``naming`` groups memb
 into samples; ``arrays`` packs the reader's arrays; ``attributes`` stores per-sample
 attributes (an optional table, ``meta="json"``) and ``attribute_import`` joins a parquet
 table into them;
-``members`` and ``verify`` read and check the tables; ``build`` indexes many shards;
+``members`` and ``verify`` read and check the tables; ``build`` indexes many shards
+on any executor, each as a ``jobs`` job (``jobs`` also checks fresh shards on a stat);
 ``manifest`` lists a dataset's shards; ``remote`` finds, fetches or builds the index
-of a remote shard.
+of a remote shard, scanning it as it streams.
 
 May import: the shared modules, ``tar/`` and ``source/``.
 Must not import: ``order/``, ``read/``, ``write/``, ``cli/``.
