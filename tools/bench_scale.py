@@ -217,25 +217,39 @@ def hundred_thousand(folder: Path, count: int, report: Report) -> dict[str, floa
 
 
 def copy_then_scan(url: str, storage_options: dict[str, Any], scratch: Path) -> int:
-    """The remote build before issue 17: the whole shard copied to a file, then scanned."""
-    from indextar.index.meta import fingerprint
+    """The remote build before issue 17, as it was: the whole shard copied to a
+    temporary file, mapped, scanned and fingerprinted, the copy deleted, the index written."""
+    from indextar.index.meta import IndexMeta, fingerprint
     from indextar.index.naming import group_members
+    from indextar.index.remote import remote_index_path
+    from indextar.index.tables import write_index
     from indextar.source.remote import RangeSource
     from indextar.source.stream import RemoteStream
     from indextar.tar.scan import scan_tar
 
-    source = RangeSource(url, storage_options=storage_options)
-    source = RangeSource(url, expected=source.stat(), storage_options=storage_options)
+    stat = RangeSource(url, storage_options=storage_options).stat()
+    source = RangeSource(url, expected=stat, storage_options=storage_options)
     fd, name = tempfile.mkstemp(dir=scratch)
     try:
         with os.fdopen(fd, "wb") as f, RemoteStream(source) as stream:
             shutil.copyfileobj(stream, f, 1 << 20)
         with open(name, "rb") as copy, mmap.mmap(copy.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             scan = scan_tar(mm, shard=url)
-            fingerprint(mm, len(mm))
-        return len(group_members(scan, shard=url).keys)
+            content_fingerprint = fingerprint(mm, stat.size)
+        grouping = group_members(scan, shard=url)
     finally:
         os.unlink(name)
+    meta = IndexMeta.describe(
+        scan,
+        grouping,
+        shard_name=url,
+        shard_size=stat.size,
+        shard_mtime_ns=0,
+        fingerprint=content_fingerprint,
+        etag=stat.etag,
+    )
+    write_index(remote_index_path(url, scratch), meta, scan, grouping)
+    return len(grouping.keys)
 
 
 def remote(folder: Path, shard_mb: int, report: Report) -> dict[str, float]:
