@@ -21,6 +21,7 @@ logged, has no attributes (NULL in every column) and is listed in the index's
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import mmap
@@ -196,21 +197,45 @@ class AttributeBuilder:
         self._records.append(fields)
 
     def add_many(self, texts: Sequence[bytes | None], keys: Sequence[str]) -> None:
-        """:meth:`add` for each of ``texts`` in turn: a build's loop, with the common case
-        (a whole member that is an object of known fields) inline."""
-        scan, names, records = _scan_json, self._names.keys(), self._records
-        append = records.append
+        """:meth:`add` for each of ``texts`` in turn: a build's loop.
+
+        The common case, a whole member that is an object, is inline, and its field
+        names are checked once for all of them at the end (the union of their keys,
+        in C); if any new name is refused, the samples go through :meth:`add` one by
+        one so that each error names its sample."""
+        scan, records = _scan_json, self._records
+        append, first = records.append, len(records)
         for text, key in zip(texts, keys):
             if text is not None:
                 try:
                     string = text.decode("utf-8")
                     parsed, end = scan(string, 0)
-                    if end == len(string) and type(parsed) is dict and names >= parsed.keys():
+                    if end == len(string) and type(parsed) is dict:
                         append(parsed)
                         continue
                 except (StopIteration, ValueError):  # UnicodeDecodeError is a ValueError
                     pass
             self.add(text, key)  # anything else: checked, reported or added one by one
+        added = records[first:]
+        union = dict.fromkeys(itertools.chain.from_iterable(r for r in added if r is not None))
+        new = [name for name in union if name not in self._names]
+        if new and not self._accepts(new):
+            del records[first:]
+            self._errors = [(s, m) for s, m in self._errors if s < first]
+            for text, key in zip(texts, keys):
+                self.add(text, key)
+            return
+        for name in new:
+            self._names[name] = None
+            self._folded[name.lower()] = name
+
+    def _accepts(self, names: list[str]) -> bool:
+        """Whether these new field names may all become columns beside the known ones."""
+        folded = dict(self._folded)
+        for name in names:
+            if name in RESERVED_NAMES or folded.setdefault(name.lower(), name) != name:
+                return False
+        return True
 
     def table(self) -> AttributeTable:
         """The attributes of the samples added so far (and a warning for the bad ones)."""
