@@ -180,6 +180,16 @@ def test_space_around_the_object_is_json(make_tar: Callable[..., Path]) -> None:
     assert _rows(ix.path, "SELECT w FROM attributes ORDER BY __sample__") == [(1,), (2,), (3,)]
 
 
+def test_skip_names_the_one_sample_with_a_refused_field(make_tar: Callable[..., Path]) -> None:
+    records = _records(6)
+    shard = make_tar(_members(records, bad={4: b'{"__count__": 3, "width": 1}'}))
+    ix = indextar.build_index(shard, meta="json", on_error="skip")
+    with sqlite3.connect(ix.path) as conn:
+        assert [sample for sample, _ in attribute_errors(conn)] == [4]
+    widths = [w for (w,) in _rows(ix.path, "SELECT width FROM attributes ORDER BY __sample__")]
+    assert widths == [records[i]["width"] if i != 4 else None for i in range(6)]
+
+
 def test_case_clashing_fields_are_a_sample_error(make_tar: Callable[..., Path]) -> None:
     members = {"a.json": b'{"Width": 1}', "b.json": b'{"width": 2}'}
     shard = make_tar(members)
