@@ -66,7 +66,7 @@ def decompress_frame(codec: str, data: bytes | memoryview, *, shard: str, offset
             zstd_decompressor = _zstd_context().decompressobj()
             out = zstd_decompressor.decompress(data)
             complete, rest = zstd_decompressor.eof, zstd_decompressor.unused_data
-    except (zlib.error, Exception) as e:  # zstandard.ZstdError derives from Exception
+    except Exception as e:  # zlib.error, zstandard.ZstdError: the data is corrupt
         if isinstance(e, ImportError):
             raise
         raise ShardFormatError(
@@ -149,7 +149,7 @@ class _CheckedReader(io.RawIOBase):
                 shard=self._shard,
                 offset=offset,
             ) from e
-        except (OSError, zlib.error, Exception) as e:  # gzip.BadGzipFile, zstandard.ZstdError
+        except Exception as e:  # zlib.error, gzip.BadGzipFile (OSError), zstandard.ZstdError
             if isinstance(e, (ImportError, ShardFormatError)):
                 raise
             offset = self._raw.tell()
