@@ -12,6 +12,10 @@ long-name chains) and runs one target on the result:
     read of every sample through :class:`indextar.IndexedTarDataset`.
 ``stream``
     :func:`indextar.tar.stream.iter_members` over a file object.
+``streamscan``
+    :func:`indextar.tar.streamscan.scan_stream` over a file object read front to back
+    (how remote shards are indexed), with and without ``ignore_zeros``: exactly
+    :func:`indextar.scan_tar`'s result, or its error's class, offset and message.
 
 A case passes if the target raises an :class:`indextar.IndextarError`, or returns a
 result that is internally consistent (every member's data inside the file, offsets
@@ -55,7 +59,7 @@ from pathlib import Path
 
 BLOCK = 512
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
-TARGETS = ("scan", "index", "stream")
+TARGETS = ("scan", "index", "stream", "streamscan")
 EIB8 = 1 << 63
 
 
@@ -595,6 +599,30 @@ def run_stream(case: Case, outcome: Counter[str], scanned: list[tuple[str, bytes
         outcome["streamed, scanner refuses"] += 1
 
 
+def run_streamscan(case: Case, outcome: Counter[str]) -> None:
+    from indextar import IndextarError, scan_tar
+    from indextar.tar.streamscan import FileReader, StreamedBytes, scan_stream
+
+    def result(scan: Callable[[], object]) -> tuple[object, ...]:
+        try:
+            s = scan()
+        except IndextarError as e:
+            return ("refused", type(e).__name__, getattr(e, "offset", None), str(e))
+        fields = ("names", "types", "header_offsets", "data_offsets", "sizes")
+        return ("scanned", *(list(getattr(s, f)) for f in fields), s.end_offset)  # type: ignore[attr-defined]
+
+    def streamed(ignore_zeros: bool) -> object:
+        reader = FileReader(io.BufferedReader(io.BytesIO(case.data)))  # type: ignore[arg-type]
+        view = StreamedBytes(reader, len(case.data), shard="fuzz.tar", edges=64 << 10)
+        return scan_stream(view, ignore_zeros=ignore_zeros)
+
+    for ignore_zeros in (False, True):
+        expected = result(lambda: scan_tar(case.data, shard="fuzz.tar", ignore_zeros=ignore_zeros))  # noqa: B023
+        got = result(lambda: streamed(ignore_zeros))  # noqa: B023
+        check(got == expected, f"streamed scan differs: {got[:4]!r} vs {expected[:4]!r}")
+    outcome["equals scan_tar" if expected[0] == "scanned" else "refused alike"] += 1
+
+
 # -- running ---------------------------------------------------------------------------
 
 
@@ -619,6 +647,8 @@ def run_case(
                     scanned = run_scan(case, counts[target])
                 elif target == "index":
                     run_index(case, counts[target], Path(folder))
+                elif target == "streamscan":
+                    run_streamscan(case, counts[target])
                 else:
                     if "scan" not in targets:
                         with contextlib.suppress(Exception):
