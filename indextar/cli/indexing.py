@@ -25,7 +25,8 @@ from tqdm import tqdm
 from ..atomic import write_atomic
 from ..errors import IndextarError, StaleIndexError
 from ..index.build import iter_builds
-from ..index.jobs import BuildOptions, ShardOutcome, fresh_on_stat
+from ..index.fresh import fresh_by_listing, fresh_on_stat
+from ..index.jobs import BuildOptions, ShardOutcome
 from ..index.manifest import append_to_manifest, write_manifest
 from ..index.remote import remote_index_path
 from ..patterns import expand_shards, is_url
@@ -282,8 +283,9 @@ def _report_failures(outcomes: list[ShardOutcome], args: argparse.Namespace) -> 
 def _dry_run(shards: list[str], options: BuildOptions, args: argparse.Namespace) -> int:
     """Print what a run would do: each shard to build or check, and those up to date."""
     plan = []
+    listed = fresh_by_listing(shards, options)
     for shard in shards:
-        if fresh_on_stat(shard, options) is not None:
+        if shard in listed or fresh_on_stat(shard, options) is not None:
             action = "up to date"
         elif is_url(shard):
             have = options.index_dir and remote_index_path(shard, options.index_dir).exists()

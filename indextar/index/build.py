@@ -1,10 +1,11 @@
 """Build the indexes of many shards: in parallel processes, or on any executor.
 
-The driver checks local shards on a stat first (:func:`~indextar.index.jobs.fresh_on_stat`)
-and sends only the rest out as jobs (:func:`~indextar.index.jobs.build_shard`), so a
-re-run over 100k mostly indexed shards starts no pool at all. The executor can be
-anything with ``submit``: a process pool here, Dask's ``Client.get_executor()`` on a
-cluster. Each job writes its own index and returns a small outcome.
+The driver checks shards cheaply first (:mod:`~indextar.index.fresh`: local ones on
+a stat, remote ones by listing their folder) and sends only the rest out as jobs
+(:func:`~indextar.index.jobs.build_shard`), so a re-run over 100k mostly indexed shards
+starts no pool at all. The executor can be anything with ``submit``: a process pool
+here, Dask's ``Client.get_executor()`` on a cluster. Each job writes its own index and
+returns a small outcome.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any, TypeVar
 from .. import errors
 from ..errors import IndextarError
 from .attributes import OnError
-from .jobs import BuildOptions, ShardOutcome, build_shard, build_shards, fresh_on_stat
+from .fresh import fresh_by_listing, fresh_on_stat
+from .jobs import BuildOptions, ShardOutcome, build_shard, build_shards
 from .shard import PathLike, ShardIndex
 
 __all__ = ["build_indexes", "iter_builds", "parallel_map", "default_workers"]
@@ -112,14 +114,17 @@ def iter_builds(
 ) -> Iterator[ShardOutcome]:
     """Every shard's :class:`~indextar.index.jobs.ShardOutcome`, as each finishes.
 
-    Local shards whose index is fresh on a stat (:func:`~indextar.index.jobs.fresh_on_stat`)
-    are answered here, first and without a job; the rest run as jobs on ``executor``,
+    Shards whose index is fresh, local ones on a stat
+    (:func:`~indextar.index.fresh.fresh_on_stat`) and remote ones by a listing of their
+    folder (:func:`~indextar.index.fresh.fresh_by_listing`), are answered here, first
+    and without a job; the rest run as jobs on ``executor``,
     or else in a process pool of ``workers`` (none is started for fewer than two
     jobs). A failed shard is an outcome with its error; the others go on.
     """
+    listed = fresh_by_listing(shards, options)
     pending = []
     for shard in shards:
-        fresh = fresh_on_stat(shard, options)
+        fresh = listed.get(shard) or fresh_on_stat(shard, options)
         if fresh is None:
             pending.append(shard)
         else:

@@ -5,18 +5,15 @@ process pool, a Dask cluster): it indexes one local or remote shard, writes the 
 where it belongs (next to the shard, in ``index_dir``, or uploaded next to a remote
 shard) and sends back counts and any error as text, never the index's contents.
 
-:func:`fresh_on_stat` is the driver's quick look before any job starts: a local
-shard whose index records its current size and mtime needs no job.
+Which shards need no job at all is :mod:`indextar.index.fresh`'s question.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +22,11 @@ from ..patterns import is_url
 from ..source.forward import ScanMode
 from .attributes import OnError
 from .decompress import DEFAULT_SEEK_SPACING
-from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
+from .fresh import cache_meta
 from .remote import open_remote_index, remote_index_path, scan_remote_shard, upload_index
-from .shard import INDEX_SUFFIX, ShardIndex, build_index, index_path
+from .shard import ShardIndex, build_index, index_path
 
-__all__ = ["BuildOptions", "ShardOutcome", "build_shard", "build_shards", "fresh_on_stat"]
+__all__ = ["BuildOptions", "ShardOutcome", "build_shard", "build_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +162,7 @@ def _build_local(shard: str, options: BuildOptions) -> ShardOutcome:
     # A rebuilt index is a new file (renamed into place), so a new inode.
     built = before is None or before != _identity(index.path)
     if built:
-        _cache_meta(index.path, index.meta)
+        cache_meta(index.path, index.meta)
     return ShardOutcome(shard, index, built=built, scan="local" if built else "")
 
 
@@ -210,62 +207,3 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_ino, st.st_mtime_ns
-
-
-# An index file's metadata, as JSON in an extended attribute of the file: a re-check
-# of 100k shards then reads one attribute each instead of opening 100k SQLite files
-# (about 20 us against 200 us). An index is replaced by a rename, never changed in
-# place, so the attribute on its inode always describes that inode's contents.
-_META_XATTR = "user.indextar.meta"
-
-
-def _cached_meta(path: str | Path) -> IndexMeta | None:
-    try:
-        raw = os.getxattr(path, _META_XATTR)
-    except (OSError, AttributeError):  # no index, none set, or no xattrs here
-        return None
-    try:
-        meta = IndexMeta(**json.loads(raw))
-    except (ValueError, TypeError):
-        return None
-    if meta.format_version not in READABLE_VERSIONS or meta.naming != NAMING:
-        return None
-    return meta
-
-
-def _cache_meta(path: str | Path, meta: IndexMeta) -> None:
-    try:
-        os.setxattr(path, _META_XATTR, json.dumps(asdict(meta)).encode())
-    except (OSError, AttributeError):  # read-only, or no xattrs: the SQLite read stays
-        pass
-
-
-def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
-    """The index of a local ``shard`` if it records the shard's current size and mtime.
-
-    The quick check of a re-run: one ``stat`` of the shard and a read of the index's
-    metadata (from the index file's extended attribute where one was set), no
-    fingerprint (opening the dataset checks that). ``None`` means the shard needs a
-    job: no index, a stale or unreadable one, or options it was not built with.
-    """
-    if options.force or options.meta is not None or is_url(shard):
-        return None
-    if options.index_dir is None:  # index_path's answer, without pathlib (a third of the cost)
-        path = shard + INDEX_SUFFIX
-    else:
-        path = str(index_path(shard, index_dir=options.index_dir))
-    try:
-        st = os.stat(shard)
-        meta = _cached_meta(path)
-        if meta is None:
-            if not os.path.exists(path):
-                return None
-            meta = _read_meta(Path(path))
-            _cache_meta(path, meta)
-    except (OSError, IndexFormatError):
-        return None
-    if (st.st_size, st.st_mtime_ns) != (meta.shard_size, meta.shard_mtime_ns):
-        return None
-    if meta.ignore_zeros and not options.ignore_zeros:
-        return None  # build_index rebuilds it
-    return ShardIndex(shard=shard, path=Path(path), meta=meta)

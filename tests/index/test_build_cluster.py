@@ -132,3 +132,33 @@ def test_the_cli_on_dask_and_retry_failed(
     assert [line["shard"] for line in lines[:-1]] == [f"s3://shards/{BAD}"]
     assert lines[-1]["summary"]["built"] == 1
     assert not (tmp_path / "indextar-failed.json").exists()
+
+
+def test_a_rerun_lists_the_folder_instead_of_a_request_per_shard(
+    bucket: SeaweedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import s3fs
+
+    from indextar.index import build
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **bucket.storage_options())
+    fs.mkdir("listed")
+    for n in range(3):
+        fs.pipe(f"listed/x-{n}.tar", tar_bytes(sample_members(4, prefix=f"x{n}_")))
+    urls = [f"s3://listed/x-{n}.tar" for n in range(3)]
+    options = BuildOptions(index_dir=str(tmp_path), storage_options=bucket.storage_options())
+    assert all(o.built for o in iter_builds(urls, options, workers=1))
+
+    def no_job(*args: object) -> None:
+        raise AssertionError("a job was started for a fresh shard")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(build, "build_shard", no_job)
+        patched.setattr(build, "_run_on", no_job)
+        again = list(iter_builds(urls, options, workers=2))
+    assert [o.shard for o in again] == urls and not any(o.built for o in again)
+    # A replaced object is listed with another ETag: its shard alone is built again.
+    fs.pipe("listed/x-1.tar", tar_bytes(sample_members(5, prefix="y_")))
+    third = {o.shard: o for o in iter_builds(urls, options, workers=1)}
+    assert [url for url, o in third.items() if o.built] == [urls[1]]
+    assert third[urls[1]].index is not None and third[urls[1]].index.meta.num_samples == 5

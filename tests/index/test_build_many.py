@@ -12,7 +12,8 @@ from conftest import sample_members, tar_bytes
 from indextar import ShardFormatError, build_indexes
 from indextar.index import build
 from indextar.index.build import iter_builds
-from indextar.index.jobs import BuildOptions, fresh_on_stat
+from indextar.index.fresh import fresh_on_stat
+from indextar.index.jobs import BuildOptions
 
 
 def shards(folder: Path, count: int, *, bad: tuple[int, ...] = ()) -> list[str]:
@@ -66,7 +67,7 @@ def test_a_fresh_rerun_starts_no_pool_and_a_touched_shard_is_rebuilt(
 def test_a_recheck_reads_the_index_metadata_from_its_extended_attribute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from indextar.index import jobs
+    from indextar.index import fresh
 
     paths = shards(tmp_path, 3)
     built = {o.shard: o.index for o in iter_builds(paths, BuildOptions(), workers=1)}
@@ -78,7 +79,7 @@ def test_a_recheck_reads_the_index_metadata_from_its_extended_attribute(
     def no_sqlite(path: Path) -> None:
         raise AssertionError("the index was opened")
 
-    monkeypatch.setattr(jobs, "_read_meta", no_sqlite)
+    monkeypatch.setattr(fresh, "_read_meta", no_sqlite)
     for path in paths:
         fresh = fresh_on_stat(path, BuildOptions())
         assert fresh is not None and fresh.meta == built[path].meta  # type: ignore[union-attr]

@@ -1,0 +1,163 @@
+"""Which shards need no build: the driver's quick checks before any job starts.
+
+:func:`fresh_on_stat` answers for a local shard with one ``stat`` and the index's
+metadata, read from an extended attribute of the index file (:func:`cache_meta` sets
+it when an index is built). :func:`fresh_by_listing` answers for remote shards a
+folder at a time: one listing of the store (1,000 objects a request on S3) gives every
+object's size and ETag, compared with the indexes in ``index_dir``, instead of a
+metadata request per shard.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import IndexFormatError
+from ..patterns import is_url
+from ..source.conditional import RemoteStat
+from ..source.filesystems import filesystem
+from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
+from .remote import remote_index_path
+from .shard import INDEX_SUFFIX, ShardIndex, index_path
+
+if TYPE_CHECKING:
+    from .jobs import BuildOptions
+
+__all__ = ["cache_meta", "fresh_on_stat", "fresh_by_listing"]
+
+log = logging.getLogger(__name__)
+
+
+# An index file's metadata, as JSON in an extended attribute of the file: a re-check
+# of 100k shards then reads one attribute each instead of opening 100k SQLite files
+# (about 20 us against 200 us). An index is replaced by a rename, never changed in
+# place, so the attribute on its inode always describes that inode's contents.
+_META_XATTR = "user.indextar.meta"
+
+
+def _cached_meta(path: str | Path) -> IndexMeta | None:
+    try:
+        raw = os.getxattr(path, _META_XATTR)
+    except (OSError, AttributeError):  # no index, none set, or no xattrs here
+        return None
+    try:
+        meta = IndexMeta(**json.loads(raw))
+    except (ValueError, TypeError):
+        return None
+    if meta.format_version not in READABLE_VERSIONS or meta.naming != NAMING:
+        return None
+    return meta
+
+
+def cache_meta(path: str | Path, meta: IndexMeta) -> None:
+    try:
+        os.setxattr(path, _META_XATTR, json.dumps(asdict(meta)).encode())
+    except (OSError, AttributeError):  # read-only, or no xattrs: the SQLite read stays
+        pass
+
+
+def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
+    """The index of a local ``shard`` if it records the shard's current size and mtime.
+
+    The quick check of a re-run: one ``stat`` of the shard and a read of the index's
+    metadata (from the index file's extended attribute where one was set), no
+    fingerprint (opening the dataset checks that). ``None`` means the shard needs a
+    job: no index, a stale or unreadable one, or options it was not built with.
+    """
+    if options.force or options.meta is not None or is_url(shard):
+        return None
+    if options.index_dir is None:  # index_path's answer, without pathlib (a third of the cost)
+        path = shard + INDEX_SUFFIX
+    else:
+        path = str(index_path(shard, index_dir=options.index_dir))
+    try:
+        st = os.stat(shard)
+        meta = _cached_meta(path)
+        if meta is None:
+            if not os.path.exists(path):
+                return None
+            meta = _read_meta(Path(path))
+            cache_meta(path, meta)
+    except (OSError, IndexFormatError):
+        return None
+    if (st.st_size, st.st_mtime_ns) != (meta.shard_size, meta.shard_mtime_ns):
+        return None
+    if meta.ignore_zeros and not options.ignore_zeros:
+        return None  # build_index rebuilds it
+    return ShardIndex(shard=shard, path=Path(path), meta=meta)
+
+
+def _meta_at(path: str | Path) -> IndexMeta | None:
+    """The metadata of the index at ``path``: from its attribute, else its tables."""
+    meta = _cached_meta(path)
+    if meta is None and os.path.exists(path):
+        try:
+            meta = _read_meta(Path(path))
+        except IndexFormatError:
+            return None
+        cache_meta(path, meta)
+    return meta
+
+
+def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, ShardIndex]:
+    """The indexes in ``options.index_dir`` of those remote ``urls`` whose object, as
+    listed by the store, has the size and ETag the index records.
+
+    One listing per folder holding two or more of the shards (a lone shard's check on a
+    worker costs as little). Objects listed without an ETag (HTTP servers list none),
+    and folders that cannot be listed, are left to the jobs. With ``upload``, a shard
+    also needs its ``.idx.sqlite`` next to it in the listing.
+    """
+    if options.force or options.index_dir is None:
+        return {}
+    folders: dict[str, list[str]] = defaultdict(list)
+    for url in urls:
+        if is_url(url):
+            folders[url.rpartition("/")[0]].append(url)
+    fresh: dict[str, ShardIndex] = {}
+    for folder, members in folders.items():
+        if len(members) < 2:
+            continue
+        listed = _listing(folder, options.storage_options)
+        for url in members:
+            name = url.rpartition("/")[2]
+            entry = listed.get(name)
+            if entry is None or (options.upload and name + INDEX_SUFFIX not in listed):
+                continue
+            now = RemoteStat.from_info(entry, url)
+            path = remote_index_path(url, options.index_dir)
+            meta = _meta_at(path)
+            if (
+                meta is not None
+                and now.etag
+                and (now.size, now.etag)
+                == (
+                    meta.shard_size,
+                    meta.etag,
+                )
+            ):
+                fresh[url] = ShardIndex(shard=url, path=path, meta=meta)
+    log.info("%d of %d remote shards are fresh by their listing", len(fresh), len(urls))
+    return fresh
+
+
+def _listing(folder: str, storage_options: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The objects in the remote ``folder`` by name, or nothing if it cannot be listed."""
+    try:
+        fs, path = filesystem(folder, storage_options)
+        entries = fs.ls(path, detail=True, refresh=True)
+    except Exception as e:  # noqa: BLE001 - no listing: each shard is checked by its job
+        log.info("cannot list %s (%s): each shard is checked on its own", folder, e)
+        return {}
+    return {
+        str(entry["name"]).rstrip("/").rpartition("/")[2]: entry
+        for entry in entries
+        if entry.get("type", "file") == "file"
+    }
