@@ -131,6 +131,8 @@ def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, Sh
             entry = listed.get(name)
             if entry is None or (options.upload and name + INDEX_SUFFIX not in listed):
                 continue
+            if entry.get("size") is None or not (entry.get("ETag") or entry.get("etag")):
+                continue  # an HTML folder page lists names, not versions
             now = RemoteStat.from_info(entry, url)
             path = remote_index_path(url, options.index_dir)
             meta = _meta_at(path)

@@ -123,3 +123,19 @@ def test_a_damaged_remote_shard_fails_as_the_local_scan_does(
             scan_remote_shard(server.url("cut.tar"), index_dir=tmp_path, mode=mode)  # type: ignore[arg-type]
         assert remote.value.offset == local.value.offset  # type: ignore[attr-defined]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rerun_over_http_checks_each_shard_by_its_job(
+    served: tuple[Path, HttpServer], tmp_path: Path
+) -> None:
+    # An HTTP folder lists no versions: the listing vouches for nothing, each job checks.
+    from indextar.index.build import iter_builds
+    from indextar.index.jobs import BuildOptions
+
+    _, server = served
+    urls = [server.url(name) for name in ("ustar.tar", "pax.tar")]
+    options = BuildOptions(index_dir=str(tmp_path))
+    assert all(o.built for o in iter_builds(urls, options, workers=1))
+    again = list(iter_builds(urls, options, workers=1))
+    assert [o.shard for o in again] == urls
+    assert all(o.ok and not o.built for o in again)
