@@ -315,8 +315,52 @@ def remote(folder: Path, shard_mb: int, report: Report) -> dict[str, float]:
                 )
                 out[f"{name}:{mode}:fetched"] = share
         report("")
+        out.update(remote_recheck(folder, s3, 100 if shard_mb < 64 else 2_000, report))
     out.update(copy_then_scan_s=copy_s, streaming_scan_s=stream_s)
     return out
+
+
+def remote_recheck(folder: Path, s3: SeaweedServer, count: int, report: Report) -> dict[str, float]:
+    """A re-run over ``count`` indexed remote shards: by one listing against a request each."""
+    import s3fs
+
+    from indextar.index import build as builds
+    from indextar.index.build import iter_builds
+    from indextar.index.jobs import BuildOptions
+
+    options = s3.storage_options()
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    fs.mkdir("many")
+    shard = folder / "small-remote.tar"
+    write_tar(shard, {f"k{i:03d}.cls": str(i).encode() for i in range(10)})
+    data = shard.read_bytes()
+    urls = [f"s3://many/shard-{n:06d}.tar" for n in range(count)]
+    fs.pipe({url.removeprefix("s3://"): data for url in urls})
+    build = BuildOptions(index_dir=str(folder / "many-ix"), storage_options=options)
+    cold_s, outcomes = timed(lambda: list(iter_builds(urls, build, workers=None)))
+    assert all(o.built for o in outcomes)
+    listed_s, outcomes = timed(lambda: list(iter_builds(urls, build, workers=None)))
+    assert not any(o.built for o in outcomes)
+    listing = builds.fresh_by_listing
+    builds.fresh_by_listing = lambda urls, options: {}  # type: ignore[assignment]
+    try:  # the check before: one metadata request per shard, in the pool
+        each_s, outcomes = timed(lambda: list(iter_builds(urls, build, workers=None)))
+    finally:
+        builds.fresh_by_listing = listing  # type: ignore[assignment]
+    assert not any(o.built for o in outcomes)
+    report(f"{count:,} small remote shards on the loopback S3 server:")
+    report("")
+    report("| | seconds | shards/s |")
+    report("| --- | ---: | ---: |")
+    report(f"| cold build (streamed, pool) | {cold_s:.2f} | {count / cold_s:,.0f} |")
+    report(f"| all-fresh re-check by listing | {listed_s:.2f} | {count / listed_s:,.0f} |")
+    report(f"| all-fresh re-check, a request each (pool) | {each_s:.2f} | {count / each_s:,.0f} |")
+    report("")
+    return {
+        "remote_cold_s": cold_s,
+        "remote_recheck_listed_s": listed_s,
+        "remote_recheck_each_s": each_s,
+    }
 
 
 PARTS = ("small", "manifest", "remote")
