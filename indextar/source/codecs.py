@@ -25,7 +25,7 @@ __all__ = [
     "frame_compressor",
     "indexed_gzip",
     "zstandard",
-    "zstd_whole_frame",
+    "zstd_context",
 ]
 
 CODECS = ("gzip", "zstd")
@@ -63,7 +63,7 @@ def decompress_frame(codec: str, data: bytes | memoryview, *, shard: str, offset
             out = decompressor.decompress(data)
             complete, rest = decompressor.eof, decompressor.unused_data
         else:
-            zstd_decompressor = _zstd_context().decompressobj()
+            zstd_decompressor = zstd_context().decompressobj()
             out = zstd_decompressor.decompress(data)
             complete, rest = zstd_decompressor.eof, zstd_decompressor.unused_data
     except Exception as e:  # zlib.error, zstandard.ZstdError: the data is corrupt
@@ -94,19 +94,16 @@ def decompress_frame(codec: str, data: bytes | memoryview, *, shard: str, offset
 _local = threading.local()
 
 
-def _zstd_context() -> Any:
+def zstd_context() -> Any:
     """This thread's ``ZstdDecompressor`` (one is not safe to share between threads, and
-    making one per frame costs more than decompressing a small frame)."""
-    context = getattr(_local, "zstd", None)
-    if context is None:
+    making one per frame costs more than decompressing a small frame). Its one-call
+    ``decompress`` takes a frame that records its content size and checks its checksum,
+    if any; it raises ``zstandard.ZstdError`` on anything else."""
+    try:
+        return _local.zstd
+    except AttributeError:
         context = _local.zstd = zstandard().ZstdDecompressor()
-    return context
-
-
-def zstd_whole_frame(data: bytes) -> bytes:
-    """One zstd frame that records its content size, decompressed in one call (its
-    checksum, if any, checked); raises ``zstandard.ZstdError`` on anything else."""
-    return _zstd_context().decompress(data)  # type: ignore[no-any-return]
+        return context
 
 
 def frame_compressor(codec: str, level: int | None = None) -> Callable[[bytes], bytes]:
