@@ -57,6 +57,7 @@ def _cached_meta(path: str | Path) -> IndexMeta | None:
 
 
 def cache_meta(path: str | Path, meta: IndexMeta) -> None:
+    """Keep ``meta`` in an extended attribute of the index file at ``path``, if it can."""
     try:
         os.setxattr(path, _META_XATTR, json.dumps(asdict(meta)).encode())
     except (OSError, AttributeError):  # read-only, or no xattrs: the SQLite read stays
@@ -79,13 +80,10 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
         path = str(index_path(shard, index_dir=options.index_dir))
     try:
         st = os.stat(shard)
-        meta = _cached_meta(path)
-        if meta is None:
-            if not os.path.exists(path):
-                return None
-            meta = _read_meta(Path(path))
-            cache_meta(path, meta)
-    except (OSError, IndexFormatError):
+    except OSError:
+        return None
+    meta = _meta_at(path)
+    if meta is None:
         return None
     if (st.st_size, st.st_mtime_ns) != (meta.shard_size, meta.shard_mtime_ns):
         return None
@@ -100,7 +98,7 @@ def _meta_at(path: str | Path) -> IndexMeta | None:
     if meta is None and os.path.exists(path):
         try:
             meta = _read_meta(Path(path))
-        except IndexFormatError:
+        except (OSError, IndexFormatError):
             return None
         cache_meta(path, meta)
     return meta
