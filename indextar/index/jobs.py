@@ -191,6 +191,7 @@ def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
             storage_options=options.storage_options,
             mode=options.remote_mode,
         )
+        cache_meta(build.index.path, build.index.meta)
         outcome = ShardOutcome(
             url, build.index, built=True, scan=build.mode, bytes_fetched=build.bytes_fetched
         )
