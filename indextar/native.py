@@ -7,7 +7,9 @@ compiler is present (``optional = true`` in pyproject.toml):
 * ``_sqlitebulk``: an index's bulk rows through SQLite's C API;
 * ``_mapread``: a sample's members copied straight out of a shard's memory map, a
   truncated shard's SIGBUS caught;
-* ``_permute``: the keyed permutation of the sampler's orders, element by element.
+* ``_permute``: the keyed permutation of the sampler's orders, element by element;
+* ``_gunzip``: a gzip shard decompressed and checked in one pass, its seek points placed
+  on the way (the reference: :mod:`zlib`'s checked pass, then ``indexed_gzip``'s).
 
 Each has a Python reference that gives identical results and handles every case,
 including the unusual ones the C code hands back. Setting the environment variable
@@ -36,8 +38,12 @@ try:
     from .order import _permute
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _permute = None  # type: ignore[assignment]
+try:
+    from .source import _gunzip
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _gunzip = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "permute", "built"]
+__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "permute", "gunzip", "built"]
 
 #: Set this environment variable to use only the Python references.
 PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
@@ -67,6 +73,12 @@ def permute() -> ModuleType | None:
     return _chosen(_permute)
 
 
+def gunzip() -> ModuleType | None:
+    """The one-pass gzip decompression with seek points (``_gunzip.c``), or ``None`` for
+    zlib's pass and then indexed_gzip's."""
+    return _chosen(_gunzip)
+
+
 def built() -> dict[str, bool]:
     """Which C extensions this installation has."""
     return {
@@ -74,4 +86,5 @@ def built() -> dict[str, bool]:
         "_sqlitebulk": _sqlitebulk is not None,
         "_mapread": _mapread is not None,
         "_permute": _permute is not None,
+        "_gunzip": _gunzip is not None,
     }

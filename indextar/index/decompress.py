@@ -9,7 +9,9 @@ random access will need is recorded on the way (:class:`~.compressed.CompressedL
   uncompressed (per-sample shards, ``.tar.zst`` from ``zstd --seekable``-style writers):
   every frame's span;
 * a single-stream ``.tar.gz`` (``tar czf``, webdataset's ``.tgz``): zran seek points
-  every ``seek_spacing`` bytes (:func:`~indextar.source.gzipped.build_seek_points`);
+  every ``seek_spacing`` bytes, placed by ``_gunzip.c`` in the same pass that
+  decompresses and checks the file (where it is not built, by
+  :func:`~indextar.source.gzipped.build_seek_points` in a second pass);
 * a ``.tar.zst`` of one frame is refused: zstd cannot resume inside a frame, so it is
   read from the front only (streaming) or converted (``indextar recompress``).
 
@@ -25,13 +27,15 @@ import os
 import shlex
 import zlib
 from pathlib import Path
+from types import ModuleType
 from typing import cast
 
 import numpy as np
 
+from .. import native
 from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
 from ..source.codecs import decompress_frame
-from ..source.gzipped import build_seek_points
+from ..source.gzipped import MIN_SPACING, SeekPoints, build_seek_points
 from ..tar.compress import zstd_frame_spans
 from ..tar.scan import TarScan, scan_tar
 from .compressed import CompressedLayout
@@ -87,16 +91,25 @@ def decompress_shard(
     buf: memoryview, codec: str, *, shard: Path, seek_spacing: int = DEFAULT_SEEK_SPACING
 ) -> tuple[bytearray, CompressedLayout]:
     """The decompressed tar of the compressed file ``buf`` at ``shard``, and its layout."""
-    # zlib decompresses and checks; zran then places the seek points in a second pass.
-    # (zran alone checks nothing; running both at once in two threads was slower on
-    # this 2-core machine, measured under load: 1.4-1.9 s against 0.8-1.0 s for 100 MB.)
-    if codec == "gzip":
+    # One pass where _gunzip.c is built: zlib decompresses and checks, the points are
+    # placed on the way. The reference: zlib's checked pass, then zran's to place the
+    # points (zran alone does not notice a truncated file; the two passes in two threads
+    # were slower on this 2-core machine under load: 1.4-1.9 s against 0.8-1.0 s a 100 MB).
+    gunzip = native.gunzip() if codec == "gzip" else None
+    rows: list[tuple[int, int, int, int]] | None = None
+    if gunzip is not None:
+        data, frames, rows = _gunzip_one_pass(gunzip, buf, str(shard), seek_spacing)
+    elif codec == "gzip":
         data, frames = _gunzip_members(buf, str(shard))
     else:
         data, frames = _unzstd_frames(buf, str(shard))
     framed = len(frames) > 1 and max(row[3] for row in frames) <= 4 * seek_spacing
     if framed or codec == "zstd":  # zstd: one frame was refused before decompressing
         return data, CompressedLayout(codec, frames=np.array(frames, np.int64).reshape(-1, 4))
+    spacing = max(seek_spacing, MIN_SPACING)
+    if rows is not None:
+        points = SeekPoints.from_decompressed(rows, data, compressed_size=len(buf), spacing=spacing)
+        return data, CompressedLayout(codec, seek_points=points)
     points = build_seek_points(str(shard), spacing=seek_spacing)
     if points.uncompressed_size != len(data):
         raise ShardFormatError(
@@ -153,6 +166,31 @@ def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytearray, Frames]:
         pos -= len(decompressor.unused_data)
         frames.append((start, pos - start, u_start, len(out) - u_start))
     return out, frames
+
+
+def _gunzip_one_pass(
+    gunzip: ModuleType, buf: memoryview, shard: str, seek_spacing: int
+) -> tuple[bytearray, Frames, list[tuple[int, int, int, int]]]:
+    """:func:`_gunzip_members` and the seek points in one pass, by ``_gunzip.c``, with
+    the same errors."""
+    data, frames, rows, error = gunzip.gunzip(buf, max(seek_spacing, MIN_SPACING))
+    if error is not None:
+        kind, start, chunk_start, chunk_end, message = error
+        if kind == "truncated":
+            raise TruncatedShardError(
+                f"the compressed shard is truncated: it ends inside the gzip member that "
+                f"starts at compressed byte offset {start}",
+                shard=shard,
+                offset=start,
+            )
+        at = max(start, chunk_start)  # a chunk may start in the member before
+        raise ShardFormatError(
+            f"corrupt gzip data in the member that starts at compressed byte offset "
+            f"{start}, within bytes [{at}, {chunk_end}) ({message})",
+            shard=shard,
+            offset=at,
+        )
+    return data, frames, rows
 
 
 def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytearray, Frames]:

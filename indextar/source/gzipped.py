@@ -8,7 +8,9 @@ uncompressed offset it corresponds to, and the 32 KiB of uncompressed data befor
 
 :class:`SeekPoints` is the stored form; ``indexed_gzip`` (zlib's ``zran``) does the
 decompression, with the points imported in its own index format, which
-:meth:`SeekPoints.zran_index` writes.
+:meth:`SeekPoints.zran_index` writes. An index build places the points with
+``_gunzip.c`` as it decompresses and checks the file, by zran's rule, or where that is
+not built, with zran itself (:func:`build_seek_points`).
 """
 
 from __future__ import annotations
@@ -96,13 +98,45 @@ class SeekPoints:
         points = np.array(rows, np.int64).reshape(-1, 3)
         return cls(c_size, u_size, spacing, points, tuple(windows))
 
+    @classmethod
+    def from_decompressed(
+        cls,
+        rows: list[tuple[int, int, int, int]],
+        data: bytearray,
+        *,
+        compressed_size: int,
+        spacing: int,
+    ) -> SeekPoints:
+        """The points ``_gunzip.c`` placed while it decompressed the whole file into
+        ``data``: ``(compressed_offset, bits, uncompressed_offset, has_window)`` rows, each
+        window the 32 KiB of ``data`` before its point. The point zran adds at the end of
+        the file is added too, so that the index is the one zran would export."""
+        if rows:
+            rows = [*rows, (compressed_size, 0, len(data), 1)]
+        points = np.array([row[:3] for row in rows], np.int64).reshape(-1, 3)
+        windows = tuple(
+            zlib.compress(_window(data, offset), 1) if has_window else b""
+            for _, _, offset, has_window in rows
+        )
+        return cls(compressed_size, len(data), spacing, points, windows)
+
+
+def _window(data: bytearray, offset: int) -> bytes:
+    """The :data:`WINDOW` bytes of ``data`` before ``offset``, zero-filled before its
+    start as zran's are (only the end-of-file point of a file under 32 KiB has any)."""
+    if offset >= WINDOW:
+        return bytes(data[offset - WINDOW : offset])
+    return bytes(WINDOW - offset) + bytes(data[:offset])
+
 
 def build_seek_points(path: str, *, spacing: int) -> SeekPoints:
     """Seek points every ``spacing`` uncompressed bytes (at least :data:`MIN_SPACING`)
     of the local gzip file ``path``.
 
-    zran does not check a stream's CRC or notice a truncated file: the caller checks
-    the stream (:mod:`indextar.index.decompress` decompresses it with :mod:`zlib`).
+    zran does not notice a truncated file: the caller checks the stream
+    (:mod:`indextar.index.decompress` decompresses it with :mod:`zlib`). Where
+    ``_gunzip.c`` is built, the build does both in one pass instead
+    (:meth:`SeekPoints.from_decompressed`).
     """
     module = indexed_gzip()
     with module.IndexedGzipFile(
