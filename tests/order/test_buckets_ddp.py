@@ -5,25 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from _bucket_ddp_worker import bucket_ids
+from test_sampler_ddp import free_port
 
 from indextar.order.buckets import BucketBatchSampler
 
 WORKER = Path(__file__).resolve().parent / "_bucket_ddp_worker.py"
 SIZE, BATCH, STOP = 203, 4, 6
 pytestmark = pytest.mark.timeout(240)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run(log_dir: Path, phase: str, world: int, *extra: str) -> list[list[list[int]]]:
