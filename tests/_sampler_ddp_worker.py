@@ -13,50 +13,24 @@ finish the epoch.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset
+from ddpjob import IndexDataset, join, rank_arguments
+from torch.utils.data import DataLoader
 
 from indextar.order.sampler import ResumableSampler
 
 
-class IndexDataset(Dataset[int]):
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    for name in ("rank", "world", "port", "workers", "batch", "size", "epoch"):
-        parser.add_argument(f"--{name}", type=int, required=True)
-    parser.add_argument("--phase", required=True)
-    parser.add_argument("--log-dir", type=Path, required=True)
+    parser = rank_arguments("workers", "batch", "size", "epoch")
     parser.add_argument("--checkpoint-at", type=int, default=None)
     parser.add_argument("--extra", type=int, default=2)
-    parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    join(args)
     sampler = ResumableSampler(args.size, seed=1234)  # world and rank from torch.distributed
     assert (sampler.num_replicas, sampler.rank) == (args.world, args.rank)
     checkpoint = args.log_dir / "checkpoint.json"

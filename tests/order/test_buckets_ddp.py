@@ -3,43 +3,38 @@ workers; stopped mid-epoch on 2 ranks and finished on 3 (tests/_bucket_ddp_worke
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import ddpjob
 import pytest
 from _bucket_ddp_worker import bucket_ids
-from test_sampler_ddp import free_port
 
 from indextar.order.buckets import BucketBatchSampler
 
-WORKER = Path(__file__).resolve().parent / "_bucket_ddp_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "_bucket_ddp_worker.py"
 SIZE, BATCH, STOP = 203, 4, 6
 pytestmark = pytest.mark.timeout(240)
 
 
 def run(log_dir: Path, phase: str, world: int, *extra: str) -> list[list[list[int]]]:
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    processes = []
-    for rank in range(world):
-        command = [
-            sys.executable, str(WORKER), "--rank", str(rank), "--world", str(world),
-            "--port", str(port), "--workers", "1", "--batch", str(BATCH), "--size", str(SIZE),
-            "--phase", phase, "--log-dir", str(log_dir), *extra,
-        ]  # fmt: skip
-        with (log_dir / f"{phase}-rank{rank}.out").open("wb") as output:
-            processes.append(
-                subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
-            )
-    for rank, process in enumerate(processes):
-        assert process.wait(timeout=180) == 0, (log_dir / f"{phase}-rank{rank}.out").read_text()
-    return [
-        [json.loads(line) for line in (log_dir / f"{phase}-rank{r}.jsonl").read_text().splitlines()]
-        for r in range(world)
-    ]
+    ddpjob.wait_all(
+        ddpjob.launch(
+            WORKER,
+            log_dir,
+            phase,
+            world,
+            "--workers",
+            "1",
+            "--batch",
+            str(BATCH),
+            "--size",
+            str(SIZE),
+            *extra,
+        ),  # fmt: skip
+        log_dir,
+        phase,
+    )
+    return [ddpjob.logged(log_dir, phase, rank) for rank in range(world)]
 
 
 def test_stopped_on_two_ranks_finished_on_three(tmp_path: Path) -> None:

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
+import ddpjob
 import pytest
 import torch.distributed  # noqa: F401
 
@@ -24,58 +20,19 @@ SIZE, BATCH, EPOCH, SEED = 101, 4, 3, 1234
 pytestmark = pytest.mark.timeout(240)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def launch(
     log_dir: Path, phase: str, world: int, workers: int, *extra: str
 ) -> list[subprocess.Popen[bytes]]:
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    processes = []
-    for rank in range(world):
-        command = [
-            sys.executable, str(WORKER), "--rank", str(rank), "--world", str(world),
-            "--port", str(port), "--workers", str(workers), "--batch", str(BATCH),
-            "--size", str(SIZE), "--epoch", str(EPOCH), "--phase", phase,
-            "--log-dir", str(log_dir), *extra,
-        ]  # fmt: skip
-        with (log_dir / f"{phase}-rank{rank}.out").open("wb") as output:  # the child keeps a copy
-            processes.append(
-                subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
-            )
-    return processes
-
-
-def wait_all(processes: list[subprocess.Popen[bytes]], log_dir: Path, phase: str) -> None:
-    for rank, process in enumerate(processes):
-        code = process.wait(timeout=180)
-        assert code == 0, (log_dir / f"{phase}-rank{rank}.out").read_text()
-
-
-def crash_after_ready(processes: list[subprocess.Popen[bytes]], log_dir: Path, phase: str) -> None:
-    deadline = time.monotonic() + 180
-    for rank, process in enumerate(processes):
-        while not (log_dir / f"{phase}-rank{rank}.ready").exists():
-            assert process.poll() is None, (log_dir / f"{phase}-rank{rank}.out").read_text()
-            assert time.monotonic() < deadline, f"rank {rank} never reached its checkpoint"
-            time.sleep(0.1)
-    for process in processes:
-        os.kill(process.pid, signal.SIGKILL)
-    for process in processes:
-        assert process.wait(timeout=30) == -signal.SIGKILL
+    return ddpjob.launch(
+        WORKER, log_dir, phase, world, "--workers", str(workers), "--batch", str(BATCH),
+        "--size", str(SIZE), "--epoch", str(EPOCH), *extra,
+    )  # fmt: skip
 
 
 def batches(
     log_dir: Path, phase: str, rank: int, *, up_to_step: int | None = None
 ) -> list[list[int]]:
-    records = [
-        json.loads(line)
-        for line in (log_dir / f"{phase}-rank{rank}.jsonl").read_text().splitlines()
-    ]
+    records = ddpjob.logged(log_dir, phase, rank)
     return [r["indices"] for r in records if up_to_step is None or r["step"] <= up_to_step]
 
 
@@ -89,7 +46,7 @@ def reference(world: int, consumed: int) -> ResumableSampler:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_ddp_ranks_get_equal_batches_and_disjoint_coverage(tmp_path: Path, world: int) -> None:
-    wait_all(launch(tmp_path, "full", world, 0), tmp_path, "full")
+    ddpjob.wait_all(launch(tmp_path, "full", world, 0), tmp_path, "full")
     per_rank = [batches(tmp_path, "full", rank) for rank in range(world)]
     assert len({len(b) for b in per_rank}) == 1, [len(b) for b in per_rank]
     assert len({sum(map(len, b)) for b in per_rank}) == 1
@@ -105,7 +62,7 @@ def test_ddp_ranks_get_equal_batches_and_disjoint_coverage(tmp_path: Path, world
 def test_killed_job_resumes_on_other_world_and_worker_counts(tmp_path: Path) -> None:
     checkpoint_at, world = 5, 2
     crash = launch(tmp_path, "crash", world, 2, "--checkpoint-at", str(checkpoint_at))
-    crash_after_ready(crash, tmp_path, "crash")
+    ddpjob.crash_after_ready(crash, tmp_path, "crash")
     state = json.loads((tmp_path / "checkpoint.json").read_text())
     consumed = checkpoint_at * BATCH * world
     assert (state["epoch"], state["consumed"]) == (EPOCH, consumed)
@@ -115,7 +72,7 @@ def test_killed_job_resumes_on_other_world_and_worker_counts(tmp_path: Path) -> 
     )  # fmt: skip
     for new_world, workers in [(3, 0), (1, 3)]:
         phase = f"resume-w{new_world}"
-        wait_all(launch(tmp_path, phase, new_world, workers, "--resume"), tmp_path, phase)
+        ddpjob.wait_all(launch(tmp_path, phase, new_world, workers, "--resume"), tmp_path, phase)
         per_rank = [batches(tmp_path, phase, rank) for rank in range(new_world)]
         assert len({sum(map(len, b)) for b in per_rank}) == 1
         after = collections.Counter(i for b in per_rank for batch in b for i in batch)

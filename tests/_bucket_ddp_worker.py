@@ -1,4 +1,4 @@
-"""One rank of a real torch.distributed (gloo) job, driven by test_buckets_ddp.py.
+"""One rank of a real torch.distributed (gloo) job, driven by tests/order/test_buckets_ddp.py.
 
 A DataLoader with real workers over a dataset that returns its index, batched by a
 BucketBatchSampler whose world size and rank come from torch.distributed. Every batch
@@ -10,28 +10,14 @@ all-gather that they got the same number of batches.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset
+from ddpjob import IndexDataset, join, rank_arguments
+from torch.utils.data import DataLoader
 
 from indextar.order.buckets import BucketBatchSampler
-
-
-class IndexDataset(Dataset[int]):
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 def bucket_ids(size: int) -> np.ndarray:
@@ -39,23 +25,10 @@ def bucket_ids(size: int) -> np.ndarray:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    for name in ("rank", "world", "port", "workers", "batch", "size"):
-        parser.add_argument(f"--{name}", type=int, required=True)
-    parser.add_argument("--phase", required=True)
-    parser.add_argument("--log-dir", type=Path, required=True)
+    parser = rank_arguments("workers", "batch", "size")
     parser.add_argument("--stop-at", type=int, default=None)
-    parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    join(args)
     sampler = BucketBatchSampler(bucket_ids(args.size), batch_size=args.batch, seed=42)
     assert (sampler.num_replicas, sampler.rank) == (args.world, args.rank)
     checkpoint = args.log_dir / "checkpoint.json"

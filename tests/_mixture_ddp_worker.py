@@ -1,4 +1,4 @@
-"""One rank of a real gloo job over a weighted mixture, driven by test_mixture_ddp.py.
+"""One rank of a real gloo job over a weighted mixture, driven by tests/order/test_mixture_ddp.py.
 
 A DataLoader over a MixtureDataset of two index datasets, with a ResumableSampler
 blending them by weight; every batch's indices go to ``<phase>-rank<r>.jsonl``. With
@@ -9,15 +9,13 @@ SIGKILL. With ``--resume`` the ranks load that state and finish the epoch.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ddpjob import join, rank_arguments
 from torch.utils.data import DataLoader, Dataset
 
 import indextar
@@ -41,22 +39,10 @@ def mixture() -> indextar.MixtureDataset:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    for name in ("rank", "world", "port", "workers", "batch"):
-        parser.add_argument(f"--{name}", type=int, required=True)
-    parser.add_argument("--phase", required=True)
-    parser.add_argument("--log-dir", type=Path, required=True)
+    parser = rank_arguments("workers", "batch")
     parser.add_argument("--checkpoint-at", type=int, default=None)
-    parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    join(args)
     data = mixture()
     sampler = indextar.ResumableSampler(data, weights=WEIGHTS, epoch_length=EPOCH_LENGTH, seed=SEED)
     checkpoint = args.log_dir / "checkpoint.json"

@@ -1,0 +1,121 @@
+"""Real torch.distributed jobs for the tests: gloo on 127.0.0.1, each rank a subprocess
+running a worker script (tests/_*_ddp_worker.py).
+
+The driver side launches the ranks, waits for them or kills them (a real SIGKILL) once
+each has written ``<phase>-rank<r>.ready``, and reads the batches each logged to
+``<phase>-rank<r>.jsonl``. The worker side parses the arguments every rank takes and
+joins the process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+TIMEOUT = 180  # seconds a rank may take, in the tests that wait for one
+
+
+class IndexDataset(Dataset[int]):
+    """A dataset whose samples are their own indices: what the ranks read is the order."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def launch(
+    worker: Path, log_dir: Path, phase: str, world: int, *args: str
+) -> list[subprocess.Popen[bytes]]:
+    """Start ``world`` ranks of ``worker``; each one's output goes to ``<phase>-rank<r>.out``."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    processes = []
+    for rank in range(world):
+        command = [
+            sys.executable, str(worker), "--rank", str(rank), "--world", str(world),
+            "--port", str(port), "--phase", phase, "--log-dir", str(log_dir), *args,
+        ]  # fmt: skip
+        with (log_dir / f"{phase}-rank{rank}.out").open("wb") as output:  # the child keeps a copy
+            processes.append(
+                subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+            )
+    return processes
+
+
+def wait_all(processes: list[subprocess.Popen[bytes]], log_dir: Path, phase: str) -> None:
+    """Every rank exits 0 (else the failing rank's output is the assertion's message)."""
+    for rank, process in enumerate(processes):
+        code = process.wait(timeout=TIMEOUT)
+        assert code == 0, (log_dir / f"{phase}-rank{rank}.out").read_text()
+
+
+def crash_after_ready(processes: list[subprocess.Popen[bytes]], log_dir: Path, phase: str) -> None:
+    """SIGKILL every rank once all have written their ``.ready`` file."""
+    deadline = time.monotonic() + TIMEOUT
+    for rank, process in enumerate(processes):
+        while not (log_dir / f"{phase}-rank{rank}.ready").exists():
+            assert process.poll() is None, (log_dir / f"{phase}-rank{rank}.out").read_text()
+            assert time.monotonic() < deadline, f"rank {rank} never reached its checkpoint"
+            time.sleep(0.1)
+    for process in processes:
+        os.kill(process.pid, signal.SIGKILL)
+    for process in processes:
+        assert process.wait(timeout=30) == -signal.SIGKILL
+
+
+def logged(log_dir: Path, phase: str, rank: int) -> list[Any]:
+    """What rank ``rank`` logged in ``phase``: one JSON value a batch."""
+    lines = (log_dir / f"{phase}-rank{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+# -- the worker's side ----------------------------------------------------------------
+
+
+def rank_arguments(*numbers: str) -> argparse.ArgumentParser:
+    """The arguments every rank takes (``--rank``, ``--world``, ``--port``, ``--phase``,
+    ``--log-dir``, ``--resume``) and the required ints ``numbers``."""
+    parser = argparse.ArgumentParser()
+    for name in ("rank", "world", "port", *numbers):
+        parser.add_argument(f"--{name}", type=int, required=True)
+    parser.add_argument("--phase", required=True)
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument("--resume", action="store_true")
+    return parser
+
+
+def join(args: argparse.Namespace) -> None:
+    """Join the gloo group the driver started (one torch thread: 2 cores, many ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        rank=args.rank,
+        world_size=args.world,
+        timeout=datetime.timedelta(seconds=120),
+    )
