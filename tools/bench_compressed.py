@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from benchlib import best_of  # noqa: E402
+
 import indextar  # noqa: E402
 from indextar.write.recompress import recompress  # noqa: E402
 from indextar.write.reshard import reshard  # noqa: E402
@@ -126,14 +128,9 @@ class Formatted:
 
 def time_build(paths: list[Path]) -> tuple[float, int]:
     """Best of 3 ``build_index(force=True)`` over the shards: members/s and index bytes."""
-    best = float("inf")
-    members = index_bytes = 0
-    for _ in range(3):
-        start = time.perf_counter()
-        indexes = [indextar.build_index(p, force=True) for p in paths]
-        best = min(best, time.perf_counter() - start)
-        members = sum(ix.meta.num_members for ix in indexes)
-        index_bytes = sum(ix.path.stat().st_size for ix in indexes)
+    best, indexes = best_of(lambda: [indextar.build_index(p, force=True) for p in paths], 3)
+    members = sum(ix.meta.num_members for ix in indexes)
+    index_bytes = sum(ix.path.stat().st_size for ix in indexes)
     return members / best, index_bytes
 
 

@@ -27,7 +27,6 @@ import random
 import sqlite3
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -35,6 +34,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+
+from benchlib import best_of, timed  # noqa: E402
 
 import indextar  # noqa: E402
 from indextar.index.shard import index_path  # noqa: E402
@@ -81,17 +83,6 @@ def _index_bytes(shards: list[str]) -> int:
     return sum(index_path(shard).stat().st_size for shard in shards)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
-
-
-def _best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    runs = [_timed(fn) for _ in range(repeats)]
-    return min(seconds for seconds, _ in runs), runs[-1][1]
-
-
 def _webdataset_filter(shards: list[str]) -> int:
     import webdataset as wds
 
@@ -133,8 +124,8 @@ def _json_text_against_columns(shards: list[str], folder: Path) -> dict[str, flo
     )
     columns = f"SELECT __sample__ FROM attributes WHERE {WHERE}"
     index_paths = [index_path(shard) for shard in shards]
-    text_s, text_n = _best(lambda: query(text_dbs, extract), 5)
-    column_s, column_n = _best(lambda: query(index_paths, columns), 5)
+    text_s, text_n = best_of(lambda: query(text_dbs, extract), 5)
+    column_s, column_n = best_of(lambda: query(index_paths, columns), 5)
     assert text_n == column_n, (text_n, column_n)
     return {
         "json_extract_s": text_s,
@@ -158,23 +149,23 @@ def run(report: Callable[[str], None] = print, quick: bool = False) -> dict[str,
     plain_bytes = meta_bytes = 0
     for _ in range(3):  # interleaved: the machine's load affects both alike
         _clear_indexes(shards)
-        plain_runs.append(_timed(lambda: indextar.build_indexes(shards, workers=2))[0])
+        plain_runs.append(timed(lambda: indextar.build_indexes(shards, workers=2))[0])
         plain_bytes = _index_bytes(shards)
         _clear_indexes(shards)
-        meta_runs.append(_timed(lambda: indextar.build_indexes(shards, workers=2, meta="json"))[0])
+        meta_runs.append(timed(lambda: indextar.build_indexes(shards, workers=2, meta="json"))[0])
         meta_bytes = _index_bytes(shards)
     plain_s, meta_s = min(plain_runs), min(meta_runs)
 
-    open_s, ds = _best(lambda: indextar.IndexedTarDataset(shards), 3)
-    cold_s, view = _best(lambda: ds.where(WHERE, cache_dir=False), 3)
+    open_s, ds = best_of(lambda: indextar.IndexedTarDataset(shards), 3)
+    cold_s, view = best_of(lambda: ds.where(WHERE, cache_dir=False), 3)
     with tempfile.TemporaryDirectory() as tmp:
-        first_s, _ = _timed(lambda: ds.where(WHERE, cache_dir=Path(tmp) / "cache"))
-        cached_s, cached = _best(lambda: ds.where(WHERE, cache_dir=Path(tmp) / "cache"), 5)
+        first_s, _ = timed(lambda: ds.where(WHERE, cache_dir=Path(tmp) / "cache"))
+        cached_s, cached = best_of(lambda: ds.where(WHERE, cache_dir=Path(tmp) / "cache"), 5)
         assert len(cached) == len(view)
         comparison = _json_text_against_columns(shards[: min(10, shards_n)], Path(tmp))
     import webdataset  # noqa: F401 - imported before the clock starts
 
-    wds_s, wds_count = _timed(lambda: _webdataset_filter(shards))
+    wds_s, wds_count = timed(lambda: _webdataset_filter(shards))
     assert wds_count == len(view), (wds_count, len(view))
 
     ratio = plain_s / meta_s

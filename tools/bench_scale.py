@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import best_of, timed  # noqa: E402
 from loopback_servers import SeaweedServer  # noqa: E402
 
 Report = Callable[[str], None]
@@ -63,12 +64,6 @@ def small_shards(folder: Path, count: int) -> list[str]:
         write_tar(path, members)
         paths.append(str(path))
     return paths
-
-
-def timed(run: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    result = run()
-    return time.perf_counter() - start, result
 
 
 # -- 10k shards: pool against LocalCluster, and the re-check ---------------------------------
@@ -274,14 +269,12 @@ def remote(folder: Path, shard_mb: int, report: Report) -> dict[str, float]:
         options = s3.storage_options()
         url = "s3://bench/web.tar"
         size = (served / "web.tar").stat().st_size
-        copy_s = min(timed(lambda: copy_then_scan(url, options, scratch))[0] for _ in range(3))
-        stream_s = min(
-            timed(
-                lambda: scan_remote_shard(
-                    url, index_dir=folder / "rix", storage_options=options, mode="stream"
-                )
-            )[0]
-            for _ in range(3)
+        copy_s, _ = best_of(lambda: copy_then_scan(url, options, scratch), 3)
+        stream_s, _ = best_of(
+            lambda: scan_remote_shard(
+                url, index_dir=folder / "rix", storage_options=options, mode="stream"
+            ),
+            3,
         )
         report(f"One {size / 1e6:.0f} MB shard of 100 KiB members on the loopback S3 server:")
         report("")

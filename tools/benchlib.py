@@ -1,0 +1,24 @@
+"""Timing helpers the benchmark scripts share: one run, and the best of several."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["best_of", "timed"]
+
+T = TypeVar("T")
+
+
+def timed(run: Callable[[], T]) -> tuple[float, T]:
+    """Call ``run`` once; return the seconds it took and what it returned."""
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, result
+
+
+def best_of(run: Callable[[], T], repeats: int) -> tuple[float, T]:
+    """Call ``run`` ``repeats`` times; return the fastest run's seconds and the last result."""
+    runs = [timed(run) for _ in range(repeats)]
+    return min(seconds for seconds, _ in runs), runs[-1][1]
