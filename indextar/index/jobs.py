@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,20 +130,12 @@ def build_shard(shard: str, options: BuildOptions) -> ShardOutcome:
             error_type=type(e).__name__,
             traceback=traceback.format_exc(),
         )
-    return _timed(outcome, time.perf_counter() - start)
+    return replace(outcome, seconds=time.perf_counter() - start)
 
 
 def build_shards(shards: list[str], options: BuildOptions) -> list[ShardOutcome]:
     """:func:`build_shard` of each of ``shards``, in one job."""
     return [build_shard(shard, options) for shard in shards]
-
-
-def _timed(outcome: ShardOutcome, seconds: float) -> ShardOutcome:
-    return ShardOutcome(**{**_fields(outcome), "seconds": seconds})
-
-
-def _fields(outcome: ShardOutcome) -> dict[str, Any]:
-    return {name: getattr(outcome, name) for name in ShardOutcome.__dataclass_fields__}
 
 
 def _build_local(shard: str, options: BuildOptions) -> ShardOutcome:
@@ -198,7 +190,7 @@ def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
     if options.upload:
         assert outcome.index is not None
         uploaded = upload_index(outcome.index, storage_options=options.storage_options)
-        outcome = ShardOutcome(**{**_fields(outcome), "uploaded": uploaded})
+        outcome = replace(outcome, uploaded=uploaded)
     return outcome
 
 
