@@ -22,7 +22,7 @@ from ..index.verify import verify_index
 from ..patterns import expand_shards
 from .compress import add_compress_commands
 from .indexing import add_index_options, run_index
-from .options import add_options
+from .options import add_options, count
 from .query import add_query_commands
 from .tools import add_tool_commands
 
@@ -165,15 +165,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps([{"shard": o.shard, "ok": o.ok, "error": o.error} for o in outcomes]))
     elif not args.quiet:
         print(
-            f"verified {len(good)} of {_count(len(outcomes), 'shard')}: "
+            f"verified {len(good)} of {count(len(outcomes), 'shard')}: "
             + ("all OK" if len(good) == len(outcomes) else "FAILED")
         )
     return _report_errors(outcomes, args.debug)
-
-
-def _count(n: int, noun: str) -> str:
-    """``"1 shard"``, ``"2 shards"``."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def build_parser() -> argparse.ArgumentParser:

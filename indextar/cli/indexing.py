@@ -31,6 +31,7 @@ from ..index.manifest import append_to_manifest, write_manifest
 from ..index.remote import remote_index_path
 from ..patterns import expand_shards, is_url
 from ..read.remote_options import default_cache_root
+from .options import count
 
 __all__ = ["run_index", "add_index_options", "FAILURES_FILE"]
 
@@ -249,7 +250,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     fetched = summary["bytes_fetched"]
     remote = f", {fetched / 1e6:,.1f} MB fetched" if fetched else ""
     print(
-        f"indexed {_count(summary['shards'], 'shard')} ({summary['built']} built, "
+        f"indexed {count(summary['shards'], 'shard')} ({summary['built']} built, "
         f"{reused} up to date{failed}): {summary['samples']:,} samples, "
         f"{summary['members']:,} members, {summary['bytes'] / 1e6:,.1f} MB{remote} in "
         f"{summary['seconds']:.2f} s ({summary['members_per_second']:,.0f} members/s)"
@@ -272,7 +273,7 @@ def _report_failures(outcomes: list[ShardOutcome], args: argparse.Namespace) -> 
         write_atomic(path, json.dumps({"failed": listed}, indent=1) + "\n")
         if not (args.quiet or args.json or args.json_lines):
             print(
-                f"{_count(len(failed), 'failed shard')} listed in {path}: "
+                f"{count(len(failed), 'failed shard')} listed in {path}: "
                 "run again with --retry-failed to index only those"
             )
         return 1
@@ -304,11 +305,7 @@ def _dry_run(shards: list[str], options: BuildOptions, args: argparse.Namespace)
         if action != "up to date":
             print(f"would {action} {shard}")
     print(
-        f"dry run: {_count(len(plan), 'shard')}: {counts['build']} to build, "
+        f"dry run: {count(len(plan), 'shard')}: {counts['build']} to build, "
         f"{counts['check']} to check against the store, {counts['up to date']} up to date"
     )
     return 0
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -1,10 +1,11 @@
-"""The options several commands share, each given only to the commands that honour it."""
+"""The options several commands share, each given only to the commands that honour it, and
+the counted nouns their summaries print."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_options"]
+__all__ = ["add_options", "count"]
 
 
 def add_options(
@@ -23,3 +24,8 @@ def add_options(
     if quiet:
         parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one: ``count(3, "shard")`` is ``"3 shards"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -14,7 +14,7 @@ from ..index.attribute_import import import_attributes
 from ..patterns import expand_shards
 from ..read.dataset import IndexedTarDataset
 from ..read.selection import where_rows
-from .options import add_options
+from .options import add_options, count
 
 __all__ = ["add_query_commands"]
 
@@ -49,8 +49,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         out.flush()
     else:
         print(
-            f"{len(view):,} of {len(ds):,} samples in {len(ds.shards):,} "
-            f"shard{'' if len(ds.shards) == 1 else 's'} match "
+            f"{len(view):,} of {len(ds):,} samples in {count(len(ds.shards), 'shard')} match "
             f"{args.where!r}"
         )
     return 0
