@@ -43,6 +43,11 @@ class CompressedLayout:
     frames: npt.NDArray[np.int64] | None = None
     seek_points: SeekPoints | None = None
 
+    @property
+    def seek_spacing(self) -> int:
+        """``meta.seek_spacing``: the seek points' spacing; 0 for a shard read by frames."""
+        return self.seek_points.spacing if self.seek_points is not None else 0
+
     def write(self, conn: sqlite3.Connection) -> None:
         """Insert the frames or seek points (inside the caller's transaction)."""
         if self.frames is not None:

@@ -67,7 +67,7 @@ def index_compressed_object(
         span_names=named,
         compression=codec,
         uncompressed_size=size,
-        seek_spacing=layout.seek_points.spacing if layout.seek_points is not None else 0,
+        seek_spacing=layout.seek_spacing,
     )
     write_index(local, meta, scan, grouping, layout=layout)
     return ShardIndex(shard=url, path=local, meta=meta)

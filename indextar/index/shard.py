@@ -354,7 +354,7 @@ def build_index(
         span_names=span_names,
         compression=codec or "",
         uncompressed_size=uncompressed_size,
-        seek_spacing=layout.seek_points.spacing if layout and layout.seek_points else 0,
+        seek_spacing=layout.seek_spacing if layout is not None else 0,
     )
     attributes = None
     if meta is not None and codec is not None:  # the members' offsets are uncompressed ones
