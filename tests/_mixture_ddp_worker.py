@@ -10,7 +10,6 @@ SIGKILL. With ``--resume`` the ranks load that state and finish the epoch.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
@@ -19,6 +18,7 @@ from ddpjob import join, rank_arguments
 from torch.utils.data import DataLoader, Dataset
 
 import indextar
+from indextar.atomic import write_atomic
 
 SIZES, WEIGHTS, EPOCH_LENGTH, EPOCH, SEED = (23, 61), {"a": 0.7, "b": 0.3}, 150, 1, 77
 
@@ -56,8 +56,7 @@ def main() -> None:
             log.write(json.dumps({"step": steps, "indices": batch.tolist()}) + "\n")
             if steps == args.checkpoint_at and args.rank == 0:
                 state = sampler.state_dict(consumed=start + steps * args.batch * args.world)
-                checkpoint.with_suffix(".tmp").write_text(json.dumps(state))
-                os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
+                write_atomic(checkpoint, json.dumps(state))
             if args.checkpoint_at is not None and steps == args.checkpoint_at + 2:
                 break
     counts = torch.tensor([steps])

@@ -14,7 +14,6 @@ finish the epoch.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from ddpjob import IndexDataset, join, rank_arguments
 from torch.utils.data import DataLoader
 
+from indextar.atomic import write_atomic
 from indextar.order.sampler import ResumableSampler
 
 
@@ -48,9 +48,7 @@ def main() -> None:
         log.write(json.dumps({"step": steps, "indices": batch.tolist()}) + "\n")
         if steps == args.checkpoint_at and args.rank == 0:
             state = sampler.state_dict(consumed=start + steps * global_batch)
-            temporary = checkpoint.with_suffix(".tmp")
-            temporary.write_text(json.dumps(state))
-            os.replace(temporary, checkpoint)
+            write_atomic(checkpoint, json.dumps(state))
         if args.checkpoint_at is not None and steps == args.checkpoint_at + args.extra:
             break
     log.close()
