@@ -329,6 +329,11 @@ def build_index(
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
     codec = _compression_of(shard_path)
+    if meta is not None and codec is not None:  # before decompressing: offsets are uncompressed
+        raise IndextarError(
+            f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"
+            "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
+        )
     layout: CompressedLayout | None = None
     uncompressed_size = 0
     if codec is None:
@@ -357,11 +362,6 @@ def build_index(
         seek_spacing=layout.seek_spacing if layout is not None else 0,
     )
     attributes = None
-    if meta is not None and codec is not None:  # the members' offsets are uncompressed ones
-        raise IndextarError(
-            f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"
-            "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
-        )
     if meta is not None:
         attributes = read_json_attributes(
             shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
