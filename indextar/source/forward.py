@@ -39,8 +39,8 @@ RANGED_MEMBER_BYTES = 1 << 20
 class ForwardReader:
     """``source`` read front to back: ``read(n)`` the next bytes, ``skip(n)`` some.
 
-    ``fetched`` counts the bytes fetched from the source and ``requests`` the reads
-    issued (a streamed chunk is one); ``mode`` is the one chosen (``"auto"`` until then).
+    ``bytes_fetched`` counts the bytes fetched from the source; ``mode`` is the one
+    chosen (``"auto"`` until then).
     """
 
     def __init__(
@@ -65,7 +65,6 @@ class ForwardReader:
         self.prefetch = prefetch
         self.position = 0
         self.fetched = 0
-        self.requests = 0
         self._buffer = b""  # bytes [_buffer_start, _buffer_start + len(_buffer))
         self._buffer_start = 0
         self._stream: RemoteStream | None = None
@@ -154,7 +153,6 @@ class ForwardReader:
         self._buffer = self.source.read(offset, length) if length > 0 else b""
         self._buffer_start = offset
         self.fetched += len(self._buffer)
-        self.requests += 1
 
     def _decide(self) -> None:
         average = self._skipped / self._skips if self._skips else 0
@@ -171,4 +169,3 @@ class ForwardReader:
         self._stream = RemoteStream(
             self.source, chunk_size=self.chunk_size, prefetch=self.prefetch, start=self.position
         )
-        self.requests += -(-(self.size - self.position) // self.chunk_size)
