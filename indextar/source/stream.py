@@ -51,14 +51,19 @@ class RemoteStream(io.RawIOBase):
             self._ahead.append(self._pool.submit(self.source.read, self._next, length))
             self._next += length
 
+    def _next_chunk(self) -> bool:
+        """Make the next prefetched chunk the buffer; False at the end of the object."""
+        self._schedule()
+        if not self._ahead:
+            return False
+        self._buffer = memoryview(self._ahead.pop(0).result())
+        self.fetched += len(self._buffer)
+        self._schedule()
+        return True
+
     def readinto(self, buffer: Any) -> int:
-        if not self._buffer:
-            self._schedule()
-            if not self._ahead:
-                return 0
-            self._buffer = memoryview(self._ahead.pop(0).result())
-            self.fetched += len(self._buffer)
-            self._schedule()
+        if not self._buffer and not self._next_chunk():
+            return 0
         n = min(len(buffer), len(self._buffer))
         buffer[:n] = self._buffer[:n]
         self._buffer = self._buffer[n:]
@@ -68,13 +73,8 @@ class RemoteStream(io.RawIOBase):
         """Pass over the next ``length`` bytes without copying them; how many there were."""
         skipped = 0
         while skipped < length:
-            if not self._buffer:
-                self._schedule()
-                if not self._ahead:
-                    break
-                self._buffer = memoryview(self._ahead.pop(0).result())
-                self.fetched += len(self._buffer)
-                self._schedule()
+            if not self._buffer and not self._next_chunk():
+                break
             n = min(length - skipped, len(self._buffer))
             self._buffer = self._buffer[n:]
             skipped += n
