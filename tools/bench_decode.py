@@ -40,6 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import benchlib  # noqa: E402
+
 import indextar  # noqa: E402
 from indextar import image_decoder  # noqa: E402
 from indextar.read.image import _jpeg_module  # noqa: E402
@@ -129,11 +131,7 @@ class Row:
 
 def interleaved(cases: dict[str, Callable[[], float]], rounds: int) -> list[Row]:
     """Each case ``rounds`` times, round-robin, so that passing load hits every case."""
-    rows = {name: Row(name) for name in cases}
-    for _ in range(rounds):
-        for name, case in cases.items():
-            rows[name].rates.append(case())
-    return list(rows.values())
+    return [Row(name, rates) for name, rates in benchlib.interleaved(cases, rounds).items()]
 
 
 def resize(array: np.ndarray) -> np.ndarray:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchlib import interleaved, timed
+
 SIZES = (10**6, 10**8, 10**10)
 RESUME_SIZE = 10**9
 MEMORY_LIMIT = 4 * 2**30
@@ -154,7 +156,6 @@ def _blend_vs_single(
 
     import indextar
 
-    rates: dict[str, list[float]] = {"single": [], "blend": []}
     with tempfile.TemporaryDirectory() as folder:
         shards = []
         for shard in range(4):
@@ -187,12 +188,15 @@ def _blend_vs_single(
                 sampler=indextar.ResumableSampler(blend, weights={"a": 0.5, "b": 0.5}, seed=0),
             ),
         }
-        for _ in range(rounds):
-            for name, loader in loaders.items():
-                started = time.perf_counter()
-                count = sum(len(batch) for batch in loader)
-                rates[name].append(count / (time.perf_counter() - started))
-    return rates
+
+        def rate(loader: DataLoader[Any]) -> Callable[[], float]:
+            def case() -> float:
+                seconds, count = timed(lambda: sum(len(batch) for batch in loader))
+                return count / seconds
+
+            return case
+
+        return interleaved({name: rate(loader) for name, loader in loaders.items()}, rounds)
 
 
 def run_mixture(report: Callable[[str], None] = print) -> dict[str, Any]:

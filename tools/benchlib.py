@@ -1,4 +1,5 @@
-"""Timing helpers the benchmark scripts share: one run, and the best of several."""
+"""Timing helpers the benchmark scripts share: one run, the best of several, and cases
+interleaved round by round."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["best_of", "timed"]
+__all__ = ["best_of", "interleaved", "timed"]
 
 T = TypeVar("T")
 
@@ -22,3 +23,13 @@ def best_of(run: Callable[[], T], repeats: int) -> tuple[float, T]:
     """Call ``run`` ``repeats`` times; return the fastest run's seconds and the last result."""
     runs = [timed(run) for _ in range(repeats)]
     return min(seconds for seconds, _ in runs), runs[-1][1]
+
+
+def interleaved(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each case's figure ``rounds`` times, round-robin, so that passing load hits every
+    case alike: for each case's name, its figures in round order."""
+    figures: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, case in cases.items():
+            figures[name].append(case())
+    return figures
