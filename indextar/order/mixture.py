@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .epoch import DEFAULT_BLOCK_SIZE, BlockOrder, UniformBlockOrder
+from .epoch import plain_order
 from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
 
 __all__ = ["WINDOW", "MixtureOrder"]
@@ -254,12 +254,16 @@ class MixtureOrder:
         if order is None:
             seed = derive_round_keys(self.seed, _TAG_PART, part)[0]
             shards = self.part_shard_sizes[part] if self.part_shard_sizes else None
-            if shards is not None and self.block_size is None:
-                order = BlockOrder(shards, seed, pass_number, self.window_blocks)
-            else:
-                block = self.block_size or DEFAULT_BLOCK_SIZE
-                size = self.part_sizes[part]
-                order = UniformBlockOrder(size, block, seed, pass_number, self.window_blocks)
+            order = plain_order(
+                self.part_sizes[part],
+                seed=seed,
+                epoch=pass_number,
+                shuffle=True,
+                blocks=True,
+                block_size=self.block_size,
+                window_blocks=self.window_blocks,
+                shard_sizes=shards if self.block_size is None else None,
+            )
             self._remember(key, order)
         return order
 
