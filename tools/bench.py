@@ -503,24 +503,27 @@ def run_module(name: str, *, quick: bool, report: Report) -> Any:
     return None
 
 
+#: The benchmarks after ``index``, in the order ``all`` runs them: each runs
+#: ``tools/bench_<name>.py`` under its Markdown heading.
+SECTIONS = {
+    "sampler": "Sampler",
+    "dataset": "Dataset",
+    "writer": "Writing and resharding",
+    "remote": "Remote shards",
+    "decode": "Images at training size",
+    "meta": "Metadata",
+    "scale": "Indexing at scale",
+    "compressed": "Compressed shards",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "what",
         nargs="?",
         default="all",
-        choices=(
-            "index",
-            "sampler",
-            "dataset",
-            "writer",
-            "remote",
-            "decode",
-            "meta",
-            "scale",
-            "compressed",
-            "all",
-        ),
+        choices=("index", *SECTIONS, "all"),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument(
@@ -540,38 +543,11 @@ def main(argv: list[str] | None = None) -> int:
         results["index"] = run_index(
             quick=args.quick, data_dir=args.data_dir, report=report, log=log
         )
-    if args.what in ("sampler", "all"):
-        report("## Sampler")
-        report("")
-        results["sampler"] = run_module("bench_sampler", quick=args.quick, report=report)
-    if args.what in ("dataset", "all"):
-        report("## Dataset")
-        report("")
-        results["dataset"] = run_module("bench_dataset", quick=args.quick, report=report)
-    if args.what in ("writer", "all"):
-        report("## Writing and resharding")
-        report("")
-        results["writer"] = run_module("bench_writer", quick=args.quick, report=report)
-    if args.what in ("remote", "all"):
-        report("## Remote shards")
-        report("")
-        results["remote"] = run_module("bench_remote", quick=args.quick, report=report)
-    if args.what in ("decode", "all"):
-        report("## Images at training size")
-        report("")
-        results["decode"] = run_module("bench_decode", quick=args.quick, report=report)
-    if args.what in ("meta", "all"):
-        report("## Metadata")
-        report("")
-        results["meta"] = run_module("bench_meta", quick=args.quick, report=report)
-    if args.what in ("scale", "all"):
-        report("## Indexing at scale")
-        report("")
-        results["scale"] = run_module("bench_scale", quick=args.quick, report=report)
-    if args.what in ("compressed", "all"):
-        report("## Compressed shards")
-        report("")
-        results["compressed"] = run_module("bench_compressed", quick=args.quick, report=report)
+    for what, title in SECTIONS.items():
+        if args.what in (what, "all"):
+            report(f"## {title}")
+            report("")
+            results[what] = run_module(f"bench_{what}", quick=args.quick, report=report)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     return 0
