@@ -96,6 +96,40 @@ static int step(sqlite3_stmt *stmt)
     return rc == SQLITE_DONE ? 0 : -2;
 }
 
+/* Open the index at `path` (a bytes object, released here) for one bulk transaction:
+   the journal off, BEGIN issued. NULL with an exception set if it cannot be opened; a
+   failed BEGIN is left for finish_bulk to raise (*rc = -2). */
+static sqlite3 *begin_bulk(PyObject *path, int *rc)
+{
+    sqlite3 *db = NULL;
+    if (sqlite3_open_v2(PyBytes_AS_STRING(path), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+                        NULL)
+        != SQLITE_OK) {
+        raise_sqlite(db, "cannot open the index");
+        sqlite3_close(db);
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    *rc = sqlite3_exec(db, "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; BEGIN", NULL,
+                       NULL, NULL) == SQLITE_OK ? 0 : -2;
+    return db;
+}
+
+/* Commit if every row went in (rc == 0), raise `what` on an SQLite error (rc == -2),
+   close the connection (rolling back an open transaction); None, or NULL on error. */
+static PyObject *finish_bulk(sqlite3 *db, int rc, const char *what)
+{
+    if (rc == 0)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK ? 0 : -2;
+    if (rc == -2)
+        raise_sqlite(db, what);
+    sqlite3_close(db);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static int insert_members(sqlite3 *db, PyObject *members)
 {
     PyObject *sample_id, *names, *ext_names, *ext_codes, *header, *data, *size;
@@ -198,29 +232,13 @@ static PyObject *insert_rows(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O&O!O!:insert_rows", PyUnicode_FSConverter, &path_obj,
                           &PyTuple_Type, &members, &PyTuple_Type, &samples))
         return NULL;
-    if (sqlite3_open_v2(PyBytes_AS_STRING(path_obj), &db,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL)
-        != SQLITE_OK) {
-        raise_sqlite(db, "cannot open the index");
-        sqlite3_close(db);
-        Py_DECREF(path_obj);
+    if (!(db = begin_bulk(path_obj, &rc)))
         return NULL;
-    }
-    Py_DECREF(path_obj);
-    rc = sqlite3_exec(db, "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; BEGIN", NULL,
-                      NULL, NULL) == SQLITE_OK ? 0 : -2;
     if (rc == 0)
         rc = insert_members(db, members);
     if (rc == 0)
         rc = insert_samples(db, samples);
-    if (rc == 0)
-        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK ? 0 : -2;
-    if (rc == -2)
-        raise_sqlite(db, "cannot write the index rows");
-    sqlite3_close(db);  /* an open transaction is rolled back */
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
+    return finish_bulk(db, rc, "cannot write the index rows");
 }
 
 /* Bind one Python value by its type: None, int (64-bit), float, str, bytes. */
@@ -282,17 +300,8 @@ static PyObject *insert_values(PyObject *self, PyObject *args)
         Py_DECREF(path_obj);
         return NULL;
     }
-    if (sqlite3_open_v2(PyBytes_AS_STRING(path_obj), &db,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL)
-        != SQLITE_OK) {
-        raise_sqlite(db, "cannot open the index");
-        sqlite3_close(db);
-        Py_DECREF(path_obj);
+    if (!(db = begin_bulk(path_obj, &rc)))
         return NULL;
-    }
-    Py_DECREF(path_obj);
-    rc = sqlite3_exec(db, "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; BEGIN", NULL,
-                      NULL, NULL) == SQLITE_OK ? 0 : -2;
     if (rc == 0 && sqlite3_prepare_v2(db, sql_text, -1, &stmt, NULL) != SQLITE_OK)
         rc = -2;
     for (i = 0; rc == 0 && i < rows; i++) {
@@ -303,14 +312,7 @@ static PyObject *insert_values(PyObject *self, PyObject *args)
             rc = step(stmt);
     }
     sqlite3_finalize(stmt);
-    if (rc == 0)
-        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK ? 0 : -2;
-    if (rc == -2)
-        raise_sqlite(db, "cannot write the attribute rows");
-    sqlite3_close(db);  /* an open transaction is rolled back */
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
+    return finish_bulk(db, rc, "cannot write the attribute rows");
 }
 
 static PyMethodDef methods[] = {
