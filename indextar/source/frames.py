@@ -10,7 +10,7 @@ sample of a per-sample shard is one read of exactly its compressed bytes.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,16 +41,15 @@ class FramedSource(ByteSource):
         per data frame, in file order (the index's ``frames`` table).
     """
 
-    __slots__ = ("url", "raw", "codec", "_frames", "_starts", "_size", "_columns", "_as_members")
+    __slots__ = ("url", "raw", "codec", "_frames", "_size", "_columns", "_as_members")
 
     def __init__(self, raw: ByteSource, codec: str, frames: npt.NDArray[np.int64]):
         self.url = raw.url
         self.raw = raw
         self.codec = codec
         self._frames = frames
-        self._starts = np.ascontiguousarray(frames[:, 2])
         self._size = int(frames[-1, 2] + frames[-1, 3]) if len(frames) else 0
-        # The same columns as compact arrays of machine integers, for the one-frame read:
+        # The same columns as compact arrays of machine integers, for finding frames:
         # bisect and indexing on them cost a fraction of numpy's calls on one scalar.
         self._columns = tuple(
             array("q", frames[:, column].astype(np.int64).tobytes()) for column in range(4)
@@ -75,10 +74,11 @@ class FramedSource(ByteSource):
                 shard=self.url,
                 offset=offset,
             )
-        first = int(np.searchsorted(self._starts, offset, "right")) - 1
-        last = max(first + 1, int(np.searchsorted(self._starts, offset + length, "left")))
-        c_start = int(self._frames[first, 0])
-        c_end = int(self._frames[last - 1, 0] + self._frames[last - 1, 1])
+        c_offsets, c_sizes, u_offsets, _ = self._columns
+        first = bisect_right(u_offsets, offset) - 1
+        last = max(first + 1, bisect_left(u_offsets, offset + length))
+        c_start = c_offsets[first]
+        c_end = c_offsets[last - 1] + c_sizes[last - 1]
         return first, last, c_start, c_end - c_start
 
     def decompress(self, first: int, last: int, data: bytes, offset: int, length: int) -> bytes:
