@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import sample_members, tar_bytes
+from readers import make_tree
+from tarcraft import GNU_TAR
 
 import indextar
 from indextar.cli.commands import main
 from indextar.index.compressed import read_layout
-from tests.conftest import sample_members, tar_bytes
-from tests.readers import make_tree
-from tests.tarcraft import GNU_TAR
 
 
 def samples(path: Path) -> list[tuple[str, bytes, bytes]]:
