@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from ..errors import SamplerStateError
 from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
-from .state import as_int, check_consumed, selection_of
+from .state import as_int, check_consumed, config_drift, selection_of
 from .world import resolve_world
 
 __all__ = ["BucketBatchSampler"]
@@ -268,17 +268,13 @@ class BucketBatchSampler:
             raise SamplerStateError(f"bucket sampler state has unknown keys {unknown}")
         if state.get("version", STATE_VERSION) != STATE_VERSION:
             raise SamplerStateError(f"bucket sampler state has version {state['version']!r}")
-        config = self._config()
-        for name in _CONFIG_FIELDS:
-            recorded = name in state or (name == "selection" and name in config)
-            if recorded and state.get(name) != config.get(name):
-                message = (
-                    f"bucket sampler state was saved with {name}={state.get(name)!r}; "
-                    f"this sampler has {name}={config.get(name)!r}"
-                )
-                if self.strict:
-                    raise SamplerStateError(message + " (pass strict=False to resume anyway)")
-                logger.warning("%s; resuming with this sampler's value", message)
+        drift = config_drift(
+            state, self._config(), fields=_CONFIG_FIELDS, what="bucket sampler state"
+        )
+        for message in drift:
+            if self.strict:
+                raise SamplerStateError(message + " (pass strict=False to resume anyway)")
+            logger.warning("%s; resuming with this sampler's value", message)
         try:
             epoch = as_int("epoch", state["epoch"])
             consumed = check_consumed(as_int("consumed", state["consumed"]), self.num_batches)

@@ -10,7 +10,7 @@ sampler's state inside a ``StatefulDataLoader``'s.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import SamplerStateError
@@ -61,15 +61,22 @@ def state_epoch(state: Any) -> int:
     return epoch
 
 
-def config_drift(state: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
-    """One message for each configuration field of ``state`` that differs from ``config``."""
-    for name in CONFIG_FIELDS:
+def config_drift(
+    state: Mapping[str, Any],
+    config: Mapping[str, Any],
+    *,
+    fields: Sequence[str] = CONFIG_FIELDS,
+    what: str = "sampler state",
+) -> Iterator[str]:
+    """One message for each of ``fields`` that ``state`` (``what``, in the message) has
+    with another value than ``config``."""
+    for name in fields:
         # A selection is refused both ways: a state saved without one does not resume
         # over a selection, which may have the same length by chance.
         recorded = name in state or (name == "selection" and name in config)
         if recorded and state.get(name) != config.get(name):
             yield (
-                f"sampler state was saved with {name}={state.get(name)!r}; "
+                f"{what} was saved with {name}={state.get(name)!r}; "
                 f"this sampler has {name}={config.get(name)!r}"
             )
 
