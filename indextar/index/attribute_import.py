@@ -178,11 +178,10 @@ def import_attributes(
                 key=shard_keys[int(absent[0])],
             )
         used[rows[hit]] = True
-        take = pa.array(np.where(hit, rows, 0))
-        imported = {}
-        for name, column in values.items():
-            taken = column.take(take).to_pylist()
-            imported[name] = [sql_value(v) if h else None for v, h in zip(taken, hit.tolist())]
+        imported = {  # a null index takes a null: a sample without a row gets NULL
+            name: [sql_value(v) for v in column.take(found).to_pylist()]
+            for name, column in values.items()
+        }
         plans.append((index, AttributeTable(len(rows), imported, source, [])))
         total += len(rows)
         matched += int(hit.sum())

@@ -150,3 +150,14 @@ def test_binary_and_date_columns(make_tar: Callable[..., Path], tmp_path: Path) 
     import_attributes([shard], table)
     assert _column(shard, "hash") == [b"\x00\xff", None]
     assert _column(shard, "day") == ["2024-02-29", None]  # ISO text: compares in order
+
+
+def test_an_empty_table_leaves_every_sample_null(two_shards: list[Path], tmp_path: Path) -> None:
+    a, _ = two_shards
+    table = tmp_path / "empty.parquet"
+    pq.write_table(
+        pa.table({"key": pa.array([], pa.string()), "clip": pa.array([], pa.float64())}), table
+    )
+    report = import_attributes([str(a)], table)
+    assert (report.samples, report.matched, report.missing, report.unused) == (6, 0, 6, 0)
+    assert _column(a, "clip") == [None] * 6
