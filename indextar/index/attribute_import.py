@@ -217,7 +217,7 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
                 write_attributes(conn, attributes, path=tmp)  # one transaction, or two
+    except IndexWriteError:  # an OSError too, already naming the index
+        raise
     except (OSError, sqlite3.Error) as e:
-        if isinstance(e, IndexWriteError):
-            raise
         raise IndexWriteError(f"cannot rewrite the index {str(index.path)!r}: {e}") from e
