@@ -39,19 +39,15 @@ def make_tree(root: Path, files: dict[str, bytes]) -> Path:
     return root
 
 
-def wds_read(paths: list[str], *decode: str) -> list[dict[str, object]]:
-    """Samples as webdataset's streaming reader yields them (tar expander, grouping,
-    decoder), on files opened and closed here."""
-    from webdataset import autodecode, tariterators
+def wds_read(paths: list[str], *decode: str) -> list[Sample]:
+    """Samples as webdataset's streaming reader yields them (:func:`wds_samples` of each
+    file, then its decoder)."""
+    from webdataset import autodecode
 
-    found: list[dict[str, object]] = []
-    for url in paths:
-        with open(url, "rb") as stream:
-            members = tariterators.tar_file_expander([{"url": url, "stream": stream}])
-            found.extend(tariterators.group_by_keys(members))
+    found = [sample for path in paths for sample in wds_samples(Path(path).read_bytes())]
     if decode:
         found = [autodecode.Decoder([autodecode.imagehandler(d) for d in decode])(s) for s in found]
-    return [{k: v for k, v in s.items() if k not in ("__url__", "__local_path__")} for s in found]
+    return found
 
 
 def tar_members(path: Path) -> dict[str, bytes]:
