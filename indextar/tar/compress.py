@@ -15,12 +15,14 @@ from ..errors import ShardFormatError, TruncatedShardError
 
 __all__ = ["ZSTD_MAGIC", "compressed_message", "sniff_compression", "zstd_frame_spans"]
 
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
 # (magic, format, its command-line tool, the file name suffixes it goes with)
 _COMPRESSION_MAGIC = (
     (b"\x1f\x8b", "gzip", "gzip", (".gz", ".tgz")),
     (b"BZh", "bzip2", "bzip2", (".bz2",)),
     (b"\xfd7zXZ\x00", "xz", "xz", (".xz",)),
-    (b"\x28\xb5\x2f\xfd", "zstd", "zstd", (".zst", ".zstd")),
+    (ZSTD_MAGIC, "zstd", "zstd", (".zst", ".zstd")),
     (b"\x04\x22\x4d\x18", "lz4", "lz4", (".lz4",)),
 )
 
@@ -62,7 +64,6 @@ def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str
 
 # -- zstd frames -------------------------------------------------------------------
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _FCS_SIZES = (0, 2, 4, 8)
 _DICT_ID_SIZES = (0, 1, 2, 4)
 
