@@ -21,9 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import TruncatedShardError
 from ..tar.spancheck import OK, check_headers, stale_error
 
-__all__ = ["ByteSource", "Span", "fork_generation", "split_members"]
+__all__ = ["ByteSource", "Span", "fork_generation", "outside_error", "split_members"]
 
 
 class ByteSource(abc.ABC):
@@ -132,6 +133,16 @@ def split_members(
         if failed != OK:
             raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
     return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+
+
+def outside_error(url: str, offset: int, length: int, size: int) -> TruncatedShardError:
+    """The refusal of a read of ``[offset, offset + length)`` from a decompressed shard of
+    ``size`` bytes that does not hold it."""
+    return TruncatedShardError(
+        f"range [{offset}, {offset + length}) is outside the decompressed shard ({size} bytes)",
+        shard=url,
+        offset=offset,
+    )
 
 
 # Incremented in every forked child: objects that opened something compare it with the

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from .. import native
 from ..errors import TruncatedShardError
-from .base import ByteSource, Span, split_members
+from .base import ByteSource, Span, outside_error, split_members
 from .codecs import decompress_frame, zstd_context
 
 __all__ = ["FramedSource"]
@@ -68,12 +68,7 @@ class FramedSource(ByteSource):
         """``(first frame, last frame + 1, compressed offset, compressed length)`` of the
         frames that hold uncompressed bytes ``[offset, offset + length)``."""
         if offset < 0 or length < 0 or offset + length > self._size:
-            raise TruncatedShardError(
-                f"range [{offset}, {offset + length}) is outside the decompressed shard "
-                f"({self._size} bytes)",
-                shard=self.url,
-                offset=offset,
-            )
+            raise outside_error(self.url, offset, length, self._size)
         c_offsets, c_sizes, u_offsets, _ = self._columns
         first = bisect_right(u_offsets, offset) - 1
         last = max(first + 1, bisect_left(u_offsets, offset + length))

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ..errors import ShardFormatError, TruncatedShardError
 from . import base
-from .base import ByteSource
+from .base import ByteSource, outside_error
 from .codecs import indexed_gzip
 
 __all__ = ["SeekPoints", "GzipSeekSource", "build_seek_points"]
@@ -241,12 +241,7 @@ class GzipSeekSource(ByteSource):
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.points.uncompressed_size:
-            raise TruncatedShardError(
-                f"range [{offset}, {offset + length}) is outside the decompressed shard "
-                f"({self.points.uncompressed_size} bytes)",
-                shard=self.url,
-                offset=offset,
-            )
+            raise outside_error(self.url, offset, length, self.points.uncompressed_size)
         with self._lock:
             at = offset - self._ahead_at
             if self._ahead_at >= 0 and at >= 0 and at + length <= len(self._ahead):
