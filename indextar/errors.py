@@ -127,14 +127,7 @@ class DecodeError(IndextarError, ValueError):
         self.shard = shard
         self.key = key
         self.ext = ext
-        where = []
-        if shard is not None:
-            where.append(f"shard {shard!r}")
-        if key is not None:
-            where.append(f"sample {key!r}")
-        if ext is not None:
-            where.append(f"member {ext!r}")
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        super().__init__(_located(message, shard=shard, key=key, ext=ext))
 
 
 class UnsafeMemberError(DecodeError):
@@ -172,12 +165,7 @@ class WriterError(IndextarError, ValueError):
     def __init__(self, message: str, *, shard: str | None = None, key: str | None = None):
         self.shard = shard
         self.key = key
-        where = []
-        if shard is not None:
-            where.append(f"shard {shard!r}")
-        if key is not None:
-            where.append(f"sample {key!r}")
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        super().__init__(_located(message, shard=shard, key=key))
 
 
 class EncodeError(WriterError):
@@ -261,11 +249,20 @@ class SampleAttributeError(IndextarError, ValueError):
     def __init__(self, message: str, *, shard: str | None = None, key: str | None = None):
         self.shard = shard
         self.key = key
-        where = [f"shard {shard!r}"] if shard is not None else []
-        where += [f"sample {key!r}"] if key is not None else []
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        super().__init__(_located(message, shard=shard, key=key))
 
 
 class SelectionError(IndextarError, ValueError):
     """A ``where`` expression cannot be evaluated over a shard's index, or a value used
     for buckets is missing."""
+
+
+def _located(message: str, *, shard: str | None, key: str | None, ext: str | None = None) -> str:
+    """``message`` after the shard, sample and member it concerns (those known):
+    ``"shard 'a.tar', sample 'k': message"``."""
+    where = [
+        f"{what} {value!r}"
+        for what, value in (("shard", shard), ("sample", key), ("member", ext))
+        if value is not None
+    ]
+    return f"{', '.join(where)}: {message}" if where else message
