@@ -243,8 +243,9 @@ def write_tree(root: Path, files: Mapping[str, bytes | str | None]) -> None:
             path.write_bytes(data)
 
 
-def gnu_tar(archive: Path, root: Path, members: Iterable[str], *options: str) -> Path:
-    """Run GNU tar: ``tar OPTIONS -cf archive -C root MEMBERS`` (UTF-8 locale)."""
+def gnu_tar(archive: Path, root: Path, members: Iterable[str | bytes], *options: str) -> Path:
+    """Run GNU tar: ``tar OPTIONS -cf archive -C root MEMBERS`` (UTF-8 locale); members
+    given as bytes need not be UTF-8."""
     subprocess.run(
         [GNU_TAR, *options, "-cf", str(archive), "-C", str(root), "--", *members],
         check=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from readers import wds_samples
-from tarcraft import GNU_TAR
+from tarcraft import GNU_TAR, gnu_tar
 
 from indextar import (
     IndexedTarDataset,
@@ -32,16 +32,6 @@ pytestmark = [
     pytest.mark.usefixtures("scanner"),
     pytest.mark.skipif(not os.path.exists(GNU_TAR), reason="GNU tar is not installed"),
 ]
-
-_TAR_ENV = {**os.environ, "LC_ALL": "C.UTF-8", "TZ": "UTC"}
-
-
-def gnu_tar(archive: Path, root: Path, members: list[bytes], *options: str) -> Path:
-    """GNU tar over ``members`` given as bytes: names need not be UTF-8."""
-    argv: list[str | bytes] = [GNU_TAR, *options, "-cf", str(archive), "-C", str(root), "--"]
-    subprocess.run([*argv, *members], check=True, env=_TAR_ENV, capture_output=True)
-    return archive
-
 
 # -- GNU sparse members with extension blocks ----------------------------------------
 
