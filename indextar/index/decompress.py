@@ -26,6 +26,7 @@ import mmap
 import os
 import shlex
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import cast
@@ -43,7 +44,7 @@ from .meta import fingerprint
 from .naming import Grouping, group_members
 from .spans import spans_name_their_keys
 
-__all__ = ["DEFAULT_SEEK_SPACING", "decompress_shard", "scan_compressed"]
+__all__ = ["DEFAULT_SEEK_SPACING", "CompressedScan", "decompress_shard", "scan_compressed"]
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,24 @@ DEFAULT_SEEK_SPACING = 1 << 20
 average before their first byte (ratarmount's 16 MiB would cost 16 times that)."""
 
 
+@dataclass(frozen=True, slots=True)
+class CompressedScan:
+    """What an index build needs of a compressed shard, from one decompression."""
+
+    scan: TarScan
+    grouping: Grouping
+    fingerprint: str
+    """The compressed file's :func:`~indextar.index.meta.fingerprint`."""
+    span_names: bool
+    """Whether every sample's span names its key (:mod:`indextar.index.spans`)."""
+    layout: CompressedLayout
+    uncompressed_size: int
+    """The decompressed tar's size."""
+
+
 def scan_compressed(
     shard: Path, codec: str, *, ignore_zeros: bool, seek_spacing: int
-) -> tuple[TarScan, Grouping, str, bool, CompressedLayout, int]:
+) -> CompressedScan:
     """What ``build_index`` needs of a compressed shard: the tar's scan and grouping, the
     file's fingerprint, whether spans name their keys, the layout and the tar's size.
 
@@ -84,7 +100,7 @@ def scan_compressed(
         raise
     # a bytearray reads as bytes do; cast rather than copy the whole tar
     named = spans_name_their_keys(cast(bytes, data), scan, grouping, shard=str(shard))
-    return scan, grouping, content_fingerprint, named, layout, len(data)
+    return CompressedScan(scan, grouping, content_fingerprint, named, layout, len(data))
 
 
 def decompress_shard(

@@ -47,9 +47,7 @@ def index_compressed_object(
                 f.write(source.read(offset, min(_CHUNK, stat.size - offset)))
         log.info("indexing %s from a %d-byte temporary copy", url, stat.size)
         try:
-            scan, grouping, fingerprint, named, layout, size = scan_compressed(
-                tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing
-            )
+            compressed = scan_compressed(tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing)
         except ShardFormatError as e:  # name the object, not the temporary copy
             e.args = (str(e).replace(str(tmp), url),)
             e.shard = url
@@ -57,17 +55,17 @@ def index_compressed_object(
     finally:
         tmp.unlink(missing_ok=True)
     meta = IndexMeta.describe(
-        scan,
-        grouping,
+        compressed.scan,
+        compressed.grouping,
         shard_name=url,
         shard_size=stat.size,
         shard_mtime_ns=0,
-        fingerprint=fingerprint,
+        fingerprint=compressed.fingerprint,
         etag=stat.etag,
-        span_names=named,
+        span_names=compressed.span_names,
         compression=codec,
-        uncompressed_size=size,
-        seek_spacing=layout.seek_spacing,
+        uncompressed_size=compressed.uncompressed_size,
+        seek_spacing=compressed.layout.seek_spacing,
     )
-    write_index(local, meta, scan, grouping, layout=layout)
+    write_index(local, meta, compressed.scan, compressed.grouping, layout=compressed.layout)
     return ShardIndex(shard=url, path=local, meta=meta)

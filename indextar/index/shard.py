@@ -344,7 +344,9 @@ def build_index(
         compressed = scan_compressed(
             shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
         )
-        scan, grouping, content_fingerprint, span_names, layout, uncompressed_size = compressed
+        scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
+        content_fingerprint, span_names = compressed.fingerprint, compressed.span_names
+        uncompressed_size = compressed.uncompressed_size
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")

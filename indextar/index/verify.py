@@ -53,10 +53,11 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
     layout: CompressedLayout | None = None
     if ix.meta.compression:  # decompressed and checked again, its frames or points kept
         spacing = ix.meta.seek_spacing or DEFAULT_SEEK_SPACING
-        scan, _, _, _, layout, _ = scan_compressed(
+        compressed = scan_compressed(
             shard_path, ix.meta.compression, ignore_zeros=ix.meta.ignore_zeros,
             seek_spacing=spacing,
         )  # fmt: skip
+        scan, layout = compressed.scan, compressed.layout
     else:
         scan, _ = scan_shard_file(shard_path, ignore_zeros=ix.meta.ignore_zeros)
     grouping = group_members(scan, shard=str(shard_path))
