@@ -48,11 +48,6 @@ def indextar(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
-def s3_env(server: SeaweedServer) -> dict[str, str]:
-    """Credentials and endpoint the usual way, from the environment (never on the command line)."""
-    return server.environment()
-
-
 def test_index_http_urls_into_an_index_dir(http: HttpServer, tmp_path: Path) -> None:
     pattern = http.url("data-{0..1}.tar")
     result = indextar("index", pattern, "--index-dir", str(tmp_path), "--json", "-q")
@@ -70,7 +65,7 @@ def test_index_http_urls_into_an_index_dir(http: HttpServer, tmp_path: Path) -> 
 
 
 def test_index_s3_and_upload_next_to_the_shards(s3: SeaweedServer, tmp_path: Path) -> None:
-    env = s3_env(s3)
+    env = s3.environment()  # credentials from the environment, never on the command line
     result = indextar(
         "index",
         "s3://shards/data-{0..1}.tar",
