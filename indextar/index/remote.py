@@ -100,7 +100,6 @@ def open_remote_index(
     """
     local = remote_index_path(url, index_dir)
     source = RangeSource(url, storage_options=storage_options)
-    problem: Exception | None = None
     if local.exists() or _fetch_sidecar(url, local, storage_options):
         try:
             meta = _read_meta(local)
@@ -109,7 +108,6 @@ def open_remote_index(
         except (StaleIndexError, IndexFormatError) as e:
             if not build_missing:
                 raise
-            problem = e
             log.warning("rebuilding the index of %s: %s", url, e)
     if not build_missing:
         raise MissingIndexError(
@@ -117,9 +115,7 @@ def open_remote_index(
             f"{url + INDEX_SUFFIX!r}); "
             "build it with build_missing=True or `indextar index`"
         )
-    return build_remote_index(
-        url, index_dir=index_dir, storage_options=storage_options, reason=problem
-    )
+    return build_remote_index(url, index_dir=index_dir, storage_options=storage_options)
 
 
 def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | None) -> bool:
@@ -159,7 +155,6 @@ def build_remote_index(
     *,
     index_dir: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
-    reason: Exception | None = None,
     mode: ScanMode = "auto",
 ) -> ShardIndex:
     """Scan ``url`` as it streams (or its headers by ranged reads) into an index in
