@@ -181,12 +181,12 @@ class _Scanner(ShardBytes):
             # at a point where a sequential walk reports the problem better. The
             # sequential walk is the reference: its result, or its error, stands.
             log.debug("%s: walking sequentially", self.shard)
+        return self.scan_sequentially()
+
+    def scan_sequentially(self) -> TarScan:
+        """The reference scan: the sequential walk, then :meth:`resolve`; its chain stands."""
         walk = functools.partial(walk_sequential, self, limit=self.size)
         offsets, end = walk_parts(self, walk, ignore_zeros=self.ignore_zeros)
-        return self.resolve_walked(offsets, end)
-
-    def resolve_walked(self, offsets: npt.NDArray[np.int64], end: int) -> TarScan:
-        """:meth:`resolve` after the sequential walk, the reference: its chain stands."""
         try:
             return self.resolve(offsets, end)
         except _ChainMismatch as e:

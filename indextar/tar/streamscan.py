@@ -21,7 +21,6 @@ that byte, which is all the scanner asks of them (``any``, the first non-zero).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any, BinaryIO, Protocol
 
@@ -33,7 +32,6 @@ from .blocks import BLOCK
 from .ext import GNU_LONGNAME
 from .fields import parse_number
 from .scan import TarScan, _Scanner
-from .walk import walk_parts, walk_sequential
 
 __all__ = ["BlockReader", "FileReader", "StreamedBytes", "scan_stream"]
 
@@ -301,9 +299,7 @@ class _StreamScanner(_Scanner):
 
     def scan(self) -> TarScan:
         self.check_start()
-        walk = functools.partial(walk_sequential, self, limit=self.size)
-        offsets, end = walk_parts(self, walk, ignore_zeros=self.ignore_zeros)
-        return self.resolve_walked(offsets, end)
+        return self.scan_sequentially()
 
 
 def scan_stream(view: StreamedBytes, *, ignore_zeros: bool = False) -> TarScan:
