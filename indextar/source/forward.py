@@ -51,8 +51,6 @@ class ForwardReader:
         probe_bytes: int = 64 << 10,
         min_read: int = 1024,
         ranged_member_bytes: int = RANGED_MEMBER_BYTES,
-        chunk_size: int = 8 << 20,
-        prefetch: int = 2,
     ):
         if mode not in ("auto", "stream", "ranged"):
             raise ValueError(f"mode must be 'auto', 'stream' or 'ranged', not {mode!r}")
@@ -61,8 +59,6 @@ class ForwardReader:
         self.mode: ScanMode = mode
         self.min_read = min_read
         self.ranged_member_bytes = ranged_member_bytes
-        self.chunk_size = chunk_size
-        self.prefetch = prefetch
         self.position = 0
         self.fetched = 0
         self._buffer = b""  # bytes [_buffer_start, _buffer_start + len(_buffer))
@@ -166,6 +162,4 @@ class ForwardReader:
         )
 
     def _start_stream(self) -> None:
-        self._stream = RemoteStream(
-            self.source, chunk_size=self.chunk_size, prefetch=self.prefetch, start=self.position
-        )
+        self._stream = RemoteStream(self.source, start=self.position)
