@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -65,16 +66,8 @@ def _cmd_meta_import(args: argparse.Namespace) -> int:
         index_dir=args.index_dir,
         missing=args.missing,
     )
-    summary: dict[str, Any] = {
-        "shards": report.shards,
-        "samples": report.samples,
-        "matched": report.matched,
-        "missing": report.missing,
-        "unused": report.unused,
-        "columns": list(report.columns),
-    }
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(asdict(report)))
     else:
         print(
             f"imported {', '.join(report.columns) or 'no columns'} into {report.shards:,} "
