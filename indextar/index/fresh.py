@@ -24,7 +24,7 @@ from ..patterns import is_url
 from ..source.conditional import RemoteStat
 from ..source.filesystems import filesystem
 from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
-from .remote import remote_index_path
+from .remote import expected_stat, remote_index_path
 from .shard import INDEX_SUFFIX, ShardIndex, index_path
 
 if TYPE_CHECKING:
@@ -134,15 +134,7 @@ def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, Sh
             now = RemoteStat.from_info(entry, url)
             path = remote_index_path(url, options.index_dir)
             meta = _meta_at(path)
-            if (
-                meta is not None
-                and now.etag
-                and (now.size, now.etag)
-                == (
-                    meta.shard_size,
-                    meta.etag,
-                )
-            ):
+            if meta is not None and now.etag and now == expected_stat(meta):
                 fresh[url] = ShardIndex(shard=url, path=path, meta=meta)
     log.info("%d of %d remote shards are fresh by their listing", len(fresh), len(urls))
     return fresh
