@@ -5,10 +5,10 @@
 -- modified afterwards: a rebuild replaces the whole file. Safe to run twice.
 --
 -- Offsets are byte offsets into the uncompressed tar (of a compressed shard: into its
--- decompressed bytes; the frames and seek_points tables map them onto the file). A member's header_offset is its
--- first header block, GNU long-name or PAX extension headers included, so that the
--- bytes [samples.start_offset, samples.end_offset) are themselves a valid tar stream
--- of that sample's members.
+-- decompressed bytes; the frames and seek_points tables map them onto the file). A
+-- member's header_offset is its first header block, GNU long-name or PAX extension
+-- headers included, so that the bytes [samples.start_offset, samples.end_offset) are
+-- themselves a valid tar stream of that sample's members.
 
 -- Key/value facts about the shard and how the index was built (all values are TEXT):
 --   format_version      this schema's version, "3" (2 added the raw_* columns, 3 the
@@ -26,6 +26,10 @@
 --   naming              naming rules used ("webdataset-1": see docs/format.md)
 --   ignore_zeros        "1" if built with ignore_zeros (concatenated archives), else "0"
 --   created             UTC time of the build, ISO 8601
+--   etag                the remote object's ETag when it was indexed; "" for a local shard
+--   span_names          "1" if every sample's span names its key in its own headers, so
+--                       reads may check names; "0" (a global PAX header names members):
+--                       reads check header checksums only (indextar/index/spans.py)
 --   compression         "gzip" or "zstd" for a compressed shard; "" for a plain tar
 --   uncompressed_size   size of the decompressed tar (a plain tar: 0, its size is shard_size)
 --   seek_spacing        uncompressed bytes between seek points of a single-stream gzip
