@@ -15,6 +15,7 @@ every input (``tests/test_spancheck.py``). Headers beyond :data:`MAX_HEADERS` by
 from __future__ import annotations
 
 from ..errors import StaleIndexError
+from .blocks import MAX_MEMBER_SIZE
 from .fields import checksum_ok, header_name, parse_number
 
 __all__ = ["OK", "BAD_CHECKSUM", "OTHER_NAME", "MAX_HEADERS", "check_headers", "stale_error"]
@@ -65,7 +66,7 @@ def check_headers(headers: bytes, key: bytes) -> int:
     while at + _BLOCK <= len(headers):
         block = headers[at : at + _BLOCK]
         size = parse_number(block[124:136])
-        if size is None or not 0 <= size < 1 << 62 or not checksum_ok(block):
+        if size is None or not 0 <= size < MAX_MEMBER_SIZE or not checksum_ok(block):
             return BAD_CHECKSUM
         data = at + _BLOCK
         payload = headers[data : data + size]
