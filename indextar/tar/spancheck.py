@@ -8,7 +8,7 @@ a server without ETags, or an in-place rewrite that kept size and mtime) then fa
 loudly instead of returning another sample's bytes under this key.
 
 The same rule is written in C in ``_mapread.c`` (``check_headers``); the two agree on
-every input (``tests/test_spancheck.py``). Headers beyond :data:`MAX_HEADERS` bytes
+every input (``tests/source/test_stale.py``). Headers beyond :data:`MAX_HEADERS` bytes
 (PAX records of several KiB) are checked as far as that reaches.
 """
 
