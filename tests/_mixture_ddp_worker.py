@@ -14,8 +14,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from ddpjob import join, rank_arguments
-from torch.utils.data import DataLoader, Dataset
+from ddpjob import IndexDataset, join, rank_arguments
+from torch.utils.data import DataLoader
 
 import indextar
 from indextar.atomic import write_atomic
@@ -23,19 +23,10 @@ from indextar.atomic import write_atomic
 SIZES, WEIGHTS, EPOCH_LENGTH, EPOCH, SEED = (23, 61), {"a": 0.7, "b": 0.3}, 150, 1, 77
 
 
-class Numbers(Dataset[int]):
-    def __init__(self, start: int, size: int) -> None:
-        self.start, self.size = start, size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        return self.start + index
-
-
 def mixture() -> indextar.MixtureDataset:
-    return indextar.MixtureDataset({"a": Numbers(0, SIZES[0]), "b": Numbers(SIZES[0], SIZES[1])})
+    return indextar.MixtureDataset(
+        {"a": IndexDataset(SIZES[0]), "b": IndexDataset(SIZES[1], start=SIZES[0])}
+    )
 
 
 def main() -> None:

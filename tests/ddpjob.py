@@ -27,16 +27,17 @@ TIMEOUT = 180  # seconds a rank may take, in the tests that wait for one
 
 
 class IndexDataset(Dataset[int]):
-    """A dataset whose samples are their own indices: what the ranks read is the order."""
+    """A dataset whose samples are their own indices (plus ``start``): what the ranks
+    read is the order."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, start: int = 0) -> None:
+        self.size, self.start = size, start
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> int:
-        return index
+        return self.start + index
 
 
 def free_port() -> int:
