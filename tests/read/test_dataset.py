@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from readers import wds_read
 from wds_shards import jpeg, sample, write_shards
 
 from indextar import (
@@ -41,22 +42,6 @@ def shards(tmp_path: Path) -> list[Path]:
 
 def pattern(paths: list[Path]) -> str:
     return str(paths[0].parent / f"data-{{000000..{len(paths) - 1:06d}}}.tar")
-
-
-def wds_samples(urls: list[str], *decode: Any) -> list[dict[str, Any]]:
-    """What webdataset's streaming reader yields: its own tar expander and grouping,
-    on files we open (and close) ourselves, then its own Decoder."""
-    from webdataset import autodecode, tariterators
-
-    found: list[dict[str, Any]] = []
-    for url in urls:
-        with open(url, "rb") as stream:
-            members = tariterators.tar_file_expander([{"url": url, "stream": stream}])
-            found.extend(tariterators.group_by_keys(members))
-    if decode:
-        handlers = [autodecode.imagehandler(d) if isinstance(d, str) else d for d in decode]
-        found = [autodecode.Decoder(handlers)(s) for s in found]
-    return [{k: v for k, v in s.items() if k not in ("__url__", "__local_path__")} for s in found]
 
 
 def ours(sample_: dict[str, Any]) -> dict[str, Any]:
@@ -104,14 +89,14 @@ def test_every_kind_of_shards_argument(shards: list[Path], tmp_path: Path) -> No
 
 def test_same_bytes_as_webdataset_streaming(shards: list[Path]) -> None:
     ds = IndexedTarDataset(pattern(shards))
-    theirs = wds_samples([str(p) for p in shards])
+    theirs = wds_read([str(p) for p in shards])
     assert [ours(ds[i]) for i in range(len(ds))] == theirs
 
 
 def test_same_decoded_values_as_webdataset(shards: list[Path]) -> None:
     for spec in ("rgb8", "torchrgb", "pil"):
         ds = IndexedTarDataset(shards, decode=spec)
-        theirs = wds_samples([str(p) for p in shards], spec)
+        theirs = wds_read([str(p) for p in shards], spec)
         for i, expected in enumerate(theirs):
             got = ours(ds[i])
             assert got.keys() == expected.keys()
@@ -139,7 +124,7 @@ def test_odd_member_names_match_webdataset(make_tar: Callable[..., Path]) -> Non
     }
     path = make_tar(members, name="odd.tar", fmt="gnu")
     ds = IndexedTarDataset(path)
-    assert [ours(ds[i]) for i in range(len(ds))] == wds_samples([str(path)])
+    assert [ours(ds[i]) for i in range(len(ds))] == wds_read([str(path)])
 
 
 def test_keys_tuple_with_alternatives(shards: list[Path]) -> None:
