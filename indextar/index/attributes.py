@@ -168,11 +168,9 @@ class AttributeBuilder:
             return None, f"its {ext!r} member is a JSON {type(parsed).__name__}, not an object"
         if self._names.keys() >= parsed.keys():  # no new field: the common case
             return parsed, None
-        for name in parsed:
-            known = self._folded.get(name.lower())
-            if name in RESERVED_NAMES or (known is not None and known != name):
-                clash = "is reserved" if known is None else f"differs from {known!r} only in case"
-                return None, f"its {ext!r} member has the field {name!r}, whose name {clash}"
+        refused = self._refused(parsed)
+        if refused is not None:
+            return None, f"its {ext!r} member has the field {refused}"
         return parsed, None
 
     def add(self, text: bytes | None, key: str) -> None:
@@ -219,7 +217,7 @@ class AttributeBuilder:
         added = records[first:]
         union = dict.fromkeys(itertools.chain.from_iterable(r for r in added if r is not None))
         new = [name for name in union if name not in self._names]
-        if new and not self._accepts(new):
+        if new and self._refused(new) is not None:
             del records[first:]
             self._errors = [(s, m) for s, m in self._errors if s < first]
             for text, key in zip(texts, keys):
@@ -229,13 +227,17 @@ class AttributeBuilder:
             self._names[name] = None
             self._folded[name.lower()] = name
 
-    def _accepts(self, names: list[str]) -> bool:
-        """Whether these new field names may all become columns beside the known ones."""
+    def _refused(self, names: Iterable[str]) -> str | None:
+        """The first of these field names that may not become a column beside the known
+        ones and each other, and why; ``None`` if they all may."""
         folded = dict(self._folded)
         for name in names:
-            if name in RESERVED_NAMES or folded.setdefault(name.lower(), name) != name:
-                return False
-        return True
+            known = folded.setdefault(name.lower(), name)
+            if name in RESERVED_NAMES:
+                return f"{name!r}, whose name is reserved"
+            if known != name:  # SQLite column names ignore ASCII case
+                return f"{name!r}, whose name differs from {known!r} only in case"
+        return None
 
     def table(self) -> AttributeTable:
         """The attributes of the samples added so far (and a warning for the bad ones)."""

@@ -198,6 +198,15 @@ def test_case_clashing_fields_are_a_sample_error(make_tar: Callable[..., Path]) 
     assert info.value.key == "b"
 
 
+def test_case_clashing_fields_in_one_object_are_a_sample_error(
+    make_tar: Callable[..., Path],
+) -> None:
+    shard = make_tar({"a.json": b'{"width": 1}', "b.json": b'{"Size": 1, "size": 2}'})
+    with pytest.raises(indextar.SampleAttributeError, match="only in case") as info:
+        indextar.build_index(shard, meta="json")
+    assert info.value.key == "b"
+
+
 def test_build_indexes_and_the_cli_pass_meta_on(
     make_tar: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
