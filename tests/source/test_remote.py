@@ -22,6 +22,7 @@ from indextar.errors import (
 from indextar.index.remote import expected_stat, open_remote_index, remote_index_path, upload_index
 from indextar.read.shard import OpenShard
 from indextar.source.cache import CachedSource, ShardCache, parse_size
+from indextar.source.conditional import RemoteStat
 from indextar.source.remote import RangeSource, RetryPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -216,14 +217,8 @@ def test_replaced_object_is_detected(
 def _fill(directory: str, url: str, size: int, etag: str, barrier: Any) -> None:
     cache = ShardCache(directory, limit="10MB")
     barrier.wait()
-    fd = cache.open(url, _stat(size, etag))
+    fd = cache.open(url, RemoteStat(size, etag))
     os.close(fd)
-
-
-def _stat(size: int, etag: str) -> Any:
-    from indextar.source.conditional import RemoteStat
-
-    return RemoteStat(size, etag)
 
 
 def test_two_processes_download_once(http: HttpServer, root: Path, tmp_path: Path) -> None:
