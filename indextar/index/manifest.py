@@ -74,19 +74,18 @@ def is_manifest(path: str | os.PathLike[str]) -> bool:
     return os.fspath(path).lower().endswith(".json")
 
 
+_POSIX = os.sep == "/"
+
+
 def _relative(path: str, prefix: str) -> str:
     """``path`` relative to the folder ``prefix`` (ending in a separator) if inside it."""
     if "://" in path and is_url(path):
         return path
     absolute = os.path.abspath(path)
     if absolute.startswith(prefix):
-        return (
-            Path(absolute[len(prefix) :]).as_posix() if os.sep != "/" else absolute[len(prefix) :]
-        )
+        relative = absolute[len(prefix) :]
+        return relative if _POSIX else Path(relative).as_posix()
     return absolute
-
-
-_POSIX = os.sep == "/"
 
 
 def _resolve(path: str, prefix: str) -> str:
