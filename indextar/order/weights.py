@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -34,6 +33,9 @@ def part_counts(weights: Sequence[float], epoch_length: int) -> npt.NDArray[np.i
     Exact rational arithmetic, so the counts are the same on every machine; they sum to
     ``epoch_length``. Ties between equal remainders go to the lower part number.
     """
+    # Imported here: fractions (and decimal) would add ~1.6 ms to `import indextar`.
+    from fractions import Fraction
+
     exact = [Fraction(w) for w in weights]
     total = sum(exact, Fraction(0))
     quotas = [w * epoch_length / total for w in exact]
