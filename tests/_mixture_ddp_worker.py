@@ -10,11 +10,8 @@ SIGKILL. With ``--resume`` the ranks load that state and finish the epoch.
 from __future__ import annotations
 
 import json
-import time
 
-import torch
-import torch.distributed as dist
-from ddpjob import IndexDataset, join, rank_arguments
+from ddpjob import IndexDataset, finish, join, rank_arguments
 from torch.utils.data import DataLoader
 
 import indextar
@@ -50,12 +47,7 @@ def main() -> None:
                 write_atomic(checkpoint, json.dumps(state))
             if args.checkpoint_at is not None and steps == args.checkpoint_at + 2:
                 break
-    counts = torch.tensor([steps])
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # every rank gets here: no hang
-    (args.log_dir / f"{args.phase}-rank{args.rank}.ready").write_text(str(steps))
-    while args.checkpoint_at is not None:  # the crash: wait for SIGKILL
-        time.sleep(1)
-    dist.destroy_process_group()
+    finish(args, steps, crash=args.checkpoint_at is not None)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,8 @@ finish the epoch.
 from __future__ import annotations
 
 import json
-import time
 
-import torch
-import torch.distributed as dist
-from ddpjob import IndexDataset, join, rank_arguments
+from ddpjob import IndexDataset, finish, join, rank_arguments
 from torch.utils.data import DataLoader
 
 from indextar.atomic import write_atomic
@@ -52,13 +49,7 @@ def main() -> None:
         if args.checkpoint_at is not None and steps == args.checkpoint_at + args.extra:
             break
     log.close()
-    counts = torch.tensor([steps])
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # every rank must reach here: no hang
-    (args.log_dir / f"{args.phase}-rank{args.rank}.ready").write_text(str(steps))
-    if args.checkpoint_at is not None:
-        while True:  # the simulated crash: wait for SIGKILL
-            time.sleep(1)
-    dist.destroy_process_group()
+    finish(args, steps, crash=args.checkpoint_at is not None)  # the simulated crash
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ running a worker script (tests/_*_ddp_worker.py).
 
 The driver side launches the ranks, waits for them or kills them (a real SIGKILL) once
 each has written ``<phase>-rank<r>.ready``, and reads the batches each logged to
-``<phase>-rank<r>.jsonl``. The worker side parses the arguments every rank takes and
-joins the process group.
+``<phase>-rank<r>.jsonl``. The worker side parses the arguments every rank takes, joins
+the process group, and at the end meets the other ranks and writes its ``.ready``.
 """
 
 from __future__ import annotations
@@ -120,3 +120,17 @@ def join(args: argparse.Namespace) -> None:
         world_size=args.world,
         timeout=datetime.timedelta(seconds=120),
     )
+
+
+def finish(args: argparse.Namespace, steps: int, *, crash: bool) -> None:
+    """Meet every rank (no hang), write ``<phase>-rank<r>.ready`` with ``steps``; then wait
+    for the driver's SIGKILL if ``crash``, else leave the group."""
+    import torch
+    import torch.distributed as dist
+
+    counts = torch.tensor([steps])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    (args.log_dir / f"{args.phase}-rank{args.rank}.ready").write_text(str(steps))
+    while crash:
+        time.sleep(1)
+    dist.destroy_process_group()
