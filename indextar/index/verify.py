@@ -171,9 +171,10 @@ def _compare_layout(stored: CompressedLayout, scanned: CompressedLayout) -> list
         if not problems and got.zran_index() != expected.zran_index():
             problems.append("seek points: their windows differ from the shard's data")
         return problems
-    kinds = ("frames" if stored.frames is not None else "seek points", "frames"
-             if scanned.frames is not None else "seek points")  # fmt: skip
-    return [f"compressed layout: index has {kinds[0]}, shard has {kinds[1]}"]
+    index_has, shard_has = (
+        "frames" if x.frames is not None else "seek points" for x in (stored, scanned)
+    )
+    return [f"compressed layout: index has {index_has}, shard has {shard_has}"]
 
 
 def _compare(
