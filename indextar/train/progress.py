@@ -57,13 +57,13 @@ class PassProgress:
         """
         sampler = self.sampler
         continuing = sampler.epoch == self.epoch and sampler.consumed == self.consumed
-        self.earlier = self.earlier + self.batches if continuing else 0
-        self.epoch, self.start, self.batches, self.finished = (
-            sampler.epoch,
-            sampler.consumed,
-            0,
-            False,
-        )
+        self._start_at_sampler(earlier=self.earlier + self.batches if continuing else 0)
+
+    def _start_at_sampler(self, *, earlier: int) -> None:
+        """Count a new pass from the sampler's epoch and position, after ``earlier``
+        batches of that epoch."""
+        self.epoch, self.start = self.sampler.epoch, self.sampler.consumed
+        self.batches, self.finished, self.earlier = 0, False, earlier
 
     def received(self) -> None:
         """The loop received one more batch of the pass; it trains on it before any save."""
@@ -98,10 +98,4 @@ class PassProgress:
                 f"loader state must be {{'sampler': ..., 'batches': int}}; got {dict(state)!r}"
             ) from error
         self.sampler.load_state_dict(sampler_state)
-        self.epoch, self.start, self.batches, self.finished = (
-            self.sampler.epoch,
-            self.sampler.consumed,
-            0,
-            False,
-        )
-        self.earlier = batches
+        self._start_at_sampler(earlier=batches)
