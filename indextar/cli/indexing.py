@@ -229,16 +229,16 @@ def _size(path: Path) -> int | None:
 
 
 def _summary(outcomes: list[ShardOutcome], seconds: float) -> dict[str, Any]:
-    done = [o for o in outcomes if o.index is not None]
-    members = sum(o.index.meta.num_members for o in done if o.index is not None)
+    done = [(o, o.index.meta) for o in outcomes if o.index is not None]
+    members = sum(meta.num_members for _, meta in done)
     return {
         "shards": len(done),
         "failed": len(outcomes) - len(done),
-        "built": sum(1 for o in done if o.built),
-        "samples": sum(o.index.meta.num_samples for o in done if o.index is not None),
+        "built": sum(1 for o, _ in done if o.built),
+        "samples": sum(meta.num_samples for _, meta in done),
         "members": members,
-        "bytes": sum(o.index.meta.shard_size for o in done if o.index is not None),
-        "bytes_fetched": sum(o.bytes_fetched for o in done),
+        "bytes": sum(meta.shard_size for _, meta in done),
+        "bytes_fetched": sum(o.bytes_fetched for o, _ in done),
         "seconds": seconds,
         "members_per_second": members / seconds if seconds else 0.0,
     }
