@@ -94,8 +94,7 @@ class ShardWriter(ClosingWriter):
     ):
         if meta is not None and not index:
             raise WriterError("meta= stores attributes in the shards' indexes; it needs index=True")
-        if compress is not None:
-            compressor_for(compress)  # refuses an unknown codec, or a missing library, now
+        compressor_for(compress)  # refuses an unknown codec, or a missing library, now
         try:
             distinct = (pattern % 0) != (pattern % 1)
         except (TypeError, ValueError) as e:
