@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from conftest import tar_bytes
+from readers import wds_samples
+from tarcraft import GNU_TAR, write_tree
 
 import indextar
 from indextar.index.compressed import read_layout
 from indextar.index.verify import verify_index
 from indextar.source.gzipped import SeekPoints
 from indextar.tar.compress import zstd_frame_spans
-from tests.conftest import tar_bytes
-from tests.readers import wds_samples
-from tests.tarcraft import GNU_TAR, write_tree
 
 
 def members(n: int, size: int = 3000) -> dict[str, bytes]:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_compressed import gnu_targz, members
 
 import indextar
 from indextar import native
 from indextar.index.compressed import CompressedLayout
 from indextar.index.decompress import decompress_shard
-from tests.index.test_compressed import gnu_targz, members
 
 assert native.built()["_gunzip"], "indextar/source/_gunzip.c did not build"
 

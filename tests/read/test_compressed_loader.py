@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tarcraft import GNU_TAR, write_tree
 from torch.utils.data import DataLoader
 
 import indextar
-from tests.tarcraft import GNU_TAR, write_tree
 
 N = 240
 

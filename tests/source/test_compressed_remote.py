@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tarcraft import GNU_TAR, write_tree
 
 import indextar
 from indextar.index.compressed import read_layout
-from tests.tarcraft import GNU_TAR, write_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402

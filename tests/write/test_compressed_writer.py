@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from readers import wds_samples
+from tarcraft import GNU_TAR
 
 import indextar
 from indextar.index.compressed import read_layout
 from indextar.source.base import ByteSource
 from indextar.source.frames import FramedSource
-from tests.readers import wds_samples
-from tests.tarcraft import GNU_TAR
 
 SUFFIX = {"gzip": "tar.gz", "zstd": "tar.zst"}
 TAR_FLAG = {"gzip": "-z", "zstd": "--zstd"}
