@@ -110,6 +110,9 @@ static __attribute__((noinline)) int guarded_copy(char **targets, const char **s
 /* Headers before a sample's first data: one block, a few with a long name or PAX
    records. Longer runs are checked as far as this reaches. */
 #define MAX_HEADERS 8192
+/* The largest member size a header may claim: tar/blocks.py MAX_MEMBER_SIZE, which the
+   scan and the stream read by (a test checks the two are equal). */
+#define MAX_MEMBER_SIZE (1LL << 62)
 
 static int checksum_ok(const unsigned char *block)
 {
@@ -135,14 +138,15 @@ static int checksum_ok(const unsigned char *block)
     return stored == signed_sum;
 }
 
-/* A header's size field: octal, or base-256 (first byte 0x80); -1 if neither. */
+/* A header's size field: octal, or base-256 (first byte 0x80); -1 if neither or if it
+   is more than MAX_MEMBER_SIZE. */
 static long long field_size(const unsigned char *field)
 {
     long long value = 0;
     int i = 0;
     if (field[0] == 0x80) {
         for (i = 1; i < 12; i++) {
-            if (value >= (1LL << 54)) /* sizes of 2**62 and more are refused, as in Python */
+            if (value > (MAX_MEMBER_SIZE - field[i]) / 256)
                 return -1;
             value = value * 256 + field[i];
         }
@@ -450,7 +454,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__mapread(void)
 {
-    PyObject *m = PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module), *max_size = PyLong_FromLongLong(MAX_MEMBER_SIZE);
+    if (!max_size || (m && PyModule_AddObjectRef(m, "MAX_MEMBER_SIZE", max_size) < 0))
+        Py_CLEAR(m);
+    Py_XDECREF(max_size);
     if (m && (PyModule_AddIntConstant(m, "MAX_MEMBERS", MAX_MEMBERS) < 0 ||
               PyModule_AddIntConstant(m, "FILE_CHANGED", 1) < 0 ||
               PyModule_AddIntConstant(m, "BAD_CHECKSUM", 2) < 0 ||

@@ -20,6 +20,7 @@ def first_failing(
 def install() -> None: ...
 
 MAX_MEMBERS: int
+MAX_MEMBER_SIZE: int
 
 FILE_CHANGED: int
 BAD_CHECKSUM: int

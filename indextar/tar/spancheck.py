@@ -66,7 +66,7 @@ def check_headers(headers: bytes, key: bytes) -> int:
     while at + _BLOCK <= len(headers):
         block = headers[at : at + _BLOCK]
         size = parse_number(block[124:136])
-        if size is None or not 0 <= size < MAX_MEMBER_SIZE or not checksum_ok(block):
+        if size is None or not 0 <= size <= MAX_MEMBER_SIZE or not checksum_ok(block):
             return BAD_CHECKSUM
         data = at + _BLOCK
         payload = headers[data : data + size]

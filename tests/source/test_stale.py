@@ -245,7 +245,7 @@ def crafted_header_runs() -> list[tuple[bytes, bytes]]:
         (pax(b"g", "path=g.txt") + ext(b"L", b"long.txt\0") + own, b"g"),  # PAX over L
         (header("n.txt", 3, magic="gnu", prefix=b"\x01\x02ab"), b"n"),  # GNU: no prefix
         (header("n.txt", 3, prefix=b"dir"), b"dir/n"),  # POSIX: the prefix joins
-        (header("n.txt", 3, size_field=b"\x80" + b"\x40" + bytes(10)), b"n"),  # >= 2**62
+        (header("n.txt", 3, size_field=b"\x80" + b"\x40" + bytes(10)), b"n"),  # 2**86
         (header("n.txt", 3, size_field=b"\xff" * 12), b"n"),  # negative
     ]
 
@@ -267,6 +267,30 @@ def test_c_and_python_agree_on_gnu_naming_rules() -> None:
         got.append(python)
         assert check_headers(headers, b"") == (OK if python != BAD_CHECKSUM else BAD_CHECKSUM)
     assert got == expected
+
+
+def test_scan_and_both_span_checks_share_one_size_limit() -> None:
+    # A member may claim MAX_MEMBER_SIZE bytes and no more: the scan, the Python check
+    # and the C check all draw the line there (base-256 headers; no data behind them).
+    import numpy as np
+    from tarcraft import header
+
+    from indextar import ShardFormatError, native
+    from indextar.tar.blocks import MAX_MEMBER_SIZE
+    from indextar.tar.scan import scan_tar
+
+    mapread = native.mapread()
+    assert mapread is not None
+    assert mapread.MAX_MEMBER_SIZE == MAX_MEMBER_SIZE == 2**62
+    for size, expected in ((MAX_MEMBER_SIZE, OK), (MAX_MEMBER_SIZE + 1, BAD_CHECKSUM)):
+        headers = header("n.txt", 3, size_field=b"\x80" + size.to_bytes(11, "big"))
+        rows = np.array([[len(headers), 3, 0]], np.int64)
+        c = mapread.members(headers + b"abc", 0, rows, 0, 1, ("txt",), b"n")
+        assert (0 if isinstance(c, list) else c) == check_headers(headers, b"n") == expected
+        with pytest.raises((TruncatedShardError, ShardFormatError)) as caught:
+            scan_tar(headers + bytes(1024), shard="limit.tar")
+        too_large = "more than any shard" in str(caught.value)
+        assert too_large == (expected == BAD_CHECKSUM), caught.value
 
 
 def test_a_member_named_by_a_global_header_before_its_span_reads(tmp_path: Path) -> None:
