@@ -14,11 +14,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import mmap
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -28,6 +26,7 @@ import numpy.typing as npt
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..source.codecs import CODECS
+from ..source.local import mapped_file
 from ..tar.compress import sniff_compression
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
@@ -219,28 +218,9 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
 # -- building --------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _mapped_shard(shard: Path) -> Iterator[tuple[mmap.mmap, int, int]]:
-    """A read-only map of a local shard, its descriptor and its size."""
-    with open(shard, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            scan_tar(b"", shard=str(shard))  # raises the empty-file error
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            yield mm, f.fileno(), size
-        finally:
-            try:
-                mm.close()
-            except BufferError:
-                # A scan error's traceback still holds views of the map; it is
-                # unmapped when that exception is collected.
-                pass
-
-
 def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan, str]:
     """Scan a local shard through a read-only mmap; also return its fingerprint."""
-    with _mapped_shard(shard) as (mm, fd, size):
+    with mapped_file(shard) as (mm, fd, size):  # an empty file: scan_tar's error
         scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
         return scan, fingerprint(mm, size)
 
@@ -248,7 +228,7 @@ def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan
 def _scan_for_index(shard: Path, *, ignore_zeros: bool) -> tuple[TarScan, Grouping, str, bool]:
     """:func:`scan_shard_file`, the members grouped into samples, and whether every
     sample's span names its key (:mod:`indextar.index.spans`), from one map."""
-    with _mapped_shard(shard) as (mm, fd, size):
+    with mapped_file(shard) as (mm, fd, size):  # an empty file: scan_tar's error
         scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
         grouping = group_members(scan, shard=str(shard))
         named = spans_name_their_keys(mm, scan, grouping, shard=str(shard))

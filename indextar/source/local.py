@@ -9,6 +9,7 @@ and a process near its descriptor limit unmaps the longest-mapped ones; the data
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import operator
@@ -37,6 +38,7 @@ __all__ = [
     "FileVersion",
     "LocalFileSource",
     "LRUCache",
+    "mapped_file",
     "open_source",
 ]
 
@@ -336,6 +338,26 @@ def open_source(path: str | os.PathLike[str], version: FileVersion | None = None
     :class:`~indextar.read.remote_options.RemoteOptions`, which knows their storage options
     and cache."""
     return LocalFileSource(path, version=version)
+
+
+@contextlib.contextmanager
+def mapped_file(path: str | os.PathLike[str]) -> Iterator[tuple[mmap.mmap | bytes, int, int]]:
+    """A read-only map of the local file ``path`` (``b""`` if it is empty, which ``mmap``
+    refuses), its descriptor and its size, for one pass over a whole file (an index
+    build); :class:`LocalFileSource` is what random reads use."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            yield b"", f.fileno(), 0
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield mm, f.fileno(), size
+        finally:
+            # An error's traceback may still hold views of the map: it is unmapped when
+            # that exception is collected.
+            with contextlib.suppress(BufferError):
+                mm.close()
 
 
 # -- bounded cache ---------------------------------------------------------------
