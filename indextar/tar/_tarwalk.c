@@ -1,20 +1,26 @@
 /* The common case of tar scanning, in C: walk the header chain, checking every header.
  *
- * walk(buffer, fd=-1) -> (status, end, offsets, sizes, types, names)
+ * walk(buffer, fd=-1) -> (status, end, offsets, starts, sizes, types, names, extensions)
  *
- * status 0: the chain ended cleanly at a zero block at offset `end`; `offsets` (int64),
- *           `sizes` (int64, 0 for entries without data) and `types` (uint8) describe
- *           every header, all of them plain ustar/GNU/v7 headers with valid checksums
- *           and octal numeric fields; `names` are their names as str (ustar prefix
- *           joined), or None if one is not valid UTF-8. With `fd`, a descriptor of
- *           the file whose bytes `buffer` maps, headers are read with pread instead.
- * status 2: reading with `fd`, the file ended before the block at `end`: it shrank.
- * status 1: something this fast path does not handle: an extension header (PAX, GNU
- *           long name), a base-256 or unusual numeric field, a bad checksum, a sparse
- *           or multi-volume member, truncation. The caller then uses the Python
- *           scanner, which is the reference and reports errors precisely.
+ * status 0: the chain ended cleanly at a zero block at offset `end`. Every header has a
+ *           valid checksum and octal numeric fields, and is a plain ustar/GNU/v7 header
+ *           or a PAX header (local 'x' or global 'g') whose records change nothing the
+ *           scan records (see pax_harmless). For each member: `offsets` (int64) its own
+ *           header, `starts` (int64) where it starts, at its first PAX header if it has
+ *           any (None when the shard has no PAX header: the offsets), `sizes` (int64, 0
+ *           for entries without data) and `types` (uint8); `names` are their names as
+ *           str (ustar prefix joined), or None if one is not valid UTF-8; `extensions`
+ *           counts the PAX headers. With `fd`, a descriptor of the file whose bytes
+ *           `buffer` maps, headers are read with pread instead.
+ * status 2: reading with `fd`, the file ended before byte `end` + 512: it shrank.
+ * status 1: something this fast path does not handle: a GNU long name, a PAX record
+ *           that names or sizes a member (or any keyword not known harmless, or any
+ *           record not exactly well formed), a base-256 or unusual numeric field, a bad
+ *           checksum, a sparse or multi-volume member, truncation. The caller then uses
+ *           the Python scanner, which is the reference and reports errors precisely.
  *
- * The GIL is released during the walk. Only headers are read, never member data.
+ * The GIL is released during the walk. Only headers and PAX headers' data are read,
+ * never member data.
  *
  * group(names, rows) -> (first, keys, ext_codes, exts) | None: the naming rules' common
  * case (see below).
@@ -98,16 +104,18 @@ static const int FIELD_START[] = {100, 108, 116, 124, 136};
 static const int FIELD_WIDTH[] = {8, 8, 8, 12, 12};
 
 typedef struct {
-    int64_t *offsets;
+    int64_t *offsets; /* each member's own header */
+    int64_t *starts;  /* where each member starts: its first PAX header, or its own */
     int64_t *sizes;
     unsigned char *types;
     int64_t *name_ends; /* end of each name in `names`; a name starts where the last ended */
     char *names;
     Py_ssize_t count, capacity;
     int64_t names_len, names_capacity;
+    Py_ssize_t extensions; /* PAX headers folded into the members after them */
 } Chain;
 
-static int chain_push(Chain *c, int64_t offset, int64_t size, unsigned char type)
+static int chain_push(Chain *c, int64_t offset, int64_t start, int64_t size, unsigned char type)
 {
     if (c->count == c->capacity) {
         Py_ssize_t cap = c->capacity ? c->capacity * 2 : 1024;
@@ -115,6 +123,10 @@ static int chain_push(Chain *c, int64_t offset, int64_t size, unsigned char type
         if (!o)
             return -1;
         c->offsets = o;
+        int64_t *st = realloc(c->starts, cap * sizeof(int64_t));
+        if (!st)
+            return -1;
+        c->starts = st;
         int64_t *s = realloc(c->sizes, cap * sizeof(int64_t));
         if (!s)
             return -1;
@@ -130,6 +142,7 @@ static int chain_push(Chain *c, int64_t offset, int64_t size, unsigned char type
         c->capacity = cap;
     }
     c->offsets[c->count] = offset;
+    c->starts[c->count] = start;
     c->sizes[c->count] = size;
     c->types[c->count] = type;
     c->count++;
@@ -167,6 +180,7 @@ static int chain_name(Chain *c, const unsigned char *h)
 static void chain_free(Chain *c)
 {
     free(c->offsets);
+    free(c->starts);
     free(c->sizes);
     free(c->types);
     free(c->name_ends);
@@ -194,17 +208,18 @@ typedef struct {
     int64_t mean_stride; /* running mean of the distance between headers */
 } Source;
 
-/* The 512-byte block at pos, or NULL on a read error (errno set; 0 if the file ended
-   early, which means it shrank after it was mapped). */
-static const unsigned char *source_block(Source *src, int64_t pos, int64_t stride)
+/* The `len` bytes at pos (len <= WINDOW), or NULL on a read error (errno set; 0 if the
+   file ended early, which means it shrank after it was mapped). */
+static const unsigned char *source_read(Source *src, int64_t pos, int64_t len)
 {
     int64_t want, got = 0;
     if (src->buf)
         return src->buf + pos;
-    src->mean_stride += (stride - src->mean_stride) / 8;
-    if (pos >= src->window_start && pos + BLOCK <= src->window_start + src->window_len)
+    if (pos >= src->window_start && pos + len <= src->window_start + src->window_len)
         return src->window + (pos - src->window_start);
     want = src->mean_stride < DENSE_STRIDE ? WINDOW : PAGE;
+    if (want < len)
+        want = len;
     if (want > src->size - pos)
         want = src->size - pos;
     while (got < want) {
@@ -215,11 +230,74 @@ static const unsigned char *source_block(Source *src, int64_t pos, int64_t strid
             break;
         got += n;
     }
-    if (got < BLOCK)
+    if (got < len)
         return NULL;
     src->window_start = pos;
     src->window_len = got;
     return src->window;
+}
+
+/* The header block at pos, `stride` bytes after the one before. */
+static const unsigned char *source_block(Source *src, int64_t pos, int64_t stride)
+{
+    if (!src->buf)
+        src->mean_stride += (stride - src->mean_stride) / 8;
+    return source_read(src, pos, BLOCK);
+}
+
+/* PAX headers
+ *
+ * Python's tarfile (so webdataset's writer) gives every member a PAX header holding its
+ * fractional mtime; GNU tar --format=posix one with atime, ctime and mtime. The
+ * reference (ext.py: parse_pax, PendingExtensions) reads every record, checks that it
+ * is well formed and valid UTF-8, and acts on only a few keywords: path, size and GNU
+ * sparse ones. A PAX header whose records all have one of the keywords below, with
+ * ASCII values, is read by the reference and then changes nothing but where its member
+ * starts: here it is folded the same way. Anything else (a path, a size, linkpath,
+ * hdrcharset, a vendor keyword, a non-ASCII value, a record not exactly as parse_pax
+ * accepts it) goes to the reference, which decides and reports. */
+#define MAX_PAX_DATA (64 * 1024) /* larger PAX headers go to the reference */
+
+static int harmless_keyword(const unsigned char *key, int64_t len)
+{
+    static const char *const keywords[] = {"atime", "comment", "ctime", "gid",
+                                           "gname", "mtime",   "uid",   "uname"};
+    size_t i;
+    for (i = 0; i < sizeof keywords / sizeof keywords[0]; i++)
+        if ((int64_t)strlen(keywords[i]) == len && memcmp(keywords[i], key, (size_t)len) == 0)
+            return 1;
+    return 0;
+}
+
+/* 1 if the n bytes at p are PAX records "%d %s=%s\n" that parse_pax accepts, all with a
+   harmless keyword and an ASCII value; 0 otherwise. Stricter than parse_pax where that
+   is simpler: the length must be plain decimal digits, and NUL padding after the last
+   record is left to the reference. */
+static int pax_harmless(const unsigned char *p, int64_t n)
+{
+    int64_t pos = 0;
+    while (pos < n) {
+        int64_t space = pos, length = 0, newline, eq, i;
+        while (space < n && space - pos < 9 && p[space] >= '0' && p[space] <= '9')
+            length = length * 10 + (p[space++] - '0');
+        if (space == pos || space == n || p[space] != ' ')
+            return 0;
+        if (length <= space - pos || length > n - pos)
+            return 0;
+        newline = pos + length - 1;
+        if (p[newline] != '\n')
+            return 0;
+        eq = space + 1;
+        while (eq < newline && p[eq] != '=')
+            eq++;
+        if (eq == newline || !harmless_keyword(p + space + 1, eq - space - 1))
+            return 0;
+        for (i = eq + 1; i < newline; i++)
+            if (p[i] >= 0x80)
+                return 0;
+        pos += length;
+    }
+    return 1;
 }
 
 /* 0: chain ended at a zero block (*end set); 1: hand over to Python; 2: the file ends
@@ -227,6 +305,7 @@ static const unsigned char *source_block(Source *src, int64_t pos, int64_t strid
 static int walk_chain(Source *src, Chain *chain, int64_t *end)
 {
     int64_t pos = 0, size = src->size, member_size = 0, stride = 0;
+    int64_t first_pax = -1; /* the first PAX header since the last member, if any */
     for (;;) {
         const unsigned char *h;
         int64_t stored, field_value;
@@ -243,7 +322,7 @@ static int walk_chain(Source *src, Chain *chain, int64_t *end)
         }
         if (is_zero_block(h)) {
             *end = pos;
-            return 0;
+            return first_pax < 0 ? 0 : 1; /* a PAX header with no member after it */
         }
         if (parse_octal(h + 148, 8, &stored) != 0)
             return 1;
@@ -261,12 +340,34 @@ static int walk_chain(Source *src, Chain *chain, int64_t *end)
                 member_size = field_value;
         }
         type = h[156];
-        if (type == 'x' || type == 'g' || type == 'L' || type == 'K' || type == 'S' || type == 'M')
-            return 1;
-        if (type >= '1' && type <= '6')
-            member_size = 0;
-        if (chain_push(chain, pos, member_size, type) != 0 || chain_name(chain, h) != 0)
-            return -1;
+        if (type == 'x' || type == 'g') {
+            /* Its records come next; `h` is not used again (a read may replace it). */
+            const unsigned char *records = NULL;
+            if (member_size > MAX_PAX_DATA || pos + BLOCK + member_size > size)
+                return 1;
+            if (member_size) {
+                errno = 0;
+                records = source_read(src, pos + BLOCK, member_size);
+                if (!records) {
+                    *end = pos + member_size; /* the file ends before byte *end + BLOCK */
+                    return errno ? -2 : 2;
+                }
+            }
+            if (!pax_harmless(records, member_size))
+                return 1;
+            if (first_pax < 0)
+                first_pax = pos;
+            chain->extensions++;
+        } else {
+            if (type == 'L' || type == 'K' || type == 'S' || type == 'M')
+                return 1;
+            if (type >= '1' && type <= '6')
+                member_size = 0;
+            if (chain_push(chain, pos, first_pax < 0 ? pos : first_pax, member_size, type) != 0 ||
+                chain_name(chain, h) != 0)
+                return -1;
+            first_pax = -1;
+        }
         stride = BLOCK + (member_size + BLOCK - 1) / BLOCK * BLOCK;
         pos += stride;
         if (pos > size)
@@ -328,17 +429,24 @@ static PyObject *walk(PyObject *self, PyObject *args)
     } else if (status == -2) {
         PyErr_SetFromErrno(PyExc_OSError);
     } else if (status == 1 || status == 2) {
-        result = Py_BuildValue("(iLOOOO)", status, (long long)end, Py_None, Py_None, Py_None,
-                               Py_None);
+        result = Py_BuildValue("(iLOOOOOi)", status, (long long)end, Py_None, Py_None, Py_None,
+                               Py_None, Py_None, 0);
     } else if ((names = chain_names(&chain)) != NULL) {
         static const char empty[1] = {0};
-        result = Py_BuildValue(
-            "(iLy#y#y#N)", 0, (long long)end,
-            chain.count ? (const char *)chain.offsets : empty,
-            chain.count * (Py_ssize_t)sizeof(int64_t),
-            chain.count ? (const char *)chain.sizes : empty,
-            chain.count * (Py_ssize_t)sizeof(int64_t),
-            chain.count ? (const char *)chain.types : empty, chain.count, names);
+        Py_ssize_t bytes = chain.count * (Py_ssize_t)sizeof(int64_t);
+        PyObject *starts = chain.extensions
+                               ? PyBytes_FromStringAndSize((const char *)chain.starts, bytes)
+                               : Py_NewRef(Py_None);
+        if (!starts) {
+            Py_DECREF(names);
+        } else {
+            result = Py_BuildValue(
+                "(iLy#Ny#y#Nn)", 0, (long long)end,
+                chain.count ? (const char *)chain.offsets : empty, bytes, starts,
+                chain.count ? (const char *)chain.sizes : empty, bytes,
+                chain.count ? (const char *)chain.types : empty, chain.count, names,
+                chain.extensions);
+        }
     }
     chain_free(&chain);
     return result;
@@ -468,7 +576,8 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"walk", walk, METH_VARARGS, "walk(buffer, fd=-1) -> (status, end, offsets, sizes, types, names)"},
+    {"walk", walk, METH_VARARGS,
+     "walk(buffer, fd=-1) -> (status, end, offsets, starts, sizes, types, names, extensions)"},
     {"group", group, METH_VARARGS, "group(names, rows) -> (first, keys, ext_codes, exts) | None"},
     {NULL, NULL, 0, NULL},
 };

@@ -13,8 +13,10 @@ scan proceeds in three steps:
    what large members want; the *vectorised* walker checks every block of a window
    at once, which pays off on dense shards. The scan starts sequentially and
    switches to the vectorised walker once the members it has seen are small on
-   average. Where the C walker (:mod:`indextar.native`) is built it goes first, and
-   hands back any shard with extension headers or anything unusual.
+   average. Where the C walker (:mod:`indextar.native`) is built it goes first: it
+   folds the PAX headers that change nothing recorded (a lone ``mtime``, as tarfile
+   and webdataset write for every member), and hands back any shard with other
+   extension headers or anything unusual.
 2. **Decode.** All header blocks are gathered into one ``(n, 512)`` array and
    checked at once: checksums (unsigned or signed, as strict readers accept),
    numeric fields (octal or base-256), names (ending at their first NUL), the
@@ -155,10 +157,19 @@ def scan_tar(
     return scanner.scan()
 
 
-# The C walker's chain: offsets, sizes, types, the end marker's offset, decoded names.
-_Chain = tuple[
-    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8], int, "list[str] | None"
-]
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """The C walker's chain: per member its own header's offset, its start (at its first
+    PAX header, if any), size and type; the end marker's offset; the names decoded (or
+    ``None`` if one is not UTF-8); how many PAX headers it folded."""
+
+    offsets: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    types: npt.NDArray[np.uint8]
+    end: int
+    names: list[str] | None
+    extension_headers: int
 
 
 class _Scanner(ShardBytes):
@@ -170,9 +181,9 @@ class _Scanner(ShardBytes):
 
     def scan(self) -> TarScan:
         self.check_start()
-        plain = self.walk_c()
-        if plain is not None and not (self.ignore_zeros and self.next_part(plain[3]) is not None):
-            return self.resolve_plain(*plain)
+        chain = self.walk_c()
+        if chain is not None and not (self.ignore_zeros and self.next_part(chain.end) is not None):
+            return self.resolve_c(chain)
         try:
             offsets, end = walk_parts(self, self.walk_fast, ignore_zeros=self.ignore_zeros)
             return self.resolve(offsets, end)
@@ -271,12 +282,15 @@ class _Scanner(ShardBytes):
         return self.plain_scan(self.decode_all(names), types, offsets, sizes, end)
 
     def walk_c(self) -> _Chain | None:
-        """The C walker's chain, if it could walk the whole shard (plain headers only)."""
+        """The C walker's chain, if it could walk the whole shard (plain headers, and PAX
+        headers whose records change nothing recorded)."""
         walker = native.tarwalk()
         if walker is None:
             return None
         try:
-            status, end, offsets, sizes, types, names = walker.walk(self.buf, self.fd)
+            status, end, offsets, starts, sizes, types, names, extensions = walker.walk(
+                self.buf, self.fd
+            )
         except OSError as e:
             raise IndextarError(f"cannot read shard {self.shard!r}: {e.strerror}") from e
         if status == 2:
@@ -286,31 +300,38 @@ class _Scanner(ShardBytes):
             )
         if status != 0 or offsets is None or sizes is None or types is None:
             return None  # something unusual: the numpy scanner takes over
-        return (
-            np.frombuffer(offsets, np.int64),
-            np.frombuffer(sizes, np.int64),
-            np.frombuffer(types, np.uint8).copy(),
-            end,
-            names,
+        member_offsets = np.frombuffer(offsets, np.int64)
+        return _Chain(
+            offsets=member_offsets,
+            starts=member_offsets if starts is None else np.frombuffer(starts, np.int64),
+            sizes=np.frombuffer(sizes, np.int64),
+            types=np.frombuffer(types, np.uint8).copy(),
+            end=end,
+            names=names,
+            extension_headers=extensions,
         )
 
-    def resolve_plain(
-        self,
-        offsets: npt.NDArray[np.int64],
-        sizes: npt.NDArray[np.int64],
-        types: npt.NDArray[np.uint8],
-        end: int,
-        decoded: list[str] | None,
-    ) -> TarScan:
-        """A :class:`TarScan` from a chain the C walker checked (no extension headers)."""
-        self.check_end(end, int(offsets[-1]) if len(offsets) else 0)
-        if decoded is not None:  # all valid UTF-8: only V7 directories are left to mark
+    def resolve_c(self, chain: _Chain) -> TarScan:
+        """A :class:`TarScan` from a chain the C walker checked."""
+        offsets, types = chain.offsets, chain.types
+        self.check_end(chain.end, int(offsets[-1]) if len(offsets) else 0)
+        if chain.names is not None:  # all valid UTF-8: only V7 directories are left to mark
+            names = chain.names
             for i in np.flatnonzero(types == 0).tolist():
-                if decoded[i].endswith("/"):
+                if names[i].endswith("/"):
                     types[i] = ord("5")
-            return self.plain_scan(decoded, types, offsets, sizes, end)
-        names = names_at(self.blocks, offsets // BLOCK, types)
-        return self.plain_scan(self.decode_all(names), types, offsets, sizes, end)
+        else:
+            names = self.decode_all(names_at(self.blocks, offsets // BLOCK, types))
+        return TarScan(
+            names=names,
+            types=types,
+            header_offsets=chain.starts,
+            data_offsets=offsets + BLOCK,
+            sizes=chain.sizes,
+            end_offset=chain.end,
+            file_size=self.size,
+            extension_headers=chain.extension_headers,
+        )
 
     def plain_scan(
         self,
