@@ -48,6 +48,8 @@ __all__ = [
     "read_json_attributes",
     "write_attributes",
     "has_attribute_table",
+    "json_source",
+    "has_source",
     "attribute_columns",
     "attribute_sources",
     "attribute_errors",
@@ -261,7 +263,7 @@ class AttributeBuilder:
             if not kinds <= _PLAIN or (int in kinds and not _fits_int64(values)):
                 values = [sql_value(v) for v in values]
             columns[name] = _utf8_text(values)  # type: ignore[arg-type]
-        return AttributeTable(len(records), columns, f"json:{self.ext}", list(errors))
+        return AttributeTable(len(records), columns, json_source(self.ext), list(errors))
 
 
 def _utf8_text(values: list[Value]) -> list[Value]:
@@ -423,6 +425,29 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
 def has_attribute_table(conn: sqlite3.Connection) -> bool:
     """Whether an index has the optional ``attributes`` table."""
     return _has_table(conn, ATTRIBUTES_TABLE)
+
+
+def json_source(ext: str) -> str:
+    """The source recorded for attributes read from each sample's ``ext`` member."""
+    return f"json:{ext}"
+
+
+def has_source(conn: sqlite3.Connection, source: str) -> bool:
+    """Whether some of an index's attributes came from ``source`` (``"json:json"``): a
+    column does, or a sample it recorded in ``attribute_errors`` (a shard whose every
+    member failed has no column)."""
+    if _has_table(conn, SOURCES_TABLE):
+        row = conn.execute("SELECT 1 FROM attribute_columns WHERE source = ? LIMIT 1", (source,))
+        if row.fetchone() is not None:
+            return True
+    if not _has_table(conn, ERRORS_TABLE):
+        return False
+    prefix = f"{source}: "  # write_attributes' messages begin with their source
+    row = conn.execute(
+        "SELECT 1 FROM attribute_errors WHERE substr(message, 1, ?) = ? LIMIT 1",
+        (len(prefix), prefix),
+    )
+    return row.fetchone() is not None
 
 
 def attribute_columns(conn: sqlite3.Connection) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -69,10 +70,11 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
 
     The quick check of a re-run: one ``stat`` of the shard and a read of the index's
     metadata (from the index file's extended attribute where one was set), no
-    fingerprint (opening the dataset checks that). ``None`` means the shard needs a
-    job: no index, a stale or unreadable one, or options it was not built with.
+    fingerprint (opening the dataset checks that); with ``meta``, a query of its
+    attribute tables too. ``None`` means the shard needs a job: no index, a stale or
+    unreadable one, or options it was not built with.
     """
-    if options.force or options.meta is not None or is_url(shard):
+    if options.force or is_url(shard):
         return None
     if options.index_dir is None:  # index_path's answer, without pathlib (a third of the cost)
         path = shard + INDEX_SUFFIX
@@ -89,7 +91,14 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
         return None
     if meta.ignore_zeros and not options.ignore_zeros:
         return None  # build_index rebuilds it
-    return ShardIndex(shard=shard, path=Path(path), meta=meta)
+    index = ShardIndex(shard=shard, path=Path(path), meta=meta)
+    if options.meta is not None:
+        try:
+            if not index.has_attributes(options.meta):
+                return None  # build_index rebuilds it, or refuses to drop imported ones
+        except (sqlite3.Error, IndexFormatError):
+            return None
+    return index
 
 
 def _meta_at(path: str | Path) -> IndexMeta | None:
@@ -115,6 +124,8 @@ def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, Sh
     """
     if options.force or options.index_dir is None:
         return {}
+    if options.meta is not None or options.ignore_zeros:
+        return {}  # options each job refuses for a remote shard: no listing vouches
     folders: dict[str, list[str]] = defaultdict(list)
     for url in urls:
         if is_url(url):

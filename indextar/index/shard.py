@@ -30,7 +30,14 @@ from ..source.local import mapped_file
 from ..tar.compress import sniff_compression
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
-from .attributes import OnError, has_attribute_table, read_json_attributes
+from .attributes import (
+    OnError,
+    attribute_sources,
+    has_attribute_table,
+    has_source,
+    json_source,
+    read_json_attributes,
+)
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
@@ -122,10 +129,21 @@ class ShardIndex:
             ext_names=arrays.ext_names,
         )
 
-    def has_attributes(self) -> bool:
-        """Whether the index has the optional ``attributes`` table (built with ``meta=``)."""
+    def has_attributes(self, meta: str | None = None) -> bool:
+        """Whether the index has the optional ``attributes`` table (built with ``meta=``);
+        with ``meta``, whether it holds attributes read from each sample's ``meta``
+        member (``build_index(..., meta=meta)``), not only imported ones."""
         with contextlib.closing(_connect_ro(self.path)) as conn:
-            return has_attribute_table(conn)
+            if meta is None:
+                return has_attribute_table(conn)
+            return has_source(conn, json_source(meta))
+
+    def imported_from(self) -> list[str]:
+        """The file names of the tables whose columns were imported into the index
+        (:func:`~indextar.import_attributes`), which only another import restores."""
+        with contextlib.closing(_connect_ro(self.path)) as conn:
+            sources = set(attribute_sources(conn).values())
+        return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
 
     def keys(self) -> list[str]:
         """Every sample's key, in shard order."""
@@ -235,6 +253,19 @@ def _scan_for_index(shard: Path, *, ignore_zeros: bool) -> tuple[TarScan, Groupi
         return scan, grouping, fingerprint(mm, size), named
 
 
+def _refuse_to_drop_imports(existing: ShardIndex, meta: str) -> None:
+    """Refuse the rebuild that ``meta`` asks of ``existing`` if it would drop imported
+    columns: the shard cannot give them back."""
+    imported = existing.imported_from()
+    if imported:
+        raise IndextarError(
+            f"index {str(existing.path)!r} has attributes imported from "
+            f"{', '.join(map(repr, imported))} but none read from each sample's {meta!r} "
+            f"member; a rebuild with meta={meta!r} would drop the imported columns: "
+            "rebuild it with force=True, then import them again"
+        )
+
+
 def _compression_of(shard: Path) -> str | None:
     """``"gzip"`` or ``"zstd"`` if the shard starts as such a file does; ``None`` if it
     does not (other formats are refused by the tar scanner, with a command to convert)."""
@@ -271,7 +302,8 @@ def build_index(
     meta
         Also store each sample's attributes: the top-level fields of its ``meta``
         member (``"json"``), as columns of the index's optional ``attributes`` table
-        (:mod:`indextar.index.attributes`). An index without attributes is rebuilt.
+        (:mod:`indextar.index.attributes`). An index without attributes from ``meta``
+        members is rebuilt, or refused if it has imported ones a rebuild would drop.
     on_error
         A sample whose ``meta`` member is missing or not a JSON object: ``"fail"``
         raises :class:`~indextar.SampleAttributeError` naming the shard and key;
@@ -286,6 +318,9 @@ def build_index(
         If the shard is not a well-formed uncompressed tar; no index is written.
     StaleIndexError
         If an index exists but the shard changed since (and ``force`` is false).
+    IndextarError
+        With ``meta``, if the index has imported attributes but none from ``meta``
+        members (and ``force`` is false): a rebuild would drop them.
     """
     shard_path = Path(shard)
     st = _stat_shard(shard_path)
@@ -300,8 +335,9 @@ def build_index(
     if not force and path.exists():
         try:
             existing = open_index_at(shard_path, path)
-            if meta is not None and not existing.has_attributes():
-                log.info("rebuilding %s: it has no attributes (meta=%r)", path, meta)
+            if meta is not None and not existing.has_attributes(meta):
+                _refuse_to_drop_imports(existing, meta)
+                log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
             elif ignore_zeros or not existing.meta.ignore_zeros:
                 return existing
             else:

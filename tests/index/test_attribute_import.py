@@ -161,3 +161,19 @@ def test_an_empty_table_leaves_every_sample_null(two_shards: list[Path], tmp_pat
     report = import_attributes([str(a)], table)
     assert (report.samples, report.matched, report.missing, report.unused) == (6, 0, 6, 0)
     assert _column(a, "clip") == [None] * 6
+
+
+def test_meta_refuses_to_drop_imported_columns(two_shards: list[Path], tmp_path: Path) -> None:
+    a, b = two_shards  # a: built without meta; b: with meta="json"
+    table = tmp_path / "clip.parquet"
+    pq.write_table(pa.table({"key": ["a1", "b1"], "clip": [0.5, 0.6]}), table)
+    import_attributes([str(a), str(b)], table)
+    untouched = _untouched([a, b])
+    # a's attributes are all imported: a rebuild for its JSON members would drop them.
+    with pytest.raises(indextar.IndextarError, match=r"imported from 'clip.parquet'.*force=True"):
+        indextar.build_index(a, meta="json")
+    assert indextar.build_index(b, meta="json").has_attributes("json")  # reused as it is
+    assert untouched()
+    rebuilt = indextar.build_index(a, meta="json", force=True)
+    assert rebuilt.has_attributes("json") and rebuilt.imported_from() == []
+    assert _column(a, "score") == list(range(6))

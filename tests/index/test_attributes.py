@@ -222,3 +222,39 @@ def test_build_indexes_and_the_cli_pass_meta_on(
     assert not indextar.index_path(bad).exists()
     assert main(["index", "-j", "1", str(bad), "--meta", "json", "--on-error", "skip"]) == 0
     assert indextar.open_index(bad).has_attributes()
+
+
+def test_an_index_with_other_attributes_is_rebuilt_for_meta(make_tar: Callable[..., Path]) -> None:
+    # Attributes from the ".txt" members are not the ".json" members' attributes.
+    members = {"a.txt": b'{"t": 1}', "a.json": b'{"j": 2}', "b.txt": b'{"t": 3}', "b.json": b"{}"}
+    shard = make_tar(members)
+    from_txt = indextar.build_index(shard, meta="txt")
+    inode = from_txt.path.stat().st_ino
+    assert from_txt.has_attributes() and from_txt.has_attributes("txt")
+    assert not from_txt.has_attributes("json")
+    from_json = indextar.build_index(shard, meta="json")
+    assert from_json.path.stat().st_ino != inode
+    assert _rows(from_json.path, "SELECT * FROM attributes ORDER BY __sample__") == [
+        (0, 2),
+        (1, None),
+    ]
+    # Built with meta="json", it is reused, also where every member failed (no column).
+    inode = from_json.path.stat().st_ino
+    assert indextar.build_index(shard, meta="json").path.stat().st_ino == inode
+    failed = indextar.build_index(shard, meta="jpg", on_error="skip", force=True)
+    assert failed.has_attributes("jpg") and not failed.has_attributes("json")
+    inode = failed.path.stat().st_ino
+    assert indextar.build_index(shard, meta="jpg", on_error="skip").path.stat().st_ino == inode
+
+
+def test_a_rerun_with_meta_is_answered_by_the_quick_check(make_tar: Callable[..., Path]) -> None:
+    from indextar.index.fresh import fresh_on_stat
+    from indextar.index.jobs import BuildOptions
+
+    shard = make_tar(_members(_records(4)))
+    indextar.build_index(shard)
+    assert fresh_on_stat(str(shard), BuildOptions(meta="json")) is None  # no attributes
+    built = indextar.build_index(shard, meta="json")
+    fresh = fresh_on_stat(str(shard), BuildOptions(meta="json"))
+    assert fresh is not None and fresh.path == built.path and fresh.meta == built.meta
+    assert fresh_on_stat(str(shard), BuildOptions(meta="txt")) is None  # other members

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,11 @@ def test_a_rerun_lists_the_folder_instead_of_a_request_per_shard(
         patched.setattr(build, "_run_on", no_job)
         again = list(iter_builds(urls, options, workers=2))
     assert [o.shard for o in again] == urls and not any(o.built for o in again)
+    # The listing vouches for no option a remote job refuses: each job says why.
+    for refused in (replace(options, meta="json"), replace(options, ignore_zeros=True)):
+        outcomes = list(iter_builds(urls, refused, workers=1))
+        assert all(o.error_type == "IndextarError" for o in outcomes), outcomes
+        assert all("is for local shards" in (o.error or "") for o in outcomes)
     # A replaced object is listed with another ETag: its shard alone is built again.
     fs.pipe("listed/x-1.tar", tar_bytes(sample_members(5, prefix="y_")))
     third = {o.shard: o for o in iter_builds(urls, options, workers=1)}
