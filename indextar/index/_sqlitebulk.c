@@ -75,7 +75,11 @@ static int bind_str(sqlite3_stmt *stmt, int column, PyObject *s)
     utf8 = PyUnicode_AsUTF8AndSize(s, &len);
     if (!utf8)
         return -1;
-    return sqlite3_bind_text(stmt, column, utf8, (int)len, SQLITE_STATIC) == SQLITE_OK ? 0 : -2;
+    /* The 64-bit length: a value past SQLite's limit is its SQLITE_TOOBIG, not a
+       length cut to an int. */
+    return sqlite3_bind_text64(stmt, column, utf8, (sqlite3_uint64)len, SQLITE_STATIC,
+                               SQLITE_UTF8) == SQLITE_OK
+               ? 0 : -2;
 }
 
 /* Row ids are 0, 1, 2, ...: the first one explicit, the rest NULL, which SQLite
@@ -262,8 +266,9 @@ static int bind_value(sqlite3_stmt *stmt, int column, PyObject *value)
         return sqlite3_bind_int64(stmt, column, number) == SQLITE_OK ? 0 : -2;
     }
     if (PyBytes_Check(value))
-        return sqlite3_bind_blob(stmt, column, PyBytes_AS_STRING(value),
-                                 (int)PyBytes_GET_SIZE(value), SQLITE_STATIC) == SQLITE_OK
+        return sqlite3_bind_blob64(stmt, column, PyBytes_AS_STRING(value),
+                                   (sqlite3_uint64)PyBytes_GET_SIZE(value),
+                                   SQLITE_STATIC) == SQLITE_OK
                    ? 0 : -2;
     PyErr_Format(PyExc_TypeError, "cannot store a %s attribute", Py_TYPE(value)->tp_name);
     return -1;
