@@ -193,7 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="parallel processes (default: two per core, at most cores + 4: builds also wait "
         "on the disk)",
     )
-    own_indexes = "keep indexes in this folder instead of next to the shards"
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -202,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="build missing indexes",
         description="Scan shards and write one SQLite index per shard.",
     )
-    add_options(p, index_dir=own_indexes, json=True, quiet=True)
+    add_options(p, index_dir=True, json=True, quiet=True)
     p.add_argument(
         "--force", action="store_true", help="rebuild indexes even if they are up to date or stale"
     )
@@ -253,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise indexed shards",
         description="Samples, members, bytes, extensions, skipped entries, tar overhead.",
     )
-    add_options(p, index_dir=own_indexes, json=True)
+    add_options(p, index_dir=True, json=True)
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
@@ -262,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-scan shards and check their indexes",
         description="Re-scan every shard and compare it with its index, row by row.",
     )
-    add_options(p, index_dir=own_indexes, json=True, quiet=True)
+    add_options(p, index_dir=True, json=True, quiet=True)
     p.set_defaults(func=_cmd_verify)
     add_tool_commands(sub)
     add_query_commands(sub)

@@ -7,18 +7,20 @@ import argparse
 
 __all__ = ["add_options", "count"]
 
+INDEX_DIR_HELP = "the folder of the shards' indexes (default: next to each shard)"
+
 
 def add_options(
     parser: argparse.ArgumentParser,
     *,
-    index_dir: str | None = None,
+    index_dir: bool = False,
     json: bool = False,
     quiet: bool = False,
 ) -> None:
-    """Add ``--debug``, and ``--index-dir`` (with the help text ``index_dir``), ``--json`` and
-    ``--quiet`` where the command's handler reads them."""
-    if index_dir is not None:
-        parser.add_argument("--index-dir", help=index_dir)
+    """Add ``--debug``, and ``--index-dir``, ``--json`` and ``--quiet`` where the
+    command's handler reads them."""
+    if index_dir:
+        parser.add_argument("--index-dir", help=INDEX_DIR_HELP)
     if json:
         parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     if quiet:

@@ -14,12 +14,11 @@ import numpy as np
 from ..index.attribute_import import import_attributes
 from ..patterns import expand_shards
 from ..read.dataset import IndexedTarDataset
+from ..read.lookup import sample_keys
 from ..read.selection import where_rows
 from .options import add_options, count
 
 __all__ = ["add_query_commands"]
-
-_INDEXES = "where the shards' indexes live"
 
 
 def _blob_as_hex(value: object) -> str:
@@ -39,14 +38,9 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if args.count:
         print(len(view))
     elif args.keys:
-        selected = view.base_indices(np.arange(len(view)))
-        shard_nos = np.searchsorted(ds._starts, selected, side="right") - 1
         out = sys.stdout.buffer
-        for shard_no in np.unique(shard_nos).tolist():
-            keys = ds._shard_index(shard_no).keys()
-            start = int(ds._starts[shard_no])
-            for at in (selected[shard_nos == shard_no] - start).tolist():
-                out.write(keys[at].encode("utf-8", "surrogateescape") + b"\n")
+        for key in sample_keys(ds, view.base_indices(np.arange(len(view)))):
+            out.write(key.encode("utf-8", "surrogateescape") + b"\n")
         out.flush()
     else:
         print(
@@ -103,7 +97,7 @@ def add_query_commands(sub: Any) -> None:
         help="folder of cached selections (default: ~/.cache/indextar/selections)",
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    add_options(p, index_dir=_INDEXES, json=True)
+    add_options(p, index_dir=True, json=True)
     p.set_defaults(func=_cmd_query)
 
     p = sub.add_parser(
@@ -128,5 +122,5 @@ def add_query_commands(sub: Any) -> None:
         default="null",
         help="a sample without a row: NULL columns (default), or fail before writing",
     )
-    add_options(p, index_dir=_INDEXES, json=True)
+    add_options(p, index_dir=True, json=True)
     p.set_defaults(func=_cmd_meta_import)

@@ -29,7 +29,6 @@ __all__ = ["add_tool_commands"]
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SOURCE_INDEXES = "where the (source) shards' indexes live"
 
 
 def _size(text: str) -> float:
@@ -170,12 +169,12 @@ def _quiet_broken_pipe() -> None:
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
-    index = args.index
     if args.select or args.exclude:  # INDEX counts the selected samples
         dataset = IndexedTarDataset(args.dataset, index_dir=args.index_dir, build_missing=False)
         view = dataset.select(args.select) if args.select else dataset.exclude(args.exclude)
-        index = int(view.base_indices(index))
-    info = describe_sample(args.dataset, index, index_dir=args.index_dir)
+        info = describe_sample(dataset, int(view.base_indices(args.index)))
+    else:
+        info = describe_sample(args.dataset, args.index, index_dir=args.index_dir)
     if args.json:
         members = [asdict(m) | {"head": m.head.decode("utf-8", "replace")} for m in info.members]
         print(json.dumps(asdict(info) | {"members": members}))
@@ -266,7 +265,7 @@ def add_tool_commands(sub: Any) -> None:
         description="Copy every sample's bytes from indexed shards into new indexed shards, "
         "in order or in a seeded global random order.",
     )
-    add_options(p, index_dir=_SOURCE_INDEXES, json=True, quiet=True)
+    add_options(p, index_dir=True, json=True, quiet=True)
     p.add_argument("shards", nargs="+", help="source shard paths, globs or brace patterns")
     _add_output_shards(p)
     p.add_argument("--shuffle", action="store_true", help="write samples in a random order")
@@ -274,19 +273,19 @@ def add_tool_commands(sub: Any) -> None:
     p.set_defaults(func=_cmd_reshard)
 
     p = sub.add_parser("ls", help="list a shard's samples and members")
-    add_options(p, index_dir=_SOURCE_INDEXES, json=True)
+    add_options(p, index_dir=True, json=True)
     p.add_argument("shard")
     _add_key_filter(p, "the samples")
     p.set_defaults(func=_cmd_ls)
 
     p = sub.add_parser("cat", help="write one member's bytes to stdout")
-    add_options(p, index_dir=_SOURCE_INDEXES)
+    add_options(p, index_dir=True)
     p.add_argument("shard")
     p.add_argument("member", metavar="KEY.EXT", help="the member, such as 'train/0001.jpg'")
     p.set_defaults(func=_cmd_cat)
 
     p = sub.add_parser("get", help="describe sample INDEX of a dataset")
-    add_options(p, index_dir=_SOURCE_INDEXES, json=True)
+    add_options(p, index_dir=True, json=True)
     p.add_argument("dataset", help="shard pattern ('data-{000..009}.tar') or manifest (.json)")
     p.add_argument("index", type=int, help="sample number (negative counts from the end)")
     _add_key_filter(p, "count the samples")
@@ -297,7 +296,7 @@ def add_tool_commands(sub: Any) -> None:
         help="write DALI indexes or a wids shard list",
         description="Write DALI wds2idx v1.2 index files, or a wids shard list, from the indexes.",
     )
-    add_options(p, index_dir=_SOURCE_INDEXES, json=True, quiet=True)
+    add_options(p, index_dir=True, json=True, quiet=True)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--dali", metavar="OUTDIR", help="write <shard>.idx files into OUTDIR")
     target.add_argument("--wids", metavar="FILE.json", help="write a wids shard list")

@@ -1,15 +1,18 @@
-"""Look inside shards: list samples, read one member, describe one sample of a dataset.
+"""Look inside shards: list samples, read one member, describe one sample of a dataset,
+name the keys of a dataset's samples.
 
-The library side of ``indextar ls``, ``cat`` and ``get``. A shard without an index is
-scanned in memory; nothing is written.
+The library side of ``indextar ls``, ``cat``, ``get`` and ``query --keys``. A shard
+without an index is scanned in memory; nothing is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import MissingIndexError, SampleIndexError, SampleKeyError
 from ..index.manifest import is_manifest, read_manifest
@@ -19,7 +22,19 @@ from ..index.shard import PathLike, ShardIndex, open_index
 from ..patterns import expand_shards
 from .entries import open_entry_index
 
-__all__ = ["MemberInfo", "SampleInfo", "shard_members", "read_member", "describe_sample"]
+if TYPE_CHECKING:
+    from .dataset import IndexedTarDataset
+
+__all__ = [
+    "MemberInfo",
+    "SampleInfo",
+    "shard_members",
+    "read_member",
+    "describe_sample",
+    "sample_keys",
+]
+
+DatasetArg = Union[str, Sequence[str], "IndexedTarDataset"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +102,12 @@ def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = No
 
 
 def _dataset_shards(
-    dataset: str | Sequence[str], index_dir: PathLike | None
+    dataset: DatasetArg, index_dir: PathLike | None
 ) -> tuple[list[int], Callable[[int], ShardIndex]]:
     """Each shard's sample count, and a function giving shard ``n``'s index (a
-    manifest's shards are opened only then)."""
+    manifest's shards, and an open dataset's, are opened only then)."""
+    if not isinstance(dataset, str | Sequence):  # an IndexedTarDataset: its counts are known
+        return dataset.shard_sizes.tolist(), dataset._shard_index
     if isinstance(dataset, str) and is_manifest(dataset):
         manifest = read_manifest(dataset)
 
@@ -105,13 +122,15 @@ def _dataset_shards(
 
 
 def describe_sample(
-    dataset: str | Sequence[str],
+    dataset: DatasetArg,
     index: int,
     *,
     index_dir: PathLike | None = None,
     head_bytes: int = 64,
 ) -> SampleInfo:
-    """Locate sample number ``index`` of a dataset (shard patterns or a manifest) and describe it.
+    """Locate sample number ``index`` of a dataset (shard patterns, a manifest, or an
+    open :class:`~indextar.IndexedTarDataset`, whose ``index_dir`` then holds) and
+    describe it.
 
     Negative numbers count from the end. Each member's first ``head_bytes`` are read.
 
@@ -150,3 +169,23 @@ def describe_sample(
         end_offset=int(table.end_offset[local]),
         members=members,
     )
+
+
+def sample_keys(dataset: IndexedTarDataset, indices: npt.ArrayLike) -> Iterator[str]:
+    """The key of each of ``dataset``'s samples at ``indices``, in their order; each run
+    of samples in one shard reads that shard's keys once (sorted indices: each shard's)."""
+    positions = np.asarray(indices, dtype=np.int64)
+    if positions.size and not (0 <= positions.min() and positions.max() < len(dataset)):
+        raise SampleIndexError(
+            f"indices must be in [0, {len(dataset)}); got {positions.min()}..{positions.max()}"
+        )
+    starts = dataset._starts
+    shard_nos = np.searchsorted(starts, positions, side="right") - 1
+    runs = np.flatnonzero(np.diff(shard_nos)) + 1
+    for lo, hi in zip([0, *runs.tolist()], [*runs.tolist(), positions.size]):
+        if lo == hi:
+            continue
+        shard_no = int(shard_nos[lo])
+        keys = dataset._shard_index(shard_no).keys()
+        for at in (positions[lo:hi] - starts[shard_no]).tolist():
+            yield keys[at]

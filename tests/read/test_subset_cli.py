@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import sample_members, tar_bytes
 
+from indextar import IndexedTarDataset, SampleIndexError
 from indextar.cli.commands import main
 
 
@@ -34,3 +35,40 @@ def test_ls_and_get_take_a_key_file(
     assert json.loads(capsys.readouterr().out)["key"] == "s000004"
     assert main(["get", str(shard), "2", "--select", str(keys)]) != 0  # 2 selected: out of range
     assert "out of range" in capsys.readouterr().err
+
+
+def test_get_with_a_key_file_opens_each_index_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indextar.read import lookup
+
+    shards = [tmp_path / f"d-{n}.tar" for n in range(2)]
+    for n, shard in enumerate(shards):
+        shard.write_bytes(tar_bytes(sample_members(3, ("txt",), prefix=f"k{n}_")))
+    keys = tmp_path / "keys.txt"
+    keys.write_text("k0_000002\nk1_000001\n")
+    assert main(["index", "-q", *map(str, shards)]) == 0
+    capsys.readouterr()
+
+    def no_second_open(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the dataset's indexes were opened again")
+
+    monkeypatch.setattr(lookup, "open_index", no_second_open)
+    pattern = str(tmp_path / "d-{0..1}.tar")
+    assert main(["get", pattern, "1", "--select", str(keys), "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert (described["key"], described["index"], described["shard"]) == (
+        "k1_000001",
+        4,
+        str(shards[1]),
+    )
+    # sample_keys, what query --keys prints: in the order asked, shard by shard.
+    dataset = IndexedTarDataset([str(s) for s in shards])
+    assert list(lookup.sample_keys(dataset, [4, 0, 1, 5])) == [
+        "k1_000001",
+        "k0_000000",
+        "k0_000001",
+        "k1_000002",
+    ]
+    with pytest.raises(SampleIndexError, match=r"in \[0, 6\)"):
+        list(lookup.sample_keys(dataset, [6]))
