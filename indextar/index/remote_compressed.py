@@ -5,21 +5,36 @@ points are placed by zran, which reads a file: the object is copied once into a
 hidden temporary file next to the index (every read conditional on the version first
 seen), indexed as a local compressed shard is (:mod:`.decompress`), and deleted. The
 index records the object's URL, size and ETag, as any remote index does.
+
+A ``.tar.zst`` of one zstd frame, which a local index build refuses, is indexed here
+too: its tar is decompressed into a second temporary file and scanned as a plain
+shard, and its index records the one frame. ``remote="cache"`` reads it from a
+decompressed copy in the shard cache; ranged reads refuse it
+(:class:`~indextar.source.frames.FramedSource`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 from ..atomic import create_temp
 from ..errors import ShardFormatError
+from ..source.codecs import decompressed_stream
 from ..source.conditional import RemoteStat
+from ..source.local import mapped_file
 from ..source.remote import RangeSource
+from ..tar.compress import zstd_frame_spans
+from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
-from .meta import IndexMeta
-from .shard import ShardIndex
+from .meta import IndexMeta, fingerprint
+from .shard import ShardIndex, _scan_for_index
 from .tables import write_index
 
 __all__ = ["index_compressed_object"]
@@ -46,12 +61,10 @@ def index_compressed_object(
             for offset in range(0, stat.size, _CHUNK):
                 f.write(source.read(offset, min(_CHUNK, stat.size - offset)))
         log.info("indexing %s from a %d-byte temporary copy", url, stat.size)
-        try:
+        with _naming(url, tmp):
+            if codec == "zstd" and (frame := _only_zstd_frame(tmp, url)) is not None:
+                return _index_one_frame(url, tmp, frame, stat, local)
             compressed = scan_compressed(tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing)
-        except ShardFormatError as e:  # name the object, not the temporary copy
-            e.args = (str(e).replace(str(tmp), url),)
-            e.shard = url
-            raise
     finally:
         tmp.unlink(missing_ok=True)
     meta = IndexMeta.describe(
@@ -68,4 +81,66 @@ def index_compressed_object(
         seek_spacing=compressed.layout.seek_spacing,
     )
     write_index(local, meta, compressed.scan, compressed.grouping, layout=compressed.layout)
+    return ShardIndex(shard=url, path=local, meta=meta)
+
+
+@contextlib.contextmanager
+def _naming(url: str, *copies: Path) -> Iterator[None]:
+    """Errors raised inside name the object ``url``, not its temporary ``copies``."""
+    try:
+        yield
+    except ShardFormatError as e:
+        message = str(e)
+        for copy in copies:
+            message = message.replace(str(copy), url)
+        e.args = (message,)
+        e.shard = url
+        raise
+
+
+def _only_zstd_frame(copy: Path, url: str) -> tuple[int, int] | None:
+    """``(offset, size)`` of the zstd file's data frame if it has only one, else ``None``."""
+    with mapped_file(copy) as (mm, _, _):
+        spans = zstd_frame_spans(mm, shard=url)
+    data = [(offset, size) for offset, size, is_data in spans if is_data]
+    return data[0] if len(data) == 1 else None
+
+
+def _index_one_frame(
+    url: str, copy: Path, frame: tuple[int, int], stat: RemoteStat, local: Path
+) -> ShardIndex:
+    """The index of a ``.tar.zst`` of one frame, from its tar decompressed into a second
+    temporary file and scanned as a plain shard."""
+    fd, plain = create_temp(local)
+    try:
+        with open(copy, "rb") as raw, os.fdopen(fd, "wb") as out:
+            with decompressed_stream(raw, "zstd", shard=url) as stream:
+                shutil.copyfileobj(stream, out, _CHUNK)
+        with mapped_file(copy) as (mm, _, size):
+            content_fingerprint = fingerprint(mm, size)
+        with _naming(url, plain):
+            try:
+                scan, grouping, _, span_names = _scan_for_index(plain, ignore_zeros=False)
+            except ShardFormatError as e:
+                e.args = (f"{e} (an offset in the decompressed tar)",)
+                raise
+        plain_size = plain.stat().st_size
+    finally:
+        plain.unlink(missing_ok=True)
+    log.info("%s is one zstd frame: %d bytes decompressed", url, plain_size)
+    meta = IndexMeta.describe(
+        scan,
+        grouping,
+        shard_name=url,
+        shard_size=stat.size,
+        shard_mtime_ns=0,
+        fingerprint=content_fingerprint,
+        etag=stat.etag,
+        span_names=span_names,
+        compression="zstd",
+        uncompressed_size=plain_size,
+        seek_spacing=0,
+    )
+    layout = CompressedLayout("zstd", frames=np.array([[*frame, 0, plain_size]], np.int64))
+    write_index(local, meta, scan, grouping, layout=layout)
     return ShardIndex(shard=url, path=local, meta=meta)

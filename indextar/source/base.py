@@ -96,6 +96,17 @@ class ByteSource(abc.ABC):
             for (offset, _, first, count, key), data in zip(spans, datas)
         ]
 
+    def decompressed_copy(self, codec: str, size: int) -> ByteSource | None:
+        """A source of this shard decompressed whole (its ``size`` plain bytes, from a
+        ``codec`` stream), where this source can keep one; ``None`` where it cannot.
+
+        What reads a shard of one zstd frame, which no read can start inside. The shard
+        cache keeps such a shard decompressed
+        (:meth:`~indextar.source.cache.CachedSource.decompressed_copy`); a ranged or a
+        local source cannot.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 (a hook: sources that hold nothing need not close)
         """Release open resources; the source reopens on the next read."""
 

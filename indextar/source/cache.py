@@ -8,16 +8,22 @@ Layout of the cache folder, one entry per shard version::
     .cache.lock              held while space is reserved or shards are evicted
 
 ``<digest>`` hashes the URL, size and ETag the index recorded, so a replaced object
-never matches an old entry. Every process that reads a shard holds a shared
-``flock`` on it; eviction takes an exclusive one without waiting and skips shards
-it cannot get, so a shard in use is never evicted. A download's ``.part`` counts at
-its full size from the start, so the folder never holds more than ``limit`` bytes.
+never matches an old entry. A compressed shard is kept as it is (read through its
+frames or seek points, as a local one is), except one that no read can start inside (a
+``.tar.zst`` of one zstd frame): that one is decompressed as it downloads and kept as
+its plain tar, ``<digest>-<name>.tar``, whose size is what counts against the limit.
+
+Every process that reads a shard holds a shared ``flock`` on it; eviction takes an
+exclusive one without waiting and skips shards it cannot get, so a shard in use is
+never evicted. A download's ``.part`` counts at its full size from the start, so the
+folder never holds more than ``limit`` bytes.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import re
@@ -26,10 +32,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CacheFullError, IndextarError, TruncatedShardError
+from ..errors import CacheFullError, IndextarError, ShardFormatError, TruncatedShardError
+from ..tar.compress import split_compression_suffix
+from .base import ByteSource
+from .codecs import decompressed_stream
 from .conditional import RemoteStat
 from .local import LocalFileSource
 from .remote import DEFAULT_RETRY, RangeSource, RetryPolicy
+from .stream import RemoteStream
 
 __all__ = ["ShardCache", "CachedSource", "parse_size"]
 
@@ -88,23 +98,29 @@ class ShardCache:
         if self.limit <= 0:
             raise ValueError(f"a shard cache needs a positive limit, got {limit!r}")
 
-    def path_for(self, url: str, expected: RemoteStat) -> Path:
-        """Where the version ``expected`` of ``url`` is cached."""
-        digest = hashlib.blake2b(
-            f"{url}\0{expected.size}\0{expected.etag}".encode(), digest_size=8
-        ).hexdigest()
+    def path_for(self, url: str, expected: RemoteStat, *, codec: str | None = None) -> Path:
+        """Where the version ``expected`` of ``url`` is cached (with ``codec``: its plain
+        tar, decompressed from that codec)."""
+        version = f"{url}\0{expected.size}\0{expected.etag}" + (f"\0{codec}" if codec else "")
+        digest = hashlib.blake2b(version.encode(), digest_size=8).hexdigest()
         name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rpartition("/")[2])[-80:]
+        if codec is not None:
+            name = split_compression_suffix(name)[0].removesuffix(".tar") + ".tar"
         return self.directory / f"{digest}-{name}"
 
     def usage(self) -> int:
         """Bytes the cache holds, counting downloads in progress at their full size."""
         return sum(size for _, size, _ in self._entries())
 
-    def open(self, url: str, expected: RemoteStat) -> int:
+    def open(
+        self, url: str, expected: RemoteStat, *, codec: str | None = None, plain_size: int = 0
+    ) -> int:
         """A read-only descriptor of the cached shard, downloading it first if needed.
 
         The descriptor carries a shared lock that keeps the shard from being evicted
-        until it is closed.
+        until it is closed. With ``codec``, the shard is a ``codec`` stream that the
+        cache keeps decompressed: the descriptor is of its plain tar, ``plain_size``
+        bytes (what its index recorded).
 
         Raises
         ------
@@ -112,15 +128,18 @@ class ShardCache:
             If the shard does not fit even after evicting every shard not in use.
         RemoteReadError, StaleIndexError
             If the download fails or the object no longer matches ``expected``.
+        ShardFormatError
+            If the ``codec`` stream is cut short, corrupt, or decompresses to other than
+            ``plain_size`` bytes.
         """
-        path = self.path_for(url, expected)
+        path = self.path_for(url, expected, codec=codec)
         self.directory.mkdir(parents=True, exist_ok=True)
         from filelock import FileLock
 
         while True:
             with FileLock(f"{path}.lock"):
                 if not path.exists():
-                    self._download(url, expected, path)
+                    self._download(url, expected, path, codec, plain_size)
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             fcntl.flock(fd, fcntl.LOCK_SH)
             if os.fstat(fd).st_nlink > 0:  # not evicted between open and lock
@@ -128,12 +147,16 @@ class ShardCache:
                 return fd
             os.close(fd)
 
-    def _download(self, url: str, expected: RemoteStat, path: Path) -> None:
+    def _download(
+        self, url: str, expected: RemoteStat, path: Path, codec: str | None, plain_size: int
+    ) -> None:
         part = Path(f"{path}.part")
-        self._reserve(part, expected.size, url)
+        size = expected.size if codec is None else plain_size
+        self._reserve(part, size, url)
         log.info(
-            "downloading %s (%d bytes) into the shard cache %s", url, expected.size, self.directory
-        )
+            "downloading %s (%d bytes%s) into the shard cache %s",
+            url, expected.size, f", {plain_size} decompressed" if codec else "", self.directory,
+        )  # fmt: skip
         started = time.perf_counter()
         source = RangeSource(
             url, expected=expected, storage_options=self.storage_options, retry=self.retry
@@ -141,19 +164,14 @@ class ShardCache:
         try:
             with open(part, "r+b") as f:
                 fd = f.fileno()
-                ranges = [
-                    (offset, min(_CHUNK, expected.size - offset))
-                    for offset in range(0, expected.size, _CHUNK)
-                ]
-                for start in range(0, len(ranges), _CHUNKS_IN_FLIGHT):
-                    batch = ranges[start : start + _CHUNKS_IN_FLIGHT]
-                    datas = source.read_many([o for o, _ in batch], [n for _, n in batch])
-                    for (offset, _), data in zip(batch, datas):
-                        _pwrite_all(fd, data, offset)
+                if codec is None:
+                    _fill(fd, source, expected.size)
+                else:
+                    _fill_decompressed(fd, source, codec, plain_size)
                 os.fsync(fd)
-                if os.fstat(fd).st_size != expected.size:
+                if os.fstat(fd).st_size != size:
                     raise TruncatedShardError(
-                        f"downloaded {os.fstat(fd).st_size} bytes; its index says {expected.size}",
+                        f"downloaded {os.fstat(fd).st_size} bytes; its index says {size}",
                         shard=url,
                     )
             os.replace(part, path)
@@ -242,6 +260,36 @@ class ShardCache:
         return f"ShardCache({str(self.directory)!r}, limit={self.limit})"
 
 
+def _fill(fd: int, source: RangeSource, size: int) -> None:
+    """Write the object's ``size`` bytes into the file ``fd``, several ranges in flight."""
+    ranges = [(offset, min(_CHUNK, size - offset)) for offset in range(0, size, _CHUNK)]
+    for start in range(0, len(ranges), _CHUNKS_IN_FLIGHT):
+        batch = ranges[start : start + _CHUNKS_IN_FLIGHT]
+        datas = source.read_many([o for o, _ in batch], [n for _, n in batch])
+        for (offset, _), data in zip(batch, datas):
+            _pwrite_all(fd, data, offset)
+
+
+def _fill_decompressed(fd: int, source: RangeSource, codec: str, plain_size: int) -> None:
+    """Write the decompressed bytes of the ``codec`` object into the file ``fd``: exactly
+    ``plain_size`` of them, or an error naming the object."""
+    written = 0
+    with RemoteStream(source) as remote, decompressed_stream(
+        io.BufferedReader(remote, _CHUNK), codec, shard=source.url
+    ) as stream:  # fmt: skip
+        while chunk := stream.read(_CHUNK):
+            if written + len(chunk) > plain_size:
+                break
+            _pwrite_all(fd, chunk, written)
+            written += len(chunk)
+    if written != plain_size or chunk:
+        got = f"more than {plain_size}" if chunk else str(written)
+        raise ShardFormatError(
+            f"the {codec} stream decompresses to {got} bytes; its index recorded {plain_size}",
+            shard=source.url,
+        )
+
+
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     """Write all of ``data`` at ``offset``: on a full disk ``pwrite`` may write only part of
     it without an error (the file is pre-sized, so the rest would read as zeros); the
@@ -262,27 +310,51 @@ class CachedSource(LocalFileSource):
     :meth:`close`.
     """
 
-    __slots__ = ("cache", "expected")
+    __slots__ = ("cache", "expected", "codec", "plain_size")
 
-    def __init__(self, url: str, *, cache: ShardCache, expected: RemoteStat):
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache: ShardCache,
+        expected: RemoteStat,
+        codec: str | None = None,
+        plain_size: int = 0,
+    ):
         super().__init__(url)
         self.cache = cache
         self.expected = expected
+        self.codec = codec
+        self.plain_size = plain_size
 
     def _open_descriptor(self) -> int:
         # The cache's locked descriptor: the map is made of it, and closing it (close(),
         # or a forked child's copy, which leaves the parent's lock) lets it be evicted.
-        return self.cache.open(self.url, self.expected)
+        return self.cache.open(
+            self.url, self.expected, codec=self.codec, plain_size=self.plain_size
+        )
 
     @property
     def size(self) -> int:
-        return self.expected.size
+        return self.expected.size if self.codec is None else self.plain_size
+
+    def decompressed_copy(self, codec: str, size: int) -> ByteSource:
+        """The shard's plain tar, which the cache decompresses as it downloads it."""
+        return CachedSource(
+            self.url, cache=self.cache, expected=self.expected, codec=codec, plain_size=size
+        )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "cache": self.cache, "expected": self.expected}
+        return {
+            "url": self.url,
+            "cache": self.cache,
+            "expected": self.expected,
+            "codec": self.codec,
+            "plain_size": self.plain_size,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], cache=state["cache"], expected=state["expected"])  # type: ignore[misc]
+        self.__init__(**state)  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"CachedSource({self.url!r}, {self.cache!r})"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ..errors import ShardFormatError, TruncatedShardError
+from ..errors import IndextarError, ShardFormatError, TruncatedShardError
 
 __all__ = [
     "CODECS",
@@ -140,21 +140,28 @@ class _CheckedReader(io.RawIOBase):
         try:
             return int(self._inner.readinto(buffer))
         except EOFError as e:
-            offset = self._raw.tell()
+            offset = self._offset()
             raise TruncatedShardError(
                 f"the {self._codec} stream is cut short (at compressed byte offset {offset})",
                 shard=self._shard,
                 offset=offset,
             ) from e
         except Exception as e:  # zlib.error, gzip.BadGzipFile (OSError), zstandard.ZstdError
-            if isinstance(e, (ImportError, ShardFormatError)):
+            if isinstance(e, (ImportError, IndextarError)):  # the reads' own: stale, remote
                 raise
-            offset = self._raw.tell()
+            offset = self._offset()
             raise ShardFormatError(
                 f"corrupt {self._codec} data (read up to compressed byte offset {offset}: {e})",
                 shard=self._shard,
                 offset=offset,
             ) from e
+
+    def _offset(self) -> int | None:
+        """The compressed offset read up to, if the raw stream can tell (a pipe cannot)."""
+        try:
+            return int(self._raw.tell())
+        except OSError:
+            return None
 
     def close(self) -> None:
         self._inner.close()

@@ -5,6 +5,11 @@ member or zstd frame; a multi-frame ``.tar.zst`` holds runs of the tar in frames
 index records every frame's compressed and uncompressed span, so a range of the
 uncompressed tar is one read of the frames that cover it, each decompressed whole: a
 sample of a per-sample shard is one read of exactly its compressed bytes.
+
+A shard of one frame (a ``.tar.zst`` written by ``tar --zstd``) has no frame to start
+a sample's read at: it is read from a decompressed copy of the whole shard where its
+source keeps one (:meth:`~indextar.source.base.ByteSource.decompressed_copy`: the shard
+cache), and refused elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import native
-from ..errors import TruncatedShardError
+from ..errors import CompressedShardError, TruncatedShardError
 from .base import ByteSource, Span, outside_error, split_members
 from .codecs import decompress_frame, zstd_context
 
@@ -41,7 +46,7 @@ class FramedSource(ByteSource):
         per data frame, in file order (the index's ``frames`` table).
     """
 
-    __slots__ = ("url", "raw", "codec", "_frames", "_size", "_columns", "_as_members")
+    __slots__ = ("url", "raw", "codec", "_frames", "_size", "_columns", "_as_members", "_whole")
 
     def __init__(self, raw: ByteSource, codec: str, frames: npt.NDArray[np.int64]):
         self.url = raw.url
@@ -59,6 +64,8 @@ class FramedSource(ByteSource):
         # (a local file's _mapread: the fstat in C, the copy guarded against SIGBUS).
         self._as_members = np.zeros((len(frames), 3), np.int64)
         self._as_members[:, 1] = frames[:, 1]
+        # One frame: every read goes to the whole shard decompressed, if raw keeps one.
+        self._whole = raw.decompressed_copy(codec, self._size) if len(frames) == 1 else None
 
     @property
     def size(self) -> int:
@@ -69,6 +76,15 @@ class FramedSource(ByteSource):
         frames that hold uncompressed bytes ``[offset, offset + length)``."""
         if offset < 0 or length < 0 or offset + length > self._size:
             raise outside_error(self.url, offset, length, self._size)
+        if len(self._frames) == 1:
+            raise CompressedShardError(
+                f"shard is one {self.codec} frame of {self._size} bytes decompressed: no read "
+                "can start inside it, so every sample would fetch and decompress all of it; "
+                "read it with remote='cache' (the cache keeps it decompressed), from the "
+                "front (StreamingTarDataset), or convert a copy into a frame per sample "
+                "(indextar recompress)",
+                shard=self.url,
+            )
         c_offsets, c_sizes, u_offsets, _ = self._columns
         first = bisect_right(u_offsets, offset) - 1
         last = max(first + 1, bisect_left(u_offsets, offset + length))
@@ -100,6 +116,8 @@ class FramedSource(ByteSource):
         return whole if skip == 0 and len(whole) == length else whole[skip : skip + length]
 
     def read(self, offset: int, length: int) -> bytes:
+        if self._whole is not None:
+            return self._whole.read(offset, length)
         # The common case, one whole frame (a sample of a per-sample shard), in few steps.
         c_offsets, c_sizes, u_offsets, u_sizes = self._columns
         first = bisect_right(u_offsets, offset) - 1
@@ -133,6 +151,10 @@ class FramedSource(ByteSource):
         """The members of the decompressed span, copied and its headers checked by
         ``_mapread`` where it is built (the reference, :func:`split_members`, in Python
         costs more than a small frame's decompression)."""
+        if self._whole is not None:
+            return self._whole.read_members(
+                offset, length, member_rows, first, count, ext_names, key
+            )
         span = self.read(offset, length)
         if _MAPREAD is not None and count <= _MAPREAD.MAX_MEMBERS:
             got = _MAPREAD.members(span, 0, member_rows, first, count, ext_names, key)
@@ -151,6 +173,8 @@ class FramedSource(ByteSource):
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` for each sample: a frame is read and decompressed on its own
         either way."""
+        if self._whole is not None:
+            return self._whole.read_members_many(spans, member_rows, ext_names)
         read = self.read_members
         return [
             read(offset, length, member_rows, first, count, ext_names, key)
@@ -158,6 +182,8 @@ class FramedSource(ByteSource):
         ]
 
     def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        if self._whole is not None:
+            return self._whole.read_many(offsets, lengths)
         spans = [self.compressed_span(o, n) for o, n in zip(offsets, lengths)]
         datas = self.raw.read_many([s[2] for s in spans], [s[3] for s in spans])
         return [
@@ -167,3 +193,5 @@ class FramedSource(ByteSource):
 
     def close(self) -> None:
         self.raw.close()
+        if self._whole is not None:
+            self._whole.close()

@@ -34,7 +34,7 @@ class RemoteStream(io.RawIOBase):
         self._buffer = memoryview(b"")
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ahead: list[concurrent.futures.Future[bytes]] = []
-        self._next = start
+        self._next = self._start = start
         self.fetched = 0
 
     def readable(self) -> bool:
@@ -68,6 +68,10 @@ class RemoteStream(io.RawIOBase):
         buffer[:n] = self._buffer[:n]
         self._buffer = self._buffer[n:]
         return n
+
+    def tell(self) -> int:
+        """The object's offset read up to (what decompression errors report)."""
+        return self._start + self.fetched - len(self._buffer)
 
     def skip(self, length: int) -> int:
         """Pass over the next ``length`` bytes without copying them; how many there were."""

@@ -13,7 +13,13 @@ from typing import Any
 
 from ..errors import ShardFormatError, TruncatedShardError
 
-__all__ = ["ZSTD_MAGIC", "compressed_message", "sniff_compression", "zstd_frame_spans"]
+__all__ = [
+    "ZSTD_MAGIC",
+    "compressed_message",
+    "sniff_compression",
+    "split_compression_suffix",
+    "zstd_frame_spans",
+]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -35,11 +41,26 @@ def sniff_compression(head: bytes) -> str | None:
     return None
 
 
+def split_compression_suffix(name: str) -> tuple[str, str | None]:
+    """``name`` without its compression suffix (``.tgz`` becomes ``.tar``), and the format
+    that suffix names; ``(name, None)`` if it has none.
+
+    >>> split_compression_suffix("a.tgz"), split_compression_suffix("a.tar")
+    (('a.tar', 'gzip'), ('a.tar', None))
+    """
+    lowered = name.lower()
+    for _, format_name, _, suffixes in _COMPRESSION_MAGIC:
+        for suffix in suffixes:
+            if lowered.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)] + (".tar" if suffix == ".tgz" else ""), format_name
+    return name, None
+
+
 def compressed_message(head: bytes, shard: str | None) -> str | None:
     """Why ``shard``, starting with ``head``, cannot be scanned, or ``None`` if not compressed."""
-    for magic, name, tool, suffixes in _COMPRESSION_MAGIC:
+    for magic, name, tool, _ in _COMPRESSION_MAGIC:
         if head.startswith(magic):
-            hint = _decompress_command(tool, suffixes, shard or "SHARD")
+            hint = _decompress_command(tool, shard or "SHARD")
             return (
                 f"shard is {name}-compressed; random access needs a plain, gzip- or "
                 f"zstd-compressed tar (decompress it first, for example: {hint})"
@@ -47,17 +68,16 @@ def compressed_message(head: bytes, shard: str | None) -> str | None:
     return None
 
 
-def _decompress_command(tool: str, suffixes: tuple[str, ...], shard: str) -> str:
+def _decompress_command(tool: str, shard: str) -> str:
     """A shell command that turns the compressed ``shard`` into a plain tar.
 
     ``gunzip`` and friends refuse names without their suffix, and compressed shards
     are often named ``.tar``: ``tool -dc`` works whatever the name.
     """
     quote = shlex.quote
-    for suffix in suffixes:
-        if shard.endswith(suffix) and len(shard) > len(suffix):
-            plain = shard[: -len(suffix)] + (".tar" if suffix == ".tgz" else "")
-            return f"{tool} -dc {quote(shard)} > {quote(plain)}"
+    plain, named = split_compression_suffix(shard)
+    if named == tool:
+        return f"{tool} -dc {quote(shard)} > {quote(plain)}"
     tmp = shard + ".tmp"
     return f"{tool} -dc {quote(shard)} > {quote(tmp)} && mv {quote(tmp)} {quote(shard)}"
 
