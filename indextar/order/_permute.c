@@ -14,7 +14,23 @@
  *   sizes   int64, each group's size, in [1, 2**62)
  *   keys    uint64, ROUNDS round keys per group, group-major
  *
- * Both compute exactly what permutation.py's numpy code does (KeyedPermutation._encrypt
+ * mixture_window(values, owners, start, width, window_keys, composition, shift,
+ *                sizes, keys, starts) -> None
+ *
+ *   One window of a mixture's epoch (order/mixture.py, MixtureOrder), in one call:
+ *   values  int64 positions in [start, start + width), replaced in place by the
+ *           dataset index drawn at each
+ *   owners  int64, written: the part of each position
+ *   window_keys  ROUNDS keys of the window's interleaving permutation of its width
+ *           slots, or empty for none (slot = position - start)
+ *   composition  int64, parts + 1: part s owns slots [composition[s], composition[s+1])
+ *   shift   int64 per part: a slot's offset in its part's current pass is slot + shift
+ *   sizes   int64 per part, each pass's size; keys: uint64 ROUNDS per part, the keys of
+ *           each part's current pass; starts: int64 per part, its first dataset index
+ *   A part whose shift is INT64_MIN (its draws in the window cross passes) is left to
+ *   the caller: its positions get owner s and value -1.
+ *
+ * All compute exactly what permutation.py's numpy code does (KeyedPermutation._encrypt
  * and _encrypt_grouped, with cycle walking); the tests compare them on random inputs.
  * numpy needs about thirty array passes over temporaries per element; here the
  * element stays in registers. A value out of range raises ValueError rather than
@@ -217,10 +233,132 @@ done:
     return result;
 }
 
+static int check_parts(Py_buffer *buffer, const char *name, Py_ssize_t want)
+{
+    if (buffer->len != want * 8) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %zd 8-byte integers; got %zd bytes",
+                     name, want, buffer->len);
+        return -1;
+    }
+    return 0;
+}
+
+#define BUCKET_BITS 6
+
+static PyObject *mixture_window(PyObject *self, PyObject *args)
+{
+    Py_buffer values, owners, window_keys, composition, shift, sizes, keys, starts;
+    long long start;
+    unsigned long long width;
+    if (!PyArg_ParseTuple(args, "w*w*LKy*y*y*y*y*y*:mixture_window", &values, &owners, &start,
+                          &width, &window_keys, &composition, &shift, &sizes, &keys, &starts))
+        return NULL;
+    PyObject *result = NULL;
+    unsigned char *bits = NULL;
+    Py_ssize_t *walking = NULL, *first_owner = NULL;
+    Py_ssize_t count = values.len / 8, parts = shift.len / 8;
+    if (check_words(&values, "values") < 0 || check_words(&shift, "shift") < 0 ||
+        check_parts(&owners, "owners", count) < 0 ||
+        check_parts(&composition, "composition", parts + 1) < 0 ||
+        check_parts(&sizes, "sizes", parts) < 0 || check_parts(&starts, "starts", parts) < 0 ||
+        check_parts(&keys, "keys", parts * ROUNDS) < 0)
+        goto done;
+    if (window_keys.len != 0 && window_keys.len != ROUNDS * 8) {
+        PyErr_Format(PyExc_ValueError, "need %d window keys or none; got %zd bytes", ROUNDS,
+                     window_keys.len);
+        goto done;
+    }
+    const int64_t *bounds = composition.buf, *shift_of = shift.buf, *size_of = sizes.buf;
+    const int64_t *start_of = starts.buf;
+    if (parts < 1 || width < 1 || width >= (1ULL << 62) || bounds[0] != 0 ||
+        (uint64_t)bounds[parts] != width) {
+        PyErr_Format(PyExc_ValueError, "composition must run from 0 to the width %llu over "
+                     ">= 1 parts", width);
+        goto done;
+    }
+    Py_ssize_t buckets = (Py_ssize_t)((width - 1) >> BUCKET_BITS) + 1;
+    bits = PyMem_Malloc(parts);
+    walking = PyMem_Malloc(count ? count * sizeof(Py_ssize_t) : 1);
+    first_owner = PyMem_Malloc(buckets * sizeof(Py_ssize_t));
+    if (bits == NULL || walking == NULL || first_owner == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < parts; s++) {
+        if (size_of[s] < 1 || size_of[s] >= (INT64_C(1) << 62) || bounds[s + 1] < bounds[s]) {
+            PyErr_Format(PyExc_ValueError, "part %zd: size %lld or composition out of range", s,
+                         (long long)size_of[s]);
+            goto done;
+        }
+        bits[s] = (unsigned char)domain_bits((uint64_t)size_of[s]);
+    }
+    uint64_t *data = values.buf;
+    int64_t *owner = owners.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t slot = (uint64_t)((int64_t)data[i] - start);
+        if ((int64_t)data[i] < start || slot >= width) {
+            PyErr_Format(PyExc_ValueError, "position %lld at [%zd] is not in [%lld, %lld)",
+                         (long long)data[i], i, start, start + (long long)width);
+            goto done;
+        }
+        data[i] = slot;
+    }
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    if (window_keys.len) {
+        uint64_t limit = width;
+        unsigned char window_bits = (unsigned char)domain_bits(width);
+        permute_all(data, count, NULL, &limit, &window_bits, window_keys.buf, walking);
+    }
+    /* Each slot's part: the part of the first slot of its run of 64 (a table built
+     * once), then forward past the bounds between. A binary search over a hundred
+     * parts mispredicts a branch or two per slot; this mostly takes none. */
+    for (Py_ssize_t b = 0, s = 0; b < buckets; b++) {
+        while (bounds[s + 1] <= (b << BUCKET_BITS))
+            s++;
+        first_owner[b] = s;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t slot = (int64_t)data[i];
+        Py_ssize_t s = first_owner[slot >> BUCKET_BITS];
+        while (bounds[s + 1] <= slot)
+            s++;
+        owner[i] = s;
+        data[i] = shift_of[s] == INT64_MIN ? 0 : (uint64_t)(slot + shift_of[s]);
+    }
+    bad = permute_all(data, count, owner, (const uint64_t *)size_of, bits, keys.buf, walking);
+    if (bad < 0)
+        for (Py_ssize_t i = 0; i < count; i++)
+            data[i] = shift_of[owner[i]] == INT64_MIN ? (uint64_t)-1
+                                                     : data[i] + (uint64_t)start_of[owner[i]];
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "offset %llu of part %lld at [%zd] is past its pass",
+                     (unsigned long long)data[bad], (long long)owner[bad], bad);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(first_owner);
+    PyMem_Free(walking);
+    PyMem_Free(bits);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&owners);
+    PyBuffer_Release(&window_keys);
+    PyBuffer_Release(&composition);
+    PyBuffer_Release(&shift);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&starts);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"permute", permute, METH_VARARGS, "Permute uint64 positions in place (one key)."},
     {"permute_grouped", permute_grouped, METH_VARARGS,
      "Permute uint64 positions in place, each through its group's key."},
+    {"mixture_window", mixture_window, METH_VARARGS,
+     "One window of a mixture's epoch: positions to dataset indices, in place."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import native
 from .epoch import plain_order
 from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
 
@@ -55,6 +56,10 @@ _TAG_PASS = 13
 _TAG_PART = 14
 
 Array = npt.NDArray[np.int64]
+
+_CROSSING = np.iinfo(np.int64).min
+"""``mixture_window``'s mark for a part whose draws in a window cross passes."""
+_NO_KEYS = np.empty(0, dtype=np.uint64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,16 @@ class MixtureOrder:
         ordered = positions[order] if order is not None else positions
         table = self._table(ordered)
         bounds = np.searchsorted(ordered, table.starts)
+        fused = self._fused()
+        if fused is not None:
+            result = np.empty_like(ordered)
+            for row in range(len(table.windows) - 1):
+                begin, end = int(bounds[row]), int(bounds[row + 1])
+                if begin < end:
+                    self._window(fused, table, row, ordered[begin:end], result[begin:end])
+            if order is not None:
+                result[order] = result.copy()
+            return result
         group = np.empty(ordered.size, dtype=np.int64)
         offset = np.empty_like(ordered)
         pairs = _PairTable()
@@ -169,6 +184,69 @@ class MixtureOrder:
         if counts.dtype == np.int64:  # c_s * t overflows int64; _floor_product splits t
             return _floor_product(counts, bounds, offsets, length)
         return np.array((counts[None, :] * bounds[:, None] + offsets[None, :]) // length)
+
+    def _fused(self) -> Any:
+        """``_permute.c``'s ``mixture_window``, for a shuffled order not in blocks, if built."""
+        if not self.shuffle or self.blocks:
+            return None
+        return getattr(native.permute(), "mixture_window", None)
+
+    def _window(self, fused: Any, table: _Table, row: int, positions: Array, out: Array) -> None:
+        """What :meth:`_interleave` and :meth:`_walk` give ``positions`` (in window ``row``),
+        in one C call: the dataset indices, into ``out``. A part whose draws in the
+        window cross passes is done here, as in :meth:`_interleave`."""
+        window = int(table.windows[row])
+        first = table.before[row].astype(np.int64)
+        counts = table.before[row + 1].astype(np.int64) - first
+        width = int(counts.sum())
+        start = int(table.starts[row])
+        composition = np.concatenate(([0], np.cumsum(counts)))
+        stream = self._drawn + first
+        passes = stream // self._sizes
+        crossing = (counts > 0) & ((stream + counts - 1) // self._sizes != passes)
+        shift = stream - passes * self._sizes - composition[:-1]
+        shift[crossing] = _CROSSING
+        window_keys = _NO_KEYS
+        if width > 1:
+            window_keys = np.array(
+                derive_round_keys(self.seed, _TAG_INTERLEAVE, self.epoch, window), dtype=np.uint64
+            )
+        owners = np.empty_like(positions)
+        out[:] = positions
+        fused(out, owners, start, width, window_keys, composition, shift, self._sizes,
+              self._current_keys(passes), self._starts)  # fmt: skip
+        for s in np.flatnonzero(crossing).tolist():
+            mine = np.flatnonzero(owners == s)
+            if not mine.size:
+                continue
+            shuffle = None
+            slots = positions[mine] - start
+            if width > 1:
+                shuffle = KeyedPermutation(width, tuple(int(k) for k in window_keys))
+                slots = shuffle.permute(slots)
+            rank = self._time_ranks(window, s, shuffle, composition)[slots - composition[s]]
+            drawn = int(stream[s]) + rank
+            size = self.part_sizes[s]
+            here = drawn // size
+            low = int(here.min())
+            keys = np.array(
+                [self._pass_keys(s, p) for p in range(low, int(here.max()) + 1)], dtype=np.uint64
+            )
+            local = permute_grouped(
+                drawn - here * size, here - low, np.full(len(keys), size, dtype=np.int64), keys
+            )
+            out[mine] = int(self._starts[s]) + local
+
+    def _current_keys(self, passes: Array) -> npt.NDArray[np.uint64]:
+        """The round keys of each part's pass ``passes[s]``, parts by rows."""
+        key = ("pass keys", passes.tobytes())
+        keys = self._cache.get(key)
+        if keys is None:
+            keys = np.array(
+                [self._pass_keys(s, p) for s, p in enumerate(passes.tolist())], dtype=np.uint64
+            )
+            self._remember(key, keys)
+        return keys
 
     def _interleave(
         self, table: _Table, row: int, positions: Array, group: Array, offset: Array,

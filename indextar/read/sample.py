@@ -76,6 +76,24 @@ class SampleBuilder:
         return result if self.transform is None else self.transform(result)
 
 
+def fields_template(fields: Sample, room: int = 2) -> Sample:
+    """``fields`` in a dict whose copies (``template.copy()``) take ``room + 2`` more
+    keys before they grow.
+
+    A sample's dict starts with its fields and then takes its members. Four fields
+    and two members fill a fresh dict's first table past its five keys, and growing
+    it costs a third of building the dict. ``dict.copy()`` keeps the table of a dict
+    with few deleted keys, so a template built larger and trimmed gives copies with
+    room; where it does not (another Python), a copy is an ordinary dict.
+    """
+    spare = [f"\0spare{i}" for i in range(room)]
+    template: Sample = dict.fromkeys([*fields, *spare])
+    for name in spare:
+        del template[name]
+    template.update(fields)
+    return template
+
+
 def parse_keys(keys: str | Sequence[str] | None) -> Fields | None:
     """``keys=`` as alternatives per place: ``("jpg;png", "cls")`` or ``"jpg;png cls"``.
 

@@ -156,3 +156,66 @@ def test_mixture_order_is_the_same_without_the_c_code(monkeypatch: pytest.Monkey
         epoch=order.epoch,
     )
     assert np.array_equal(fast, reference.indices(positions))
+
+
+def mixture_case(rng: np.random.Generator) -> MixtureOrder:
+    """Up to 120 parts: some empty, some tiny (their draws cross passes inside a
+    window), some large; counts that up- and downsample them."""
+    parts = int(rng.choice([1, 2, 3, 7, 120]))
+    kind = rng.integers(0, 3, parts)
+    sizes = np.where(kind == 0, 0, np.where(kind == 1, rng.integers(1, 60, parts),
+                                            rng.integers(1, 300_000, parts)))  # fmt: skip
+    if not sizes.any():
+        sizes[0] = 3
+    counts = np.where(sizes > 0, rng.integers(0, 200_000, parts), 0)
+    if not counts.any():
+        counts[int(np.flatnonzero(sizes)[0])] = 1
+    return MixtureOrder(
+        part_sizes=tuple(sizes.tolist()),
+        counts=tuple(counts.tolist()),
+        drawn_before=tuple(rng.integers(0, 10**7, parts).tolist()),
+        seed=int(rng.integers(2**63)),
+        epoch=int(rng.integers(0, 1000)),
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_mixture_window_equals_the_numpy_order(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mixture_window`` (one C call a window) gives the numpy path's indices: dense
+    runs as the sampler asks, scattered and unsorted positions, crossing passes."""
+    rng = np.random.default_rng(seed)
+    order = mixture_case(rng)
+    length = sum(order.counts)
+    dense = np.arange(int(rng.integers(0, length)), length, dtype=np.int64)[:70_000]
+    scattered = rng.integers(0, length, 3000)
+    fast = [order.indices(dense), order.indices(scattered)]
+    pure(monkeypatch)
+    reference = MixtureOrder(order.part_sizes, order.counts, order.drawn_before,
+                             seed=order.seed, epoch=order.epoch)  # fmt: skip
+    assert np.array_equal(fast[0], reference.indices(dense))
+    assert np.array_equal(fast[1], reference.indices(scattered))
+
+
+def test_mixture_window_bad_input_says_what() -> None:
+    c_code = native.permute()
+    assert c_code is not None
+    keys = np.array(derive_round_keys(1, 2), dtype=np.uint64)
+    part_keys = np.tile(keys, 2)
+    composition = np.array([0, 4, 10], dtype=np.int64)
+    args = (composition, np.array([0, -4], dtype=np.int64), np.array([5, 6], dtype=np.int64),
+            part_keys, np.array([0, 5], dtype=np.int64))  # fmt: skip
+    values = np.arange(100, 110, dtype=np.int64)
+    owners = np.empty_like(values)
+    c_code.mixture_window(values, owners, 100, 10, keys, *args)
+    assert np.array_equal(np.bincount(owners, minlength=2), [4, 6])
+    assert set(values[owners == 0].tolist()) <= set(range(5))
+    assert set(values[owners == 1].tolist()) <= set(range(5, 11))
+    with pytest.raises(ValueError, match=r"position 99 at \[0\] is not in \[100, 110\)"):
+        c_code.mixture_window(np.array([99], dtype=np.int64), owners[:1], 100, 10, keys, *args)
+    with pytest.raises(ValueError, match="composition must run from 0 to the width 11"):
+        c_code.mixture_window(values.copy(), owners, 100, 11, keys, *args)
+    with pytest.raises(ValueError, match="past its pass"):
+        shifted = (composition, np.array([3, -4], dtype=np.int64), *args[2:])
+        c_code.mixture_window(np.arange(100, 110, dtype=np.int64), owners, 100, 10, keys, *shifted)
+    with pytest.raises(ValueError, match="window keys"):
+        c_code.mixture_window(np.arange(100, 110, dtype=np.int64), owners, 100, 10, keys[:3], *args)

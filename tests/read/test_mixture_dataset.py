@@ -202,3 +202,35 @@ def test_a_batch_equals_its_samples_read_one_by_one(
         assert sources == {"big": 120, "small": 10, **({"list": 2} if len(data) == 132 else {})}
         only_small = data.__getitems__([125, 129])
         assert [s.get("__source__", s.get("source")) for s in only_small] == ["small"] * 2
+
+
+def test_a_parts_samples_are_fresh_dicts_in_field_order_after_pickling(
+    parts: dict[str, str],
+) -> None:
+    """Batch samples are copies of a per-part template: each its own dict, fields in
+    order, no template keys left over; a pickled mixture (a spawn worker) rebuilds it."""
+    data = indextar.MixtureDataset({"big": indextar.IndexedTarDataset(parts["big"])})
+    for mixture in (data, pickle.loads(pickle.dumps(data))):
+        first, second = mixture.__getitems__([0, 41])
+        assert list(first) == ["__key__", "__shard__", "__index__", "__source__", "cls", "txt"]
+        assert first is not second and second["__index__"] == 41
+        assert second["__shard__"].endswith("big-01.tar") and first["__shard__"].endswith("00.tar")
+        first["extra"] = 1
+        assert "extra" not in mixture.__getitems__([1])[0]
+
+
+def test_a_template_copy_takes_two_members_without_growing() -> None:
+    """The point of the template: on CPython a copy has room for the members."""
+    import platform
+    import sys
+
+    from indextar.read.sample import fields_template
+
+    template = fields_template({"__key__": None, "__shard__": "s", "__index__": None, "x": 1})
+    assert list(template) == ["__key__", "__shard__", "__index__", "x"]
+    copy = template.copy()
+    size = sys.getsizeof(copy)
+    copy.update({"cls": b"1", "txt": b"2"})
+    if platform.python_implementation() == "CPython":
+        assert sys.getsizeof(copy) == size
+    assert list(copy) == ["__key__", "__shard__", "__index__", "x", "cls", "txt"]
