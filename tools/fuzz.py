@@ -16,6 +16,12 @@ long-name chains) and runs one target on the result:
     :func:`indextar.tar.streamscan.scan_stream` over a file object read front to back
     (how remote shards are indexed), with and without ``ignore_zeros``: exactly
     :func:`indextar.scan_tar`'s result, or its error's class, offset and message.
+``native``
+    :func:`indextar.scan_tar` with the C walker first (as indextar runs), from the
+    bytes and from a file read with ``pread``, with and without ``ignore_zeros``:
+    exactly the result of the reference alone (``INDEXTAR_PURE_PYTHON``), or its
+    error's class, offset and message. PAX shards get a fractional ``mtime`` per
+    member half the time, as webdataset's writer does, which the C walker folds.
 
 A case passes if the target raises an :class:`indextar.IndextarError`, or returns a
 result that is internally consistent (every member's data inside the file, offsets
@@ -59,7 +65,7 @@ from pathlib import Path
 
 BLOCK = 512
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
-TARGETS = ("scan", "index", "stream", "streamscan")
+TARGETS = ("scan", "index", "stream", "streamscan", "native")
 EIB8 = 1 << 63
 
 
@@ -95,12 +101,14 @@ def random_members(rng: random.Random, fmt: str) -> dict[str, bytes | None]:
     return members
 
 
-def tar_bytes(members: dict[str, bytes | None], fmt: str) -> bytes:
+def tar_bytes(members: dict[str, bytes | None], fmt: str, *, mtime: float = 1_700_000_000) -> bytes:
+    """A tar of ``members`` in ``fmt``; a fractional ``mtime`` gives PAX shards a PAX
+    header per member, as webdataset's writer (tarfile, ``time.time()``) does."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=FORMATS[fmt]) as tf:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
-            info.mtime = 1_700_000_000
+            info.mtime = mtime
             if data is None:
                 info.type = tarfile.DIRTYPE
                 tf.addfile(info)
@@ -223,8 +231,23 @@ def mutate_size(rng: random.Random, buf: bytearray) -> str:
 
 
 def mutate_pax(rng: random.Random, buf: bytearray) -> str:
-    """Insert a PAX header (local or global) with forged records before a member."""
+    """Insert PAX headers (local or global) with forged records before a member."""
     at = _pick_header(rng, buf)
+    block = b"".join(forged_pax_block(rng) for _ in range(rng.choice([1, 1, 1, 2, 3])))
+    buf[at:at] = block
+    return f"PAX {block[156:157].decode()} {block[512:572]!r} and {len(block)} bytes before {at}"
+
+
+def forged_pax_block(rng: random.Random) -> bytes:
+    """A PAX header with records that matter, that do not (as writers give every
+    member), or that are malformed."""
+    harmless = [
+        ("mtime", "1700000000.25"),
+        ("atime", "1700000001.123456789"),
+        ("ctime", "1"),
+        ("uname", rng.choice(["root", "ö", ""])),
+        ("comment", "c" * rng.choice([1, 490, 600, 1500])),  # records spanning blocks
+    ]
     choices = [
         ("size", str(EIB8)),
         ("size", str(EIB8 - 1)),
@@ -239,8 +262,11 @@ def mutate_pax(rng: random.Random, buf: bytearray) -> str:
         ("linkpath", "y"),
         ("mtime", "nan"),
     ]
-    records = b"".join(pax_record(*rng.choice(choices)) for _ in range(rng.randint(1, 3)))
+    pool = harmless if rng.random() < 0.5 else harmless + choices
+    records = b"".join(pax_record(*rng.choice(pool)) for _ in range(rng.randint(1, 3)))
     if rng.random() < 0.25:  # a malformed record: wrong length, no '=', no newline, binary
+        first = pax_record(*rng.choice(harmless))
+        length, _, rest = first.partition(b" ")
         records = rng.choice(
             [
                 b"99999999999999999999 size=1\n",
@@ -250,6 +276,9 @@ def mutate_pax(rng: random.Random, buf: bytearray) -> str:
                 b"10 \xff\xfe=\xff\n",
                 records[:-1],
                 b"0 " * 40,
+                b"%d %s" % (int(length) + rng.choice([-1, 1, 100]), rest),  # its length lies
+                b"0" + first,  # a leading zero: one byte more than the length says
+                records + b"\0" * rng.randint(1, 20),  # NUL padding after the records
             ]
         )
     typeflag = b"g" if rng.random() < 0.2 else b"x"
@@ -258,8 +287,7 @@ def mutate_pax(rng: random.Random, buf: bytearray) -> str:
         raw, what = forged_size_field(rng)
         block[124:136] = raw
         fix_checksum(block, 0)
-    buf[at:at] = block
-    return f"PAX {typeflag.decode()} {records[:60]!r} before {at}"
+    return bytes(block)
 
 
 def mutate_longname(rng: random.Random, buf: bytearray) -> str:
@@ -391,7 +419,8 @@ def make_case(seed: int, number: int) -> Case:
     rng = random.Random(f"{seed}:{number}")
     fmt = rng.choice(list(FORMATS))
     members = random_members(rng, fmt)
-    buf = bytearray(tar_bytes(members, fmt))
+    mtime = 1_700_000_000.5 if fmt == "pax" and rng.random() < 0.5 else 1_700_000_000
+    buf = bytearray(tar_bytes(members, fmt, mtime=mtime))
     mutations = []
     # A few cases stay intact: the round trip must hold exactly there.
     for _ in range(0 if rng.random() < 0.05 else rng.choice([1, 1, 1, 2, 3])):
@@ -623,6 +652,52 @@ def run_streamscan(case: Case, outcome: Counter[str]) -> None:
     outcome["equals scan_tar" if expected[0] == "scanned" else "refused alike"] += 1
 
 
+def run_native(case: Case, outcome: Counter[str], folder: Path) -> None:
+    import mmap
+
+    from indextar import IndextarError, native, scan_tar
+
+    walker = native.tarwalk()
+    if walker is None:
+        outcome["skipped: the C walker is not built"] += 1
+        return
+    path = folder / "fuzz.tar"
+    path.write_bytes(case.data)
+
+    def result(pure: bool, from_file: bool, ignore_zeros: bool) -> tuple[object, ...]:
+        if pure:
+            os.environ[native.PURE_PYTHON_ENV] = "1"
+        try:
+            with open(path, "rb") as f:
+                # The map is left to the collector: an error's traceback may hold views.
+                mapped = from_file and case.data
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if mapped else case.data
+                s = scan_tar(buf, shard="fuzz.tar", fd=f.fileno() if mapped else None,
+                             ignore_zeros=ignore_zeros)  # fmt: skip
+        except IndextarError as e:
+            return ("refused", type(e).__name__, getattr(e, "offset", None), str(e))
+        finally:
+            os.environ.pop(native.PURE_PYTHON_ENV, None)
+        fields = ("names", "types", "header_offsets", "data_offsets", "sizes")
+        return ("scanned", *(list(getattr(s, f)) for f in fields), s.end_offset,
+                s.extension_headers)  # fmt: skip
+
+    for ignore_zeros in (False, True):
+        expected = result(True, False, ignore_zeros)
+        for from_file in (False, True):
+            got = result(False, from_file, ignore_zeros)
+            check(
+                got == expected,
+                f"C-first scan ({'file' if from_file else 'bytes'}, ignore_zeros={ignore_zeros}) "
+                f"differs from the reference: {got[:4]!r} vs {expected[:4]!r}",
+            )
+    status, *_, folded = walker.walk(case.data)
+    how = "C walked" if status == 0 else "C handed over"
+    if status == 0 and folded:
+        how += ", PAX folded"
+    outcome[f"{'equals reference' if expected[0] == 'scanned' else 'refused alike'}: {how}"] += 1
+
+
 # -- running ---------------------------------------------------------------------------
 
 
@@ -649,6 +724,8 @@ def run_case(
                     run_index(case, counts[target], Path(folder))
                 elif target == "streamscan":
                     run_streamscan(case, counts[target])
+                elif target == "native":
+                    run_native(case, counts[target], Path(folder))
                 else:
                     if "scan" not in targets:
                         with contextlib.suppress(Exception):

@@ -45,6 +45,12 @@ def test_fuzz_slice(seed: int) -> None:
     assert counts["index"]["indexed, verified, read back"] > 10, counts
     assert counts["stream"]["streamed, equals scan"] > 10, counts
     assert sum(n for k, n in counts["scan"].items() if k.startswith("refused")) > 50, counts
+    # The C walker both walks (folding PAX headers too) and hands over, as the reference scans.
+    native = counts["native"]
+    assert (
+        native["equals reference: C walked"] > 5 and native["equals reference: C handed over"] > 5
+    )
+    assert sum(n for k, n in native.items() if k.endswith("PAX folded")) > 1, native
 
 
 # -- inputs that once escaped as another exception, or allocated a forged size -------------
