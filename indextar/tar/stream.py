@@ -25,7 +25,7 @@ from .ext import EXTENSION_TYPES, GNU_LONGNAME, PendingExtensions
 from .fields import checksum_ok, header_name
 from .sparse import GNU_MULTIVOL, GNU_SPARSE, multivolume_error, sparse_error
 
-__all__ = ["StreamMember", "iter_members"]
+__all__ = ["StreamEntry", "StreamMember", "iter_entries", "iter_members"]
 
 _ZERO_BLOCK = bytes(BLOCK)
 _BUFFER = 1 << 20
@@ -48,6 +48,39 @@ class StreamMember:
     name: str
     data: bytes
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """Any entry read from a tar stream (a file, a directory, a link, ...), with the
+    blocks it takes: what a copy of it writes.
+
+    Attributes
+    ----------
+    name
+        Its full name (after GNU long names and PAX ``path`` records).
+    typeflag
+        Its type flag byte (``ord("0")`` for a regular file).
+    size
+        Its data size.
+    offset
+        Offset of its first header block (extension headers included).
+    blocks
+        Its header blocks as read (extension headers included), then its padded data.
+    data_start
+        Where its data starts in ``blocks``.
+    """
+
+    name: str
+    typeflag: int
+    size: int
+    offset: int
+    blocks: bytes
+    data_start: int
+
+    @property
+    def data(self) -> bytes:
+        return self.blocks[self.data_start : self.data_start + self.size]
 
 
 def _read_exact(stream: BinaryIO, length: int, shard: str, offset: int, what: str) -> bytes:
@@ -89,7 +122,23 @@ def iter_members(
         that ends inside a member or without the end-of-archive marker
         (:class:`TruncatedShardError`).
     """
+    return _read(stream, shard, ignore_zeros, every=False)  # type: ignore[return-value]
+
+
+def iter_entries(stream: BinaryIO, *, shard: str) -> Iterator[StreamEntry]:
+    """Yield every entry of the tar read from ``stream``, in order, with its blocks as
+    read (for a copy that keeps every header byte: names, modes, owners, times and
+    extension headers). Raises as :func:`iter_members` does."""
+    return _read(stream, shard, False, every=True)  # type: ignore[return-value]
+
+
+def _read(
+    stream: BinaryIO, shard: str, ignore_zeros: bool, *, every: bool
+) -> Iterator[StreamMember | StreamEntry]:
+    """:func:`iter_members`, or with ``every`` :func:`iter_entries`: one loop, so the
+    two read and refuse the same headers."""
     offset = 0
+    extension_blocks: list[bytes] = []  # with ``every``: the entry's headers so far
     pending = PendingExtensions(shard)  # the scanner's rules: which header wins
     chained = False  # extension headers precede this header
     ended = False  # with ignore_zeros: an end marker was passed since the last member
@@ -139,7 +188,14 @@ def iter_members(
         if extension:  # a long name runs to its NUL, padding included, as in the scanner
             data = padded_data if typeflag == GNU_LONGNAME else padded_data[:size]
             pending.read(typeflag, data, header_offset)
+            if every:
+                extension_blocks += (header, padded_data)
             continue
         name, start = pending.member(raw_name, header_offset)  # PAX sparse refused: any type
-        if typeflag in REGULAR_TYPES:
+        if every:
+            extension_blocks.append(header)
+            headers = b"".join(extension_blocks)
+            extension_blocks.clear()
+            yield StreamEntry(name, typeflag, size, start, headers + padded_data, len(headers))
+        elif typeflag in REGULAR_TYPES:
             yield StreamMember(name, padded_data[:size], start)

@@ -3,10 +3,11 @@
 :func:`recompress` reads any shard front to back (a plain tar, a ``.tar.gz`` or a
 ``.tar.zst`` of one frame or many) and writes a plain tar or a per-sample ``.tar.gz`` /
 ``.tar.zst`` (:class:`~indextar.write.tarwriter.TarWriter` with ``compress=``), whose
-index the writer records as it goes. Only the input's samples are kept: their members
-in order, under their own names; entries in no sample (directories, links, ``README``,
-``__meta__``) are dropped, and counted in the log. Nothing is held in memory but one
-sample.
+index the writer records as it goes. Every entry is kept, in order, its header blocks
+copied as they are, so ``tar tvf`` lists the same names, modes, owners and times: a
+sample's members are one frame, and each run of entries in no sample (directories,
+links, ``README``, ``__meta__``) one more. Nothing is held in memory but one sample
+(or up to 1 MiB of such entries).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from ..errors import CompressedShardError, SampleFormatError, ShardNotFoundError
 from ..index.naming import skip_reason, split_name
 from ..index.shard import PathLike, ShardIndex
 from ..source.codecs import CODECS, decompressed_stream
+from ..tar.blocks import REGULAR_TYPES
 from ..tar.compress import compressed_message, sniff_compression
-from ..tar.header import member_header, padded_size, padding
-from ..tar.stream import StreamMember, iter_members
-from .sample import TarSample
+from ..tar.stream import StreamEntry, iter_entries
 from .tarwriter import TarWriter
 
 __all__ = ["recompress", "open_decompressed"]
@@ -33,6 +33,7 @@ __all__ = ["recompress", "open_decompressed"]
 log = logging.getLogger(__name__)
 
 _BUFFER = 1 << 20
+_OTHER_RUN = 1 << 20  # bytes of entries in no sample that go into one frame
 
 
 @contextlib.contextmanager
@@ -61,7 +62,7 @@ def recompress(
     compress: str | None = None,
     index: bool = True,
 ) -> ShardIndex | None:
-    """Copy the samples of the shard ``source`` into ``target``, compressed per sample.
+    """Copy every entry of the shard ``source`` into ``target``, compressed per sample.
 
     Parameters
     ----------
@@ -69,7 +70,8 @@ def recompress(
         A local shard: plain, gzip- or zstd-compressed (one frame or many).
     target
         The new shard. It appears only once complete (written to a temporary file and
-        renamed), with its index next to it.
+        renamed), with its index next to it. Its entries are the source's, header
+        blocks and all; each sample is one gzip member or zstd frame.
     compress
         ``"gzip"``, ``"zstd"`` or ``None`` (a plain tar).
     index
@@ -84,62 +86,49 @@ def recompress(
     name = os.fspath(source)
     if Path(target).resolve() == Path(source).resolve():
         raise WriterError(f"recompress writes a new shard; the target is the source {name!r}")
-    dropped: dict[str, int] = {}
+    others: dict[str, int] = {}
     with open_decompressed(source) as stream, TarWriter(
         target, encoder=False, index=index, compress=compress
     ) as writer:  # fmt: skip
-        for sample in _samples(iter_members(stream, shard=name), name, dropped):
-            writer.append(sample)
-    if dropped:
-        log.info("recompress %s: dropped entries in no sample: %s", name, dropped)
+        for run in _runs(iter_entries(stream, shard=name), name, others):
+            writer.append_entries(run)
+    if others:
+        log.info("recompress %s: kept entries in no sample: %s", name, others)
     return writer.index
 
 
-def _samples(
-    members: Iterator[StreamMember], shard: str, dropped: dict[str, int]
-) -> Iterator[TarSample]:
-    """Consecutive members with one key, as :class:`TarSample` under their own names."""
-    key: str | None = None
-    group: list[StreamMember] = []
+def _runs(
+    entries: Iterator[StreamEntry], shard: str, others: dict[str, int]
+) -> Iterator[list[StreamEntry]]:
+    """The entries in runs, each written as one frame: a sample's members (consecutive
+    files with one key), or consecutive entries in no sample (counted in ``others`` by
+    why), up to about 1 MiB of them."""
+    key: str | None = None  # the run's sample, or None for entries in no sample
+    run: list[StreamEntry] = []
     exts: set[str] = set()
-    for member in members:
-        reason = skip_reason(member.name)
-        split = split_name(member.name) if reason is None else None
+    other_bytes = 0
+    for entry in entries:
+        reason = "not-a-file" if entry.typeflag not in REGULAR_TYPES else skip_reason(entry.name)
+        split = split_name(entry.name) if reason is None else None
         if split is None:
             reason = reason or "no-extension"
-            dropped[reason] = dropped.get(reason, 0) + 1
+            others[reason] = others.get(reason, 0) + 1
+            if run and (key is not None or other_bytes > _OTHER_RUN):
+                yield run
+                run, other_bytes = [], 0
+            key = None
+            other_bytes += len(entry.blocks)
+            run.append(entry)
             continue
         if split[0] != key:
-            if group:
-                yield _tar_sample(key, group)  # type: ignore[arg-type]
-            key, group, exts = split[0], [], set()
+            if run:
+                yield run
+            key, run, exts, other_bytes = split[0], [], set(), 0
         if split[1] in exts:
             raise SampleFormatError(
-                f"sample {key!r} has two {split[1]!r} members", shard=shard, offset=member.offset
+                f"sample {key!r} has two {split[1]!r} members", shard=shard, offset=entry.offset
             )
         exts.add(split[1])
-        group.append(member)
-    if group:
-        yield _tar_sample(key, group)  # type: ignore[arg-type]
-
-
-def _tar_sample(key: str, members: list[StreamMember]) -> TarSample:
-    parts: list[bytes | memoryview] = []
-    header_offsets, data_offsets, sizes = [], [], []
-    pos = 0
-    for member in members:
-        header = member_header(member.name, len(member.data))
-        header_offsets.append(pos)
-        data_offsets.append(pos + len(header))
-        sizes.append(len(member.data))
-        parts += (header, member.data, padding(len(member.data)))
-        pos += len(header) + padded_size(len(member.data))
-    return TarSample(
-        key=key,
-        parts=tuple(parts),
-        names=tuple(m.name for m in members),
-        header_offsets=tuple(header_offsets),
-        data_offsets=tuple(data_offsets),
-        sizes=tuple(sizes),
-        nbytes=pos,
-    )
+        run.append(entry)
+    if run:
+        yield run

@@ -1,6 +1,7 @@
 """Write one deterministic tar shard, and index it on close without reading it again.
 
-:class:`TarWriter` appends encoded samples (:mod:`indextar.write.sample`) to a hidden
+:class:`TarWriter` appends encoded samples (:mod:`indextar.write.sample`), or entries
+copied from another tar as they are (:meth:`TarWriter.append_entries`), to a hidden
 temporary file next to the shard, keeps every member's offsets as it goes, and on
 close renames the file into place and writes ``<shard>.idx.sqlite`` from those
 offsets. :class:`ClosingWriter` is the ``with`` behaviour it shares with
@@ -12,7 +13,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -24,12 +25,14 @@ from ..errors import WriterError
 from ..index.attributes import AttributeBuilder, OnError
 from ..index.compressed import CompressedLayout
 from ..index.meta import IndexMeta, _file_fingerprint
-from ..index.naming import group_members, split_name
+from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
+from ..index.spans import headers_name_their_keys
 from ..index.tables import write_index
 from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
+from ..tar.stream import StreamEntry
 from .sample import TarSample, encode_sample
 
 __all__ = [
@@ -167,6 +170,11 @@ class TarWriter(ClosingWriter):
         self._header_offsets: list[int] = []
         self._data_offsets: list[int] = []
         self._sizes: list[int] = []
+        # Of entries copied by append_entries: the type of each that is no regular file
+        # (by row), and each call's first header blocks (by offset), which the index's
+        # check that sample spans name their keys reads.
+        self._types: dict[int, int] = {}
+        self._copied_headers: dict[int, bytes] = {}
 
     # -- writing -----------------------------------------------------------------
 
@@ -224,6 +232,45 @@ class TarWriter(ClosingWriter):
         self._pos += sample.nbytes
         return sample.nbytes
 
+    def append_entries(self, entries: Sequence[StreamEntry]) -> int:
+        """Append entries copied from another tar as they are (their header blocks keep
+        names, modes, owners, times and extension headers), as one gzip member or zstd
+        frame when compressing; return the bytes they added.
+
+        The index groups them into samples as ``build_index`` would, and records the
+        entries in no sample (directories, links, files without an extension) as
+        skipped. Keys are not checked against earlier ones: a tar may hold a key in two
+        places, as its index then does.
+        """
+        self._check_open()
+        if self._attributes is not None:
+            raise WriterError(
+                "meta= reads the samples given to write() or append(), not copied entries",
+                shard=self.name,
+            )
+        if not entries:
+            return 0
+        try:
+            if self._compressor is None:
+                for entry in entries:
+                    self._file.write(entry.blocks)
+            else:
+                self._write_frame(b"".join([entry.blocks for entry in entries]))
+        except BaseException:
+            self._state = "failed"
+            raise
+        base = self._pos
+        self._copied_headers[base] = entries[0].blocks[: entries[0].data_start]
+        for entry in entries:
+            if entry.typeflag != _REGULAR:
+                self._types[len(self._names)] = entry.typeflag
+            self._names.append(entry.name)
+            self._header_offsets.append(self._pos)
+            self._data_offsets.append(self._pos + entry.data_start)
+            self._sizes.append(entry.size)
+            self._pos += len(entry.blocks)
+        return self._pos - base
+
     def _write_frame(self, data: bytes) -> None:
         """Compress ``data`` (the next bytes of the tar) as one frame and write it."""
         assert self._compressor is not None
@@ -260,6 +307,8 @@ class TarWriter(ClosingWriter):
             self.abort()
             raise WriterError("an earlier write failed; the shard was not written", shard=self.name)
         try:
+            # grouped first: copied entries that do not form samples leave no shard
+            grouped = self._scan_and_group() if self._index else None
             if self._compressor is None:
                 self._file.write(END_OF_ARCHIVE)
             else:
@@ -277,8 +326,8 @@ class TarWriter(ClosingWriter):
             self.abort()
             raise
         self._state = "closed"
-        if self._index:
-            self.index = self._write_index(self._path)
+        if grouped is not None:
+            self.index = self._write_index(self._path, *grouped)
         log.debug("wrote %s: %d samples, %d bytes", self._path, self.count, self._pos)
         return self.index
 
@@ -292,20 +341,38 @@ class TarWriter(ClosingWriter):
                 self._tmp.unlink(missing_ok=True)
                 self._tmp = None
 
-    def _write_index(self, path: Path) -> ShardIndex:
-        st = path.stat()
-        content_fingerprint = _file_fingerprint(path, st.st_size)
-        n = len(self._names)
+    def _scan_and_group(self) -> tuple[TarScan, Grouping]:
+        """The shard's entries as a scan of it would find them, grouped into samples."""
+        types = np.full(len(self._names), _REGULAR, dtype=np.uint8)
+        types[list(self._types)] = list(self._types.values())
         scan = TarScan(
             names=self._names,
-            types=np.full(n, _REGULAR, dtype=np.uint8),
+            types=types,
             header_offsets=np.asarray(self._header_offsets, dtype=np.int64),
             data_offsets=np.asarray(self._data_offsets, dtype=np.int64),
             sizes=np.asarray(self._sizes, dtype=np.int64),
             end_offset=self._pos,
             file_size=self._pos + len(END_OF_ARCHIVE),
         )
-        grouping = group_members(scan, shard=str(path))
+        return scan, group_members(scan, shard=self.name)
+
+    def _span_names(self, scan: TarScan, grouping: Grouping) -> bool:
+        """``IndexMeta.span_names``: whether every sample's span starts with headers that
+        name its key. The writer's own headers do; copied ones are checked as an index
+        build checks them (a sample that starts inside a copy: not checkable, so no)."""
+        if not self._copied_headers:
+            return True
+        copied = self._copied_headers
+        try:
+            return headers_name_their_keys(
+                lambda start, end: copied[start][: end - start], scan, grouping, shard=self.name
+            )
+        except KeyError:
+            return False
+
+    def _write_index(self, path: Path, scan: TarScan, grouping: Grouping) -> ShardIndex:
+        st = path.stat()
+        content_fingerprint = _file_fingerprint(path, st.st_size)
         meta = IndexMeta.describe(
             scan,
             grouping,
@@ -315,6 +382,7 @@ class TarWriter(ClosingWriter):
             fingerprint=content_fingerprint,
             compression=self.compress or "",
             uncompressed_size=self._pos + len(END_OF_ARCHIVE) if self.compress else 0,
+            span_names=self._span_names(scan, grouping),
         )
         layout = None
         if self.compress is not None:
