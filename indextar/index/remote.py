@@ -24,12 +24,11 @@ from typing import Any
 
 from ..atomic import write_atomic
 from ..errors import IndexFormatError, MissingIndexError, StaleIndexError
-from ..source.codecs import CODECS
 from ..source.conditional import RemoteStat, check_version
 from ..source.filesystems import filesystem
 from ..source.forward import ForwardReader, ScanMode
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
-from ..tar.compress import sniff_compression
+from ..tar.compress import sniff_codec
 from ..tar.streamscan import StreamedBytes, scan_stream
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
 from .naming import group_members
@@ -183,8 +182,8 @@ def scan_remote_shard(
     local.parent.mkdir(parents=True, exist_ok=True)
     stat = RangeSource(url, storage_options=storage_options).stat()
     source = RangeSource(url, expected=stat, storage_options=storage_options)
-    codec = sniff_compression(source.read(0, min(8, stat.size))) if stat.size else None
-    if codec is not None and codec in CODECS:  # .tar.gz, .tar.zst: from a temporary copy
+    codec = sniff_codec(source.read(0, min(8, stat.size))) if stat.size else None
+    if codec is not None:  # .tar.gz, .tar.zst: from a temporary copy
         index = index_compressed_object(url, source, stat, codec, local)
         return RemoteBuild(index, "download", stat.size)
     log.info("building the index of %s (%d bytes) from one forward read", url, stat.size)

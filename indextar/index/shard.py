@@ -25,9 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
-from ..source.codecs import CODECS
 from ..source.local import mapped_file
-from ..tar.compress import sniff_compression
+from ..tar.compress import sniff_codec
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attributes import (
@@ -267,11 +266,9 @@ def _refuse_to_drop_imports(existing: ShardIndex, meta: str) -> None:
 
 
 def _compression_of(shard: Path) -> str | None:
-    """``"gzip"`` or ``"zstd"`` if the shard starts as such a file does; ``None`` if it
-    does not (other formats are refused by the tar scanner, with a command to convert)."""
+    """:func:`~indextar.tar.compress.sniff_codec` of the shard's first bytes."""
     with open(shard, "rb") as f:
-        codec = sniff_compression(f.read(8))
-    return codec if codec in CODECS else None
+        return sniff_codec(f.read(8))
 
 
 def build_index(

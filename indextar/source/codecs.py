@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import IndextarError, ShardFormatError, TruncatedShardError
+from ..tar.compress import CODECS
 
 __all__ = [
     "CODECS",
@@ -27,8 +28,6 @@ __all__ = [
     "zstandard",
     "zstd_context",
 ]
-
-CODECS = ("gzip", "zstd")
 
 
 def zstandard() -> ModuleType:

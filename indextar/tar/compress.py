@@ -14,14 +14,20 @@ from typing import Any
 from ..errors import ShardFormatError, TruncatedShardError
 
 __all__ = [
+    "CODECS",
     "ZSTD_MAGIC",
     "compressed_message",
+    "sniff_codec",
     "sniff_compression",
     "split_compression_suffix",
     "zstd_frame_spans",
 ]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+CODECS = ("gzip", "zstd")
+"""The compressions indextar reads in place, indexed and at random; others are refused
+with a command that decompresses them (:func:`compressed_message`)."""
 
 # (magic, format, its command-line tool, the file name suffixes it goes with)
 _COMPRESSION_MAGIC = (
@@ -39,6 +45,13 @@ def sniff_compression(head: bytes) -> str | None:
         if head.startswith(magic):
             return name
     return None
+
+
+def sniff_codec(head: bytes) -> str | None:
+    """The codec of :data:`CODECS` that ``head`` starts as, or ``None`` (a plain tar, or
+    another compression, which the tar scanner refuses with a command to convert)."""
+    codec = sniff_compression(head)
+    return codec if codec in CODECS else None
 
 
 def split_compression_suffix(name: str) -> tuple[str, str | None]:
