@@ -53,6 +53,9 @@ def cluster(s3: SeaweedServer) -> Iterator[distributed.LocalCluster]:
             processes=True,
             host="127.0.0.1",
             dashboard_address=None,
+            # No dashboard, but the scheduler still serves HTTP, on 8787 unless told:
+            # any free port, so that a second cluster on this host cannot fail the test.
+            scheduler_kwargs={"dashboard_address": ":0"},
         ) as local:
             yield local
     finally:
