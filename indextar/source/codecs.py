@@ -1,4 +1,4 @@
-"""The compression libraries, imported lazily, and whole-frame decompression.
+"""The compression libraries, imported lazily; whole-frame and stream decompression.
 
 ``import indextar`` imports none of them: a gzip frame needs only :mod:`zlib`; zstd needs
 ``zstandard`` and a single-stream ``.tar.gz`` read through seek points ``indexed_gzip``,
@@ -8,23 +8,33 @@ each imported on first use with an ImportError that says what to install (the ex
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import os
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from ..errors import IndextarError, ShardFormatError, TruncatedShardError
-from ..tar.compress import CODECS
+from ..errors import (
+    CompressedShardError,
+    IndextarError,
+    ShardFormatError,
+    ShardNotFoundError,
+    TruncatedShardError,
+)
+from ..tar.compress import CODECS, compressed_message, sniff_compression
 
 __all__ = [
     "CODECS",
     "decompress_frame",
     "decompressed_stream",
+    "decompressing",
     "frame_compressor",
     "indexed_gzip",
+    "open_decompressed",
     "zstandard",
     "zstd_context",
 ]
@@ -178,3 +188,37 @@ def decompressed_stream(raw: Any, codec: str, *, shard: str) -> io.BufferedReade
     else:
         inner = zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     return io.BufferedReader(_CheckedReader(inner, raw, codec, shard), 1 << 20)
+
+
+@contextlib.contextmanager
+def decompressing(raw: Any, *, shard: str, reading: str) -> Iterator[Any]:
+    """The tar bytes of ``raw``, a buffered binary stream (``peek`` works), front to back:
+    ``raw`` itself for a plain tar, :func:`decompressed_stream` of it for gzip and zstd.
+    Another compression raises :class:`~indextar.errors.CompressedShardError` naming
+    ``shard``, with a command that decompresses it; ``reading`` says what needs the
+    plain tar (``"streaming"``)."""
+    head = raw.peek(8)[:8]
+    codec = sniff_compression(head)
+    if codec is None:
+        yield raw
+    elif codec in CODECS:
+        with decompressed_stream(raw, codec, shard=shard) as stream:
+            yield stream
+    else:
+        message = compressed_message(head, shard, reading=reading)
+        raise CompressedShardError(message or codec, shard=shard)
+
+
+@contextlib.contextmanager
+def open_decompressed(
+    path: str | os.PathLike[str], *, shard: str | None = None, reading: str
+) -> Iterator[Any]:
+    """:func:`decompressing` of the local file ``path`` (named ``shard`` in errors, by
+    default its path); a missing file raises :class:`~indextar.errors.ShardNotFoundError`."""
+    name = os.fspath(path) if shard is None else shard
+    try:
+        raw = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise ShardNotFoundError(f"shard {name!r} does not exist") from None
+    with raw, decompressing(raw, shard=name, reading=reading) as stream:
+        yield stream

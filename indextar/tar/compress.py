@@ -69,13 +69,16 @@ def split_compression_suffix(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def compressed_message(head: bytes, shard: str | None) -> str | None:
-    """Why ``shard``, starting with ``head``, cannot be scanned, or ``None`` if not compressed."""
+def compressed_message(
+    head: bytes, shard: str | None, *, reading: str = "random access"
+) -> str | None:
+    """Why ``shard``, starting with ``head``, cannot be scanned (or read as ``reading``
+    says, for example ``"streaming"``), or ``None`` if not compressed."""
     for magic, name, tool, _ in _COMPRESSION_MAGIC:
         if head.startswith(magic):
             hint = _decompress_command(tool, shard or "SHARD")
             return (
-                f"shard is {name}-compressed; random access needs a plain, gzip- or "
+                f"shard is {name}-compressed; {reading} needs a plain, gzip- or "
                 f"zstd-compressed tar (decompress it first, for example: {hint})"
             )
     return None

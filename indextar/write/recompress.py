@@ -12,47 +12,24 @@ links, ``README``, ``__meta__``) one more. Nothing is held in memory but one sam
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
 
-from ..errors import CompressedShardError, SampleFormatError, ShardNotFoundError, WriterError
+from ..errors import SampleFormatError, WriterError
 from ..index.naming import skip_reason, split_name
 from ..index.shard import PathLike, ShardIndex
-from ..source.codecs import CODECS, decompressed_stream
+from ..source.codecs import open_decompressed
 from ..tar.blocks import REGULAR_TYPES
-from ..tar.compress import compressed_message, sniff_compression
 from ..tar.stream import StreamEntry, iter_entries
 from .tarwriter import TarWriter
 
-__all__ = ["recompress", "open_decompressed"]
+__all__ = ["recompress"]
 
 log = logging.getLogger(__name__)
 
-_BUFFER = 1 << 20
 _OTHER_RUN = 1 << 20  # bytes of entries in no sample that go into one frame
-
-
-@contextlib.contextmanager
-def open_decompressed(path: PathLike) -> Iterator[BinaryIO]:
-    """The uncompressed tar bytes of the local shard ``path``, front to back."""
-    with contextlib.ExitStack() as stack:
-        try:
-            raw: Any = stack.enter_context(open(path, "rb", buffering=_BUFFER))
-        except FileNotFoundError:
-            raise ShardNotFoundError(f"shard {os.fspath(path)!r} does not exist") from None
-        head = raw.peek(8)[:8]
-        codec = sniff_compression(head)
-        stream: Any = raw
-        if codec in CODECS:
-            stream = stack.enter_context(decompressed_stream(raw, codec, shard=os.fspath(path)))
-        elif codec is not None:
-            message = compressed_message(head, os.fspath(path)) or codec
-            raise CompressedShardError(message, shard=os.fspath(path))
-        yield stream
 
 
 def recompress(
@@ -87,7 +64,7 @@ def recompress(
     if Path(target).resolve() == Path(source).resolve():
         raise WriterError(f"recompress writes a new shard; the target is the source {name!r}")
     others: dict[str, int] = {}
-    with open_decompressed(source) as stream, TarWriter(
+    with open_decompressed(source, reading="recompress") as stream, TarWriter(
         target, encoder=False, index=index, compress=compress
     ) as writer:  # fmt: skip
         for run in _runs(iter_entries(stream, shard=name), name, others):
