@@ -9,25 +9,25 @@ import time
 from typing import Any
 
 from ..errors import IndextarError
+from ..tar.compress import CODECS, split_compression_suffix
 from ..write.recompress import recompress
 from .options import add_options
 
 __all__ = ["add_compress_commands"]
 
-_CODEC_OF_SUFFIX = {".gz": "gzip", ".tgz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".tar": "none"}
-
-
 def _codec(target: str, given: str | None) -> str | None:
     """The target's compression: ``--to``, else its suffix; ``None`` for a plain tar."""
-    if given is None:
-        suffix = os.path.splitext(target)[1].lower()
-        if suffix not in _CODEC_OF_SUFFIX:
-            raise IndextarError(
-                f"cannot tell the compression of {target!r} from its name; end it in .tar, "
-                ".tar.gz or .tar.zst, or give --to gzip|zstd|none"
-            )
-        given = _CODEC_OF_SUFFIX[suffix]
-    return None if given == "none" else given
+    if given is not None:
+        return None if given == "none" else given
+    codec = split_compression_suffix(target)[1]
+    if codec in CODECS:
+        return codec
+    if codec is None and target.lower().endswith(".tar"):
+        return None
+    raise IndextarError(
+        f"cannot tell the compression of {target!r} from its name; end it in .tar, "
+        ".tar.gz or .tar.zst, or give --to gzip|zstd|none"
+    )
 
 
 def _cmd_recompress(args: argparse.Namespace) -> int:
