@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from .. import errors
 from ..errors import IndextarError
-from .attributes import OnError
+from .attribute_json import OnError
 from .fresh import fresh_by_listing, fresh_on_stat
 from .jobs import BuildOptions, ShardOutcome, build_shard, build_shards
 from .shard import PathLike, ShardIndex

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, StaleIndexError
 from ..patterns import is_url
 from ..source.forward import ScanMode
-from .attributes import OnError
+from .attribute_json import OnError
 from .decompress import DEFAULT_SEEK_SPACING
 from .fresh import cache_meta
 from .remote import open_remote_index, remote_index_path, scan_remote_shard, upload_index

@@ -29,14 +29,8 @@ from ..source.local import mapped_file
 from ..tar.compress import sniff_codec
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
-from .attributes import (
-    OnError,
-    attribute_sources,
-    has_attribute_table,
-    has_source,
-    json_source,
-    read_json_attributes,
-)
+from .attribute_json import OnError, read_json_attributes
+from .attributes import attribute_sources, has_attribute_table, has_source, json_source
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import WriterError
-from ..index.attributes import OnError
+from ..index.attribute_json import OnError
 from ..index.manifest import write_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import END_OF_ARCHIVE

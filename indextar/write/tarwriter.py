@@ -22,7 +22,7 @@ import numpy as np
 
 from ..atomic import create_temp
 from ..errors import WriterError
-from ..index.attributes import AttributeBuilder, OnError
+from ..index.attribute_json import AttributeBuilder, OnError
 from ..index.compressed import CompressedLayout
 from ..index.meta import IndexMeta, _file_fingerprint
 from ..index.naming import Grouping, group_members, split_name
