@@ -32,7 +32,7 @@ from ..source.local import mapped_file
 from ..source.remote import RangeSource
 from ..tar.compress import zstd_frame_spans
 from .compressed import CompressedLayout
-from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
+from .decompress import DEFAULT_SEEK_SPACING, CompressedScan, scan_compressed
 from .meta import IndexMeta, fingerprint
 from .shard import ShardIndex, _scan_for_index
 from .tables import write_index
@@ -63,8 +63,11 @@ def index_compressed_object(
         log.info("indexing %s from a %d-byte temporary copy", url, stat.size)
         with _naming(url, tmp):
             if codec == "zstd" and (frame := _only_zstd_frame(tmp, url)) is not None:
-                return _index_one_frame(url, tmp, frame, stat, local)
-            compressed = scan_compressed(tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing)
+                compressed = _scan_one_frame(url, tmp, frame, local)
+            else:
+                compressed = scan_compressed(
+                    tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing
+                )
     finally:
         tmp.unlink(missing_ok=True)
     meta = IndexMeta.describe(
@@ -106,11 +109,10 @@ def _only_zstd_frame(copy: Path, url: str) -> tuple[int, int] | None:
     return data[0] if len(data) == 1 else None
 
 
-def _index_one_frame(
-    url: str, copy: Path, frame: tuple[int, int], stat: RemoteStat, local: Path
-) -> ShardIndex:
-    """The index of a ``.tar.zst`` of one frame, from its tar decompressed into a second
-    temporary file and scanned as a plain shard."""
+def _scan_one_frame(url: str, copy: Path, frame: tuple[int, int], local: Path) -> CompressedScan:
+    """What :func:`~.decompress.scan_compressed` gives, for a ``.tar.zst`` of one frame
+    (which it refuses): its tar decompressed into a second temporary file and scanned as
+    a plain shard; the layout is the one frame."""
     fd, plain = create_temp(local)
     try:
         with open(copy, "rb") as raw, os.fdopen(fd, "wb") as out:
@@ -128,19 +130,5 @@ def _index_one_frame(
     finally:
         plain.unlink(missing_ok=True)
     log.info("%s is one zstd frame: %d bytes decompressed", url, plain_size)
-    meta = IndexMeta.describe(
-        scan,
-        grouping,
-        shard_name=url,
-        shard_size=stat.size,
-        shard_mtime_ns=0,
-        fingerprint=content_fingerprint,
-        etag=stat.etag,
-        span_names=span_names,
-        compression="zstd",
-        uncompressed_size=plain_size,
-        seek_spacing=0,
-    )
     layout = CompressedLayout("zstd", frames=np.array([[*frame, 0, plain_size]], np.int64))
-    write_index(local, meta, scan, grouping, layout=layout)
-    return ShardIndex(shard=url, path=local, meta=meta)
+    return CompressedScan(scan, grouping, content_fingerprint, span_names, layout, plain_size)
