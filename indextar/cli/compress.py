@@ -61,9 +61,10 @@ def add_compress_commands(sub: Any) -> None:
         "recompress",
         help="rewrite a shard with a gzip member or zstd frame per sample, and index it",
         description="Read a shard front to back (plain, .tar.gz, or .tar.zst of one frame or "
-        "many) and write its samples to a new shard, each sample its own gzip member or zstd "
-        "frame, indexed in the same pass: random access per sample, and still a .tar.gz / "
-        ".tar.zst that tar and webdataset read.",
+        "many) and copy every entry, header blocks and all, to a new shard, each sample its "
+        "own gzip member or zstd frame, indexed in the same pass: random access per sample, "
+        "and still a .tar.gz / .tar.zst that tar and webdataset read, listing the same "
+        "entries, modes, owners and times.",
     )
     add_options(p, json=True, quiet=True)
     p.add_argument("source", help="the shard to read (a local file)")

@@ -240,7 +240,7 @@ class TarWriter(ClosingWriter):
         The index groups them into samples as ``build_index`` would, and records the
         entries in no sample (directories, links, files without an extension) as
         skipped. Keys are not checked against earlier ones: a tar may hold a key in two
-        places, as its index then does.
+        places, as its index then does; nor counted in :attr:`count`.
         """
         self._check_open()
         if self._attributes is not None:
