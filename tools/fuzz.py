@@ -811,6 +811,10 @@ def fuzz(
             yield seed, list(range(number, stop)), targets, timeout, max_rss_mb
             number = stop
 
+    # An import that fails must fail here: in the workers' initializer the pool would
+    # start new workers for ever.
+    import indextar  # noqa: F401
+
     # A fresh process per run: RLIMIT_AS and SIGALRM stay out of the caller.
     ctx = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
     with ctx.Pool(
