@@ -15,20 +15,25 @@ not built, with zran itself (:func:`build_seek_points`).
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import struct
 import threading
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .. import native
 from ..errors import ShardFormatError, TruncatedShardError
 from . import base
 from .base import ByteSource, outside_error
 from .codecs import indexed_gzip
+from .spancache import SPAN_CACHE, SpanCache
 
 __all__ = ["SeekPoints", "GzipSeekSource", "build_seek_points"]
 
@@ -41,7 +46,7 @@ _ZRAN_POINT = struct.Struct("<QQBB")
 # seek; 64 KiB keeps a sample-sized read at about one spacing of work (measured: 0.9 ms
 # a 20 KB read at 1 MiB spacing, against 6.4 ms with the defaults).
 _BUFFER = 64 * 1024
-READ_AHEAD = 1 << 20
+_tokens = itertools.count()  # one per source object: its spans' key in the cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,23 @@ class SeekPoints:
                 out.write(zlib.decompress(window))
         return out.getvalue()
 
+    def windows_agree(self, fresh: SeekPoints) -> bool:
+        """Whether these windows hold what ``fresh``'s (just computed, sparse) ones do:
+        the same, or, for an index written before windows were sparse, whole windows
+        that agree with them at every byte they keep."""
+        if len(self.windows) != len(fresh.windows):
+            return False
+        for mine, theirs in zip(self.windows, fresh.windows):
+            if mine == theirs:
+                continue
+            if not mine or not theirs:
+                return False
+            whole = np.frombuffer(zlib.decompress(mine), np.uint8)
+            kept = np.frombuffer(zlib.decompress(theirs), np.uint8)
+            if len(whole) != WINDOW or not np.array_equal(whole[kept != 0], kept[kept != 0]):
+                return False
+        return True
+
     @classmethod
     def from_zran_index(cls, blob: bytes) -> SeekPoints:
         """Read ``indexed_gzip``'s exported index (version 1): its points and windows."""
@@ -106,18 +128,31 @@ class SeekPoints:
         *,
         compressed_size: int,
         spacing: int,
+        compressed: Any = None,
     ) -> SeekPoints:
         """The points ``_gunzip.c`` placed while it decompressed the whole file into
         ``data``: ``(compressed_offset, bits, uncompressed_offset, has_window)`` rows, each
         window the 32 KiB of ``data`` before its point. The point zran adds at the end of
-        the file is added too, so that the index is the one zran would export."""
+        the file is added too, so that the index is the one zran would export.
+
+        Given the ``compressed`` file too, each window keeps only the bytes that
+        decompression from its point can reference, the rest zero (``_gunzip.c``'s
+        ``sparse_windows``): zlib reads exactly as with the whole window, and a window
+        takes about 2 KB in the index instead of 20 KB (1 MiB spacing, the bench's
+        JPEG tar).
+        """
         if rows:
             rows = [*rows, (compressed_size, 0, len(data), 1)]
         points = np.array([row[:3] for row in rows], np.int64).reshape(-1, 3)
-        windows = tuple(
-            zlib.compress(_window(data, offset), 1) if has_window else b""
-            for _, _, offset, has_window in rows
-        )
+        gunzip = native.gunzip() if compressed is not None else None
+        if gunzip is not None:
+            kept = iter(gunzip.sparse_windows(compressed, data, [r[:3] for r in rows if r[3]], 1))
+            windows = tuple(next(kept) if has_window else b"" for *_, has_window in rows)
+        else:
+            windows = tuple(
+                zlib.compress(_window(data, offset), 1) if has_window else b""
+                for _, _, offset, has_window in rows
+            )
         return cls(compressed_size, len(data), spacing, points, windows)
 
 
@@ -180,6 +215,15 @@ class _RawFile(io.RawIOBase):
 class GzipSeekSource(ByteSource):
     """The uncompressed bytes of a single-stream gzip shard, read from seek points.
 
+    A read decompresses from the seek point before it (zlib, primed with the point's bit
+    offset and window by ``_gunzip.c``; where that is not built, zran) up to the read's
+    end, from one read of the compressed bytes in between. What it decompressed is kept
+    in the process's :data:`~indextar.source.spancache.SPAN_CACHE` under that point, so a
+    later read that ends before it is a copy. A read that goes on from where the last
+    one ended (block order), and the second read in a span, decompress the span to its
+    end; :meth:`read_many` (a batch) decompresses each span once for all of the batch's
+    reads in it.
+
     Parameters
     ----------
     raw
@@ -187,35 +231,196 @@ class GzipSeekSource(ByteSource):
     points
         Its seek points, from its index.
     local_path
-        The file's path when it is local: zran then reads it itself, not through
-        ``raw``.
+        The file's path when it is local: zran (the fallback) then reads it itself.
+    cache
+        Where decompressed spans are kept (default: the process's ``SPAN_CACHE``).
     """
 
-    def __init__(self, raw: ByteSource, points: SeekPoints, *, local_path: str | None = None):
+    def __init__(
+        self,
+        raw: ByteSource,
+        points: SeekPoints,
+        *,
+        local_path: str | None = None,
+        cache: SpanCache | None = None,
+    ):
         self.url = raw.url
         self.raw = raw
         self.points = points
         self.local_path = local_path
+        self.cache = SPAN_CACHE if cache is None else cache
+        self._setup()
+
+    def _setup(self) -> None:
+        rows = self.points.points
+        self._starts: list[int] = rows[:, 2].tolist()
+        self._token = next(_tokens)
+        self._gunzip = native.gunzip()
         self._file: Any = None
         self._generation = -1
         self._lock = threading.Lock()
-        # Reads in order (sample after sample) are served from one read-ahead block.
-        self._ahead = b""
-        self._ahead_at = -1
+        # The last span decompressed, served first: reads in order need no cache.
+        self._last_at = -1
+        self._last = b""
         self._last_end = -1
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_file=None, _generation=-1, _lock=None, _ahead=b"", _ahead_at=-1)
+        for name in ("_starts", "_token", "_gunzip", "_file", "_lock", "_last", "_last_at"):
+            del state[name]
+        state["cache"] = None if self.cache is SPAN_CACHE else self.cache
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        if self.cache is None:
+            self.cache = SPAN_CACHE
+        self._setup()
 
     @property
     def size(self) -> int:
         return self.points.uncompressed_size
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.points.uncompressed_size:
+            raise outside_error(self.url, offset, length, self.points.uncompressed_size)
+        with self._lock:
+            data = self._kept(offset, length)
+            if data is None:
+                data = self._read_on(offset, length) if offset == self._last_end else None
+            if data is None:
+                point = bisect.bisect_right(self._starts, offset) - 1
+                data = self._decompress(point, offset + length, offset == self._last_end)
+                at = offset - self._starts[point]
+                data = data[at : at + length]
+            self._last_end = offset + length
+        return data
+
+    def _read_on(self, offset: int, length: int) -> bytes | None:
+        """A read in order that starts in the last span decompressed and ends after it:
+        its head from there, the rest from the seek point where that span ends (else
+        ``None``)."""
+        at = offset - self._last_at
+        end_of_last = self._last_at + len(self._last)
+        if self._last_at < 0 or not 0 <= at < len(self._last):
+            return None
+        point = bisect.bisect_left(self._starts, end_of_last)
+        if point == len(self._starts) or self._starts[point] != end_of_last:
+            return None
+        head = self._last[at:]
+        return head + self._decompress(point, offset + length, True)[: length - len(head)]
+
+    def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Several ranges: those not kept are grouped by the seek point before them, and
+        each group's span decompressed once, to the furthest end it needs."""
+        size = self.points.uncompressed_size
+        out: list[bytes] = [b""] * len(offsets)
+        wanted: dict[int, list[int]] = {}
+        starts = self._starts
+        with self._lock:
+            for n, (offset, length) in enumerate(zip(offsets, lengths)):
+                if offset < 0 or length < 0 or offset + length > size:
+                    raise outside_error(self.url, offset, length, size)
+                data = self._kept(offset, length)
+                if data is None:
+                    wanted.setdefault(bisect.bisect_right(starts, offset) - 1, []).append(n)
+                else:
+                    out[n] = data
+            for point, group in sorted(wanted.items()):
+                end = max(offsets[n] + lengths[n] for n in group)
+                span = self._decompress(point, end, len(group) > 1)
+                for n in group:
+                    at = offsets[n] - starts[point]
+                    out[n] = span[at : at + lengths[n]]
+            if len(offsets):
+                self._last_end = offsets[-1] + lengths[-1]
+        return out
+
+    def _kept(self, offset: int, length: int) -> bytes | None:
+        """``[offset, offset + length)`` from the last span decompressed or the cache;
+        ``None`` where neither holds it."""
+        at = offset - self._last_at
+        if self._last_at >= 0 and at >= 0 and at + length <= len(self._last):
+            return self._last[at : at + length]
+        if not self.cache.budget:
+            return None
+        point = bisect.bisect_right(self._starts, offset) - 1
+        kept = self.cache.get((self._token, point))
+        at = offset - self._starts[point]
+        if kept is None or at + length > len(kept):
+            return None
+        self._last, self._last_at = kept, self._starts[point]
+        return kept[at : at + length]
+
+    def _decompress(self, point: int, end: int, whole: bool) -> bytes:
+        """The bytes from seek point ``point`` to at least ``end``: to the end of its
+        span where ``whole`` or where the cache already holds a part of it (a second
+        read in the span), kept in the cache and as the last span."""
+        starts = self._starts
+        start = starts[point]
+        if whole or (self._token, point) in self.cache:
+            after = bisect.bisect_left(starts, end, point + 1)  # the span that holds end
+            end = starts[after] if after < len(starts) else self.points.uncompressed_size
+        if self._gunzip is not None:
+            data = self._inflate(point, end)
+        else:
+            data = self._zran(point, end)
+        if len(data) != end - start:
+            raise TruncatedShardError(
+                f"the gzip stream gave {len(data)} of {end - start} bytes from the seek point "
+                f"at uncompressed offset {start}",
+                shard=self.url,
+                offset=start + len(data),
+            )
+        self._last, self._last_at = data, start
+        if self.cache.budget:
+            self.cache.put((self._token, point), data)
+        return data
+
+    def _inflate(self, point: int, end: int) -> bytes:
+        """zlib from seek point ``point`` to ``end``, reading the compressed bytes up to
+        the first point at or after ``end`` (all its output comes before them)."""
+        rows = self.points.points
+        c_offset, bits, u_offset = rows[point].tolist()
+        after = bisect.bisect_left(self._starts, end, point + 1)
+        c_end = int(rows[after, 0]) + 1 if after < len(rows) else self.raw.size
+        first = c_offset - 1 if bits else c_offset
+        c_end = min(c_end, self.raw.size)
+        compressed = self.raw.read(first, c_end - first)
+        blob = self.points.windows[point]
+        window = zlib.decompress(blob) if blob else b""
+        gunzip = self._gunzip
+        assert gunzip is not None
+        try:
+            data: bytes = gunzip.inflate_from(compressed, bits, window, end - u_offset)
+            return data
+        except ValueError as e:
+            at, _, message = str(e).partition(": ")
+            where = first + int(at) if at.isdigit() else c_offset
+            raise ShardFormatError(
+                f"corrupt gzip data at compressed byte offset {where}, decompressing from the "
+                f"seek point at compressed offset {c_offset} (uncompressed {u_offset}) "
+                f"({message or e})",
+                shard=self.url,
+                offset=where,
+            ) from e
+
+    def _zran(self, point: int, end: int) -> bytes:
+        """zran (``indexed_gzip``) from seek point ``point`` to ``end``."""
+        f = self._file
+        if f is None or self._generation != base._fork_generation:
+            f = self._open()
+        start = self._starts[point]
+        try:
+            f.seek(start)
+            data: bytes = f.read(end - start)
+        except Exception as e:  # zran's ZranError and its IOErrors
+            raise ShardFormatError(
+                f"cannot decompress {end - start} bytes from uncompressed offset {start} ({e})",
+                shard=self.url,
+                offset=start,
+            ) from e
+        return data
 
     def _open(self) -> Any:
         module = indexed_gzip()
@@ -239,63 +444,10 @@ class GzipSeekSource(ByteSource):
         self._file, self._generation = f, base._fork_generation
         return f
 
-    def read(self, offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0 or offset + length > self.points.uncompressed_size:
-            raise outside_error(self.url, offset, length, self.points.uncompressed_size)
-        with self._lock:
-            at = offset - self._ahead_at
-            if self._ahead_at >= 0 and at >= 0 and at + length <= len(self._ahead):
-                self._last_end = offset + length
-                return self._ahead[at : at + length]
-            f = self._file
-            if f is None or self._generation != base._fork_generation:
-                f = self._open()
-            # A read that starts where the last one ended (the next sample) reads ahead:
-            # zran's small reads each cost a restart, a block of them one.
-            in_order = offset == self._last_end
-            want = max(length, READ_AHEAD) if in_order else length
-            want = min(want, self.points.uncompressed_size - offset)
-            try:
-                self._move_to(f, offset)
-                data: bytes = f.read(want)
-            except Exception as e:  # zran's ZranError and its IOErrors
-                raise ShardFormatError(
-                    f"cannot decompress {length} bytes at uncompressed offset {offset} ({e})",
-                    shard=self.url,
-                    offset=offset,
-                ) from e
-            if in_order:
-                self._ahead, self._ahead_at = data, offset
-                data = data[:length]
-            self._last_end = offset + length
-        if len(data) != length:
-            raise TruncatedShardError(
-                f"the gzip stream gave {len(data)} of {length} bytes at uncompressed offset "
-                f"{offset}",
-                shard=self.url,
-                offset=offset,
-            )
-        return data
-
-    def _move_to(self, f: Any, offset: int) -> None:
-        """Seek ``f`` to ``offset``: by reading on where the stream already is between the
-        seek point before ``offset`` and ``offset`` (a shard read in order decompresses
-        each byte once), else from that seek point (zran's seek)."""
-        here = f.tell()
-        if here <= offset:
-            starts = self.points.points[:, 2]
-            before = int(starts[int(starts.searchsorted(offset, "right")) - 1])
-            if here >= before:
-                while here < offset:  # in pieces: at most one spacing, held briefly
-                    skipped = len(f.read(min(offset - here, 1 << 20)))
-                    if not skipped:
-                        break
-                    here += skipped
-                return
-        f.seek(offset)
-
     def close(self) -> None:
         f, self._file = self._file, None
         if f is not None and self._generation == base._fork_generation:
             f.close()
+        self._last, self._last_at = b"", -1
+        self.cache.drop(self._token)
         self.raw.close()

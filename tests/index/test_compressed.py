@@ -292,28 +292,38 @@ def test_verify_decompresses_again_and_compares_frames_and_points(tmp_path: Path
     ]
 
 
-def test_reads_in_order_are_served_from_a_read_ahead_block(
+def test_reads_in_order_decompress_each_span_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from indextar.source import gzipped
+    from indextar.source.spancache import SpanCache
 
-    monkeypatch.setattr(gzipped, "READ_AHEAD", 40_000)  # many block edges in a small shard
     files = members(300, size=6000)
     archive = gnu_targz(tmp_path, files)
     indextar.build_index(archive, seek_spacing=65536)
     ds = indextar.IndexedTarDataset(str(archive))
     source = ds._shard(0).source
     assert isinstance(source, gzipped.GzipSeekSource)
-    calls: list[int] = []
-    ds[0]
-    f = source._file
-    zran_read = f.read
-    monkeypatch.setattr(f, "read", lambda n=-1: calls.append(n) or zran_read(n), raising=False)
+    source.cache = SpanCache(0)  # no cache: the last span alone serves reads in order
+    spans: list[tuple[int, int]] = []
+    decompress = source._decompress
+
+    def recorded(point: int, end: int, whole: bool) -> bytes:
+        data = decompress(point, end, whole)
+        spans.append((point, source._starts[point] + len(data)))
+        return data
+
+    monkeypatch.setattr(source, "_decompress", recorded)
     want = expected(tar_bytes(files))
-    in_order = [ds[i]["bin"] for i in range(1, 300)]
-    assert in_order == [s["bin"] for s in want[1:]]
-    # 299 samples of ~6.6 KB: one zran read per 40 KB block (~6 samples), not per sample
-    assert len(calls) < 80 and all(n >= 40_000 for n in calls[1:-1])
-    # a jump goes back to a seek point, and in-order reads after it read ahead again
+    assert [ds[i]["bin"] for i in range(300)] == [s["bin"] for s in want]
+    in_order = spans[:]  # the jumps below add more
+    # ~2 MB in 64 KiB spans: after the first read (to its own end: nothing says the
+    # next will follow), each span decompressed once, to a seek point or the end
+    points = source._starts + [source.size]
+    assert in_order[0][0] == 0 and in_order[0][1] < 10_000 and in_order[1][0] == 0
+    assert [p for p, _ in in_order[1:]] == sorted({p for p, _ in in_order[1:]})
+    assert all(e in points for _, e in in_order[1:])
+    assert sum(e - points[p] for p, e in in_order[1:]) < source.size + 2 * 65536
+    # a jump goes back to a seek point, and reads in order after it read on again
     order = [250, 3, 4, 5, 120, 121, 7, 299, 298]
     assert [ds[i]["bin"] for i in order] == [want[i]["bin"] for i in order]
