@@ -25,7 +25,7 @@ from ..errors import (
     ShardNotFoundError,
     TruncatedShardError,
 )
-from ..tar.compress import CODECS, compressed_message, sniff_compression
+from ..tar.compress import CODECS, ZstdFrameWalk, compressed_message, sniff_compression
 
 __all__ = [
     "CODECS",
@@ -135,19 +135,46 @@ def frame_compressor(codec: str, level: int | None = None) -> Callable[[bytes], 
     raise ValueError(f"compress must be one of {', '.join(CODECS)} or None, got {codec!r}")
 
 
-class _CheckedReader(io.RawIOBase):
-    """A decompressing reader whose errors name the shard and the compressed offset."""
+class _Walked(io.RawIOBase):
+    """``raw``'s bytes, each also fed to a :class:`~indextar.tar.compress.ZstdFrameWalk`."""
 
-    def __init__(self, inner: Any, raw: Any, codec: str, shard: str):
+    def __init__(self, raw: Any, walk: ZstdFrameWalk):
+        super().__init__()
+        self._raw, self._walk = raw, walk
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        got = int(self._raw.readinto(buffer))
+        self._walk.feed(memoryview(buffer)[:got])
+        return got
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _CheckedReader(io.RawIOBase):
+    """A decompressing reader whose errors name the shard and the compressed offset.
+
+    zstd's reader stops where its input stops, even inside a frame: with ``walk`` (the
+    frames of what it read), the end of the output is checked to be a frame's end.
+    """
+
+    def __init__(
+        self, inner: Any, raw: Any, codec: str, shard: str, walk: ZstdFrameWalk | None = None
+    ):
         super().__init__()
         self._inner, self._raw, self._codec, self._shard = inner, raw, codec, shard
+        self._walk = walk
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         try:
-            return int(self._inner.readinto(buffer))
+            got = int(self._inner.readinto(buffer))
         except EOFError as e:
             offset = self._offset()
             raise TruncatedShardError(
@@ -164,6 +191,15 @@ class _CheckedReader(io.RawIOBase):
                 shard=self._shard,
                 offset=offset,
             ) from e
+        if got == 0 and len(buffer) and self._walk is not None and not self._walk.between_frames:
+            start, end = self._walk.frame_start, self._walk.offset
+            raise TruncatedShardError(
+                f"the {self._codec} stream is cut short: it ends at compressed byte offset "
+                f"{end}, inside the frame that starts at compressed byte offset {start}",
+                shard=self._shard,
+                offset=start,
+            )
+        return got
 
     def _offset(self) -> int | None:
         """The compressed offset read up to, if the raw stream can tell (a pipe cannot)."""
@@ -183,11 +219,17 @@ def decompressed_stream(raw: Any, codec: str, *, shard: str) -> io.BufferedReade
     :class:`~indextar.errors.TruncatedShardError` or
     :class:`~indextar.errors.ShardFormatError` naming ``shard`` and the compressed offset
     reached. zstd's skippable frames are skipped."""
+    walk = None
     if codec == "gzip":
         inner: Any = gzip.GzipFile(fileobj=raw, mode="rb")
     else:
-        inner = zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    return io.BufferedReader(_CheckedReader(inner, raw, codec, shard), 1 << 20)
+        walk = ZstdFrameWalk()
+        inner = (
+            zstandard()
+            .ZstdDecompressor()
+            .stream_reader(_Walked(raw, walk), read_across_frames=True)
+        )
+    return io.BufferedReader(_CheckedReader(inner, raw, codec, shard, walk), 1 << 20)
 
 
 @contextlib.contextmanager

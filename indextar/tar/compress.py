@@ -16,6 +16,7 @@ from ..errors import ShardFormatError, TruncatedShardError
 __all__ = [
     "CODECS",
     "ZSTD_MAGIC",
+    "ZstdFrameWalk",
     "compressed_message",
     "sniff_codec",
     "sniff_compression",
@@ -157,6 +158,82 @@ def zstd_frame_spans(buf: Any, *, shard: str | None = None) -> list[tuple[int, i
             raise _truncated(shard, start, "a zstd frame")
         spans.append((start, pos - start, True))
     return spans
+
+
+class ZstdFrameWalk:
+    """:func:`zstd_frame_spans` for a stream: fed a zstd file's bytes in order, it
+    follows the frames' headers and knows whether the bytes so far end between frames,
+    which tells a stream cut inside a frame (zstd's streaming reader then just stops)
+    from a complete one. Bytes that are no zstd frame stop the walk; the decompressor
+    reports those itself."""
+
+    __slots__ = ("offset", "frame_start", "_state", "_need", "_partial", "_skip", "_checksum")
+
+    def __init__(self) -> None:
+        self.offset = 0  # bytes fed so far
+        self.frame_start = 0  # where the frame being read starts
+        self._state = "magic"  # the field being read: magic, skip-size, descriptor, block
+        self._need = 4  # its length
+        self._partial = bytearray()  # its bytes so far
+        self._skip = 0  # bytes to pass over before the next field
+        self._checksum = 0
+
+    @property
+    def between_frames(self) -> bool:
+        """Whether the bytes fed so far end where a frame ends (or the walk stopped)."""
+        return self._state == "lost" or (
+            self._state == "magic" and not self._partial and not self._skip
+        )
+
+    def feed(self, data: Any) -> None:
+        """Follow the next bytes of the file."""
+        view = memoryview(data).cast("B")
+        at, size = 0, len(view)
+        while at < size and self._state != "lost":
+            if self._skip:
+                step = min(self._skip, size - at)
+                self._skip -= step
+                at += step
+                continue
+            if self._state == "magic" and not self._partial:
+                self.frame_start = self.offset + at
+            take = min(self._need - len(self._partial), size - at)
+            self._partial += view[at : at + take]
+            at += take
+            if len(self._partial) == self._need:
+                field = bytes(self._partial)
+                self._partial.clear()
+                self._field(field)
+        self.offset += size
+
+    def _field(self, field: bytes) -> None:
+        """Act on the field just read whole."""
+        if self._state == "magic":
+            if field[1:] == b"\x2a\x4d\x18" and field[0] & 0xF0 == 0x50:
+                self._state = "skip-size"
+            elif field == ZSTD_MAGIC:
+                self._state, self._need = "descriptor", 1
+            else:
+                self._state = "lost"
+        elif self._state == "skip-size":
+            self._state, self._skip = "magic", int.from_bytes(field, "little")
+        elif self._state == "descriptor":
+            descriptor = field[0]
+            single_segment = descriptor >> 5 & 1
+            fcs_size = _FCS_SIZES[descriptor >> 6] or single_segment
+            self._skip = (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3] + fcs_size
+            self._checksum = 4 * (descriptor >> 2 & 1)
+            self._state, self._need = "block", 3
+        else:  # a block header
+            header = int.from_bytes(field, "little")
+            kind = header >> 1 & 3
+            if kind == 3:  # reserved: corrupt, which the decompressor says
+                self._state = "lost"
+                return
+            self._skip = 1 if kind == 1 else header >> 3
+            if header & 1:  # the frame's last block, then its checksum if it has one
+                self._skip += self._checksum
+                self._state, self._need = "magic", 4
 
 
 def _little(view: memoryview, pos: int, length: int, frame: int, shard: str | None) -> int:
