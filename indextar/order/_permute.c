@@ -121,6 +121,25 @@ static int check_words(Py_buffer *buffer, const char *name)
     return 0;
 }
 
+/* Each group's domain_bits, after checking its size is in [1, 2**62); NULL with an
+ * exception set otherwise. The caller frees it. */
+static unsigned char *group_bits(const int64_t *sizes, Py_ssize_t groups)
+{
+    unsigned char *bits = PyMem_Malloc(groups ? groups : 1);
+    if (bits == NULL)
+        return (unsigned char *)PyErr_NoMemory();
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        if (sizes[g] < 1 || sizes[g] >= (INT64_C(1) << 62)) {
+            PyErr_Format(PyExc_ValueError, "sizes must be in [1, 2**62); got %lld at [%zd]",
+                         (long long)sizes[g], g);
+            PyMem_Free(bits);
+            return NULL;
+        }
+        bits[g] = (unsigned char)domain_bits((uint64_t)sizes[g]);
+    }
+    return bits;
+}
+
 static PyObject *permute(PyObject *self, PyObject *args)
 {
     Py_buffer values, keys;
@@ -186,19 +205,9 @@ static PyObject *permute_grouped(PyObject *self, PyObject *args)
         goto done;
     }
     const int64_t *size_of = sizes.buf;
-    bits = PyMem_Malloc(groups ? groups : 1);
-    if (bits == NULL) {
-        PyErr_NoMemory();
+    bits = group_bits(size_of, groups);
+    if (bits == NULL)
         goto done;
-    }
-    for (Py_ssize_t g = 0; g < groups; g++) {
-        if (size_of[g] < 1 || size_of[g] >= (INT64_C(1) << 62)) {
-            PyErr_Format(PyExc_ValueError, "sizes must be in [1, 2**62); got %lld at [%zd]",
-                         (long long)size_of[g], g);
-            goto done;
-        }
-        bits[g] = (unsigned char)domain_bits((uint64_t)size_of[g]);
-    }
     uint64_t *data = values.buf;
     const int64_t *group_of = group.buf;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -277,20 +286,20 @@ static PyObject *mixture_window(PyObject *self, PyObject *args)
         goto done;
     }
     Py_ssize_t buckets = (Py_ssize_t)((width - 1) >> BUCKET_BITS) + 1;
-    bits = PyMem_Malloc(parts);
-    walking = PyMem_Malloc(count ? count * sizeof(Py_ssize_t) : 1);
-    first_owner = PyMem_Malloc(buckets * sizeof(Py_ssize_t));
-    if (bits == NULL || walking == NULL || first_owner == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     for (Py_ssize_t s = 0; s < parts; s++) {
-        if (size_of[s] < 1 || size_of[s] >= (INT64_C(1) << 62) || bounds[s + 1] < bounds[s]) {
-            PyErr_Format(PyExc_ValueError, "part %zd: size %lld or composition out of range", s,
-                         (long long)size_of[s]);
+        if (bounds[s + 1] < bounds[s]) {
+            PyErr_Format(PyExc_ValueError, "composition decreases at part %zd", s);
             goto done;
         }
-        bits[s] = (unsigned char)domain_bits((uint64_t)size_of[s]);
+    }
+    bits = group_bits(size_of, parts);
+    if (bits == NULL)
+        goto done;
+    walking = PyMem_Malloc(count ? count * sizeof(Py_ssize_t) : 1);
+    first_owner = PyMem_Malloc(buckets * sizeof(Py_ssize_t));
+    if (walking == NULL || first_owner == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
     uint64_t *data = values.buf;
     int64_t *owner = owners.buf;

@@ -219,3 +219,10 @@ def test_mixture_window_bad_input_says_what() -> None:
         c_code.mixture_window(np.arange(100, 110, dtype=np.int64), owners, 100, 10, keys, *shifted)
     with pytest.raises(ValueError, match="window keys"):
         c_code.mixture_window(np.arange(100, 110, dtype=np.int64), owners, 100, 10, keys[:3], *args)
+    with pytest.raises(ValueError, match=r"sizes must be in \[1, 2\*\*62\); got 0 at \[1\]"):
+        unsized = (*args[:2], np.array([5, 0], dtype=np.int64), *args[3:])
+        c_code.mixture_window(np.arange(100, 110, dtype=np.int64), owners, 100, 10, keys, *unsized)
+    with pytest.raises(ValueError, match="composition decreases at part 1"):
+        backwards = (np.array([0, 11, 10], dtype=np.int64), *args[1:])
+        values = np.arange(100, 110, dtype=np.int64)
+        c_code.mixture_window(values, owners, 100, 10, keys, *backwards)
