@@ -36,6 +36,7 @@ from ..errors import SelectionError
 from ..index.attributes import attribute_columns, has_attribute_table, quote
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..patterns import is_url
+from .lookup import sample_keys
 from .remote_options import default_cache_root
 
 __all__ = [
@@ -297,8 +298,8 @@ def bucket_ids(data: Any, expression: str, boundaries: Sequence[float]) -> npt.N
     if missing.size:
         first = int(missing[0])
         position = first if base is data else int(data.base_indices(first))
-        shard_no, local = base.locate(position)
-        key = base._shard_index(shard_no).keys()[local]
+        shard_no, _ = base.locate(position)
+        key = next(sample_keys(base, [position]))
         raise SelectionError(
             f"{missing.size} of {values.size} samples have no value for {expression!r} "
             f"(the first: {key!r} in {base.shards[shard_no]!r}); select them out first "
