@@ -89,6 +89,7 @@ def many_small(folder: Path, count: int, report: Report) -> dict[str, float]:
             processes=True,
             host="127.0.0.1",
             dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": ":0"},  # its HTTP server, not on 8787
         ) as cluster,
         Client(cluster) as client,
     ):
