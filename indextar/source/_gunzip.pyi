@@ -8,7 +8,6 @@ def gunzip(
     list[tuple[int, int, int, int]],
     tuple[str, int, int, int, str] | None,
 ]: ...
-
 def sparse_windows(
     compressed: object, data: object, points: list[tuple[int, int, int]], level: int, /
 ) -> list[bytes]: ...

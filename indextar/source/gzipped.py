@@ -386,6 +386,13 @@ class GzipSeekSource(ByteSource):
         c_end = int(rows[after, 0]) + 1 if after < len(rows) else self.raw.size
         first = c_offset - 1 if bits else c_offset
         c_end = min(c_end, self.raw.size)
+        if c_end <= first:
+            raise TruncatedShardError(
+                f"the gzip file has {self.raw.size} bytes: it ends before the seek point at "
+                f"compressed offset {c_offset} (uncompressed {u_offset})",
+                shard=self.url,
+                offset=c_offset,
+            )
         compressed = self.raw.read(first, c_end - first)
         blob = self.points.windows[point]
         window = zlib.decompress(blob) if blob else b""
@@ -393,7 +400,6 @@ class GzipSeekSource(ByteSource):
         assert gunzip is not None
         try:
             data: bytes = gunzip.inflate_from(compressed, bits, window, end - u_offset)
-            return data
         except ValueError as e:
             at, _, message = str(e).partition(": ")
             where = first + int(at) if at.isdigit() else c_offset
@@ -404,6 +410,16 @@ class GzipSeekSource(ByteSource):
                 shard=self.url,
                 offset=where,
             ) from e
+        if len(data) < end - u_offset and self.raw.size >= self.points.compressed_size:
+            # not cut short (that is the TruncatedShardError of _decompress): corrupt
+            raise ShardFormatError(
+                f"corrupt gzip data: compressed bytes [{first}, {c_end}) gave {len(data)} "
+                f"bytes from the seek point at uncompressed offset {u_offset}, where the index "
+                f"has {end - u_offset}",
+                shard=self.url,
+                offset=first,
+            )
+        return data
 
     def _zran(self, point: int, end: int) -> bytes:
         """zran (``indexed_gzip``) from seek point ``point`` to ``end``."""
