@@ -112,8 +112,9 @@ def ensure_shard(data_set: DataSet, data_dir: Path, report: Report) -> Path:
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     rng = np.random.default_rng(SEED)
-    # tarfile's default (PAX) format, as webdataset's TarWriter writes: plain ustar
-    # headers for these short ASCII names.
+    # tarfile's default (PAX) format with a whole-second mtime: plain ustar headers for
+    # these short ASCII names. (webdataset's TarWriter sets a fractional mtime, so each
+    # of its members gets a PAX header too: the dataset and compressed sections' shards.)
     with tarfile.open(tmp, "w") as tar:
         for i in range(data_set.samples):
             for ext in data_set.exts:
