@@ -15,6 +15,7 @@ from .options import add_options
 
 __all__ = ["add_compress_commands"]
 
+
 def _codec(target: str, given: str | None) -> str | None:
     """The target's compression: ``--to``, else its suffix; ``None`` for a plain tar."""
     if given is not None:
