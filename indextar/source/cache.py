@@ -178,7 +178,7 @@ class ShardCache:
         except BaseException as e:
             part.unlink(missing_ok=True)
             if isinstance(e, OSError) and not isinstance(e, IndextarError):
-                raise self._disk_error(e, url, expected.size) from e
+                raise self._disk_error(e, url, size) from e
             raise
         finally:
             source.close()
