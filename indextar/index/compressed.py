@@ -27,7 +27,8 @@ import numpy.typing as npt
 from ..errors import IndexFormatError
 from ..source.base import ByteSource
 from ..source.frames import FramedSource
-from ..source.gzipped import GzipSeekSource, SeekPoints
+from ..source.gzipped import GzipSeekSource
+from ..source.seekpoints import SeekPoints
 from .meta import IndexMeta, _connect_ro
 
 __all__ = ["CompressedLayout", "decompressing_source", "read_layout"]

@@ -11,7 +11,7 @@ random access will need is recorded on the way (:class:`~.compressed.CompressedL
 * a single-stream ``.tar.gz`` (``tar czf``, webdataset's ``.tgz``): zran seek points
   every ``seek_spacing`` bytes, placed by ``_gunzip.c`` in the same pass that
   decompresses and checks the file (where it is not built, by
-  :func:`~indextar.source.gzipped.build_seek_points` in a second pass), their windows
+  :func:`~indextar.source.seekpoints.build_seek_points` in a second pass), their windows
   made sparse in a thread while the tar is scanned;
 * a ``.tar.zst`` of one frame is refused: zstd cannot resume inside a frame, so it is
   read from the front only (streaming) or converted (``indextar recompress``).
@@ -39,7 +39,7 @@ import numpy as np
 from .. import native
 from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
 from ..source.codecs import decompress_frame
-from ..source.gzipped import MIN_SPACING, SeekPoints, build_seek_points
+from ..source.seekpoints import MIN_SPACING, SeekPoints, build_seek_points
 from ..tar.compress import zstd_frame_spans
 from ..tar.scan import TarScan, scan_tar
 from .compressed import CompressedLayout
@@ -57,7 +57,7 @@ Frames = list[tuple[int, int, int, int]]
 DEFAULT_SEEK_SPACING = 1 << 17
 """Uncompressed bytes between seek points: a sample-sized read decompresses 64 KiB on
 average before its first byte (ratarmount's 16 MiB spacing costs 128 times that). The
-windows are sparse (:meth:`~indextar.source.gzipped.SeekPoints.from_decompressed`), so
+windows are sparse (:meth:`~indextar.source.seekpoints.SeekPoints.from_decompressed`), so
 the index of the bench's 253 MB JPEG tar holds 3.5 MB of them at this spacing, where
 whole windows took 5 MB at 1 MiB."""
 

@@ -24,8 +24,9 @@ from indextar import native
 from indextar.errors import ShardFormatError, TruncatedShardError
 from indextar.index.compressed import read_layout
 from indextar.source import spancache
-from indextar.source.gzipped import GzipSeekSource, SeekPoints, build_seek_points
+from indextar.source.gzipped import GzipSeekSource
 from indextar.source.local import open_source
+from indextar.source.seekpoints import SeekPoints, build_seek_points
 from indextar.source.spancache import SPAN_CACHE, SpanCache
 
 SPACING = 1 << 16
