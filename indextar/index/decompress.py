@@ -12,7 +12,7 @@ random access will need is recorded on the way (:class:`~.compressed.CompressedL
   every ``seek_spacing`` bytes, placed by ``_gunzip.c`` in the same pass that
   decompresses and checks the file (where it is not built, by
   :func:`~indextar.source.seekpoints.build_seek_points` in a second pass), their windows
-  made sparse in a thread while the tar is scanned;
+  made sparse on a second thread as the pass goes;
 * a ``.tar.zst`` of one frame is refused: zstd cannot resume inside a frame, so it is
   read from the front only (streaming) or converted (``indextar recompress``).
 
@@ -27,8 +27,6 @@ import mmap
 import os
 import shlex
 import zlib
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -90,33 +88,14 @@ def scan_compressed(
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             content_fingerprint = fingerprint(mm, size)
-            data, made = _decompress(memoryview(mm), codec, shard=shard, seek_spacing=seek_spacing)
-            layout: CompressedLayout | Future[CompressedLayout] | None = None
-            if isinstance(made, CompressedLayout):
-                layout = made
-                scanned = _scan(data, shard, ignore_zeros)
-            else:
-                # The seek points' windows are made in C without the GIL, beside the
-                # tar's scan: on a second core they add nothing to the build's time.
-                with ThreadPoolExecutor(1) as pool:
-                    layout = pool.submit(made)
-                    try:
-                        scanned = _scan(data, shard, ignore_zeros)
-                    finally:
-                        wait([layout])  # the map stays open while the windows read it
+            data, layout = decompress_shard(
+                memoryview(mm), codec, shard=shard, seek_spacing=seek_spacing
+            )
         finally:
             with contextlib.suppress(BufferError):
                 # An error's traceback still holds views of the map; it is unmapped
                 # when that exception is collected.
                 mm.close()
-    if isinstance(layout, Future):
-        layout = layout.result()
-    assert layout is not None
-    scan, grouping, named = scanned
-    return CompressedScan(scan, grouping, content_fingerprint, named, layout, len(data))
-
-
-def _scan(data: bytearray, shard: Path, ignore_zeros: bool) -> tuple[TarScan, Grouping, bool]:
     try:
         scan = scan_tar(data, shard=str(shard), ignore_zeros=ignore_zeros)
         grouping = group_members(scan, shard=str(shard))
@@ -125,30 +104,23 @@ def _scan(data: bytearray, shard: Path, ignore_zeros: bool) -> tuple[TarScan, Gr
         raise
     # a bytearray reads as bytes do; cast rather than copy the whole tar
     named = spans_name_their_keys(cast(bytes, data), scan, grouping, shard=str(shard))
-    return scan, grouping, named
+    return CompressedScan(scan, grouping, content_fingerprint, named, layout, len(data))
 
 
 def decompress_shard(
     buf: memoryview, codec: str, *, shard: Path, seek_spacing: int = DEFAULT_SEEK_SPACING
 ) -> tuple[bytearray, CompressedLayout]:
     """The decompressed tar of the compressed file ``buf`` at ``shard``, and its layout."""
-    data, made = _decompress(buf, codec, shard=shard, seek_spacing=seek_spacing)
-    return data, made if isinstance(made, CompressedLayout) else made()
-
-
-def _decompress(
-    buf: memoryview, codec: str, *, shard: Path, seek_spacing: int
-) -> tuple[bytearray, CompressedLayout | Callable[[], CompressedLayout]]:
-    """The decompressed tar and its layout, or where work is left (the seek points'
-    windows, made from ``buf`` and the tar), the function that does it."""
     # One pass where _gunzip.c is built: zlib decompresses and checks, the points are
-    # placed on the way. The reference: zlib's checked pass, then zran's to place the
-    # points (zran alone does not notice a truncated file; the two passes in two threads
-    # were slower on this 2-core machine under load: 1.4-1.9 s against 0.8-1.0 s a 100 MB).
+    # placed on the way and their windows made on a second thread. The reference: zlib's
+    # checked pass, then zran's to place the points (zran alone does not notice a
+    # truncated file; the two passes in two threads were slower on this 2-core machine
+    # under load: 1.4-1.9 s against 0.8-1.0 s a 100 MB).
     gunzip = native.gunzip() if codec == "gzip" else None
     rows: list[tuple[int, int, int, int]] | None = None
+    windows: list[bytes] | None = None
     if gunzip is not None:
-        data, frames, rows = _gunzip_one_pass(gunzip, buf, str(shard), seek_spacing)
+        data, frames, rows, windows = _gunzip_one_pass(gunzip, buf, str(shard), seek_spacing)
     elif codec == "gzip":
         data, frames = _gunzip_members(buf, str(shard))
     else:
@@ -158,15 +130,10 @@ def _decompress(
         return data, CompressedLayout(codec, frames=np.array(frames, np.int64).reshape(-1, 4))
     spacing = max(seek_spacing, MIN_SPACING)
     if rows is not None:
-        found = rows
-
-        def sparse_points() -> CompressedLayout:
-            points = SeekPoints.from_decompressed(
-                found, data, compressed_size=len(buf), spacing=spacing, compressed=buf
-            )
-            return CompressedLayout(codec, seek_points=points)
-
-        return data, sparse_points
+        points = SeekPoints.from_decompressed(
+            rows, data, compressed_size=len(buf), spacing=spacing, made=windows, compressed=buf
+        )
+        return data, CompressedLayout(codec, seek_points=points)
     points = build_seek_points(str(shard), spacing=seek_spacing)
     if points.uncompressed_size != len(data):
         raise ShardFormatError(
@@ -227,10 +194,10 @@ def _gunzip_members(buf: memoryview, shard: str) -> tuple[bytearray, Frames]:
 
 def _gunzip_one_pass(
     gunzip: ModuleType, buf: memoryview, shard: str, seek_spacing: int
-) -> tuple[bytearray, Frames, list[tuple[int, int, int, int]]]:
-    """:func:`_gunzip_members` and the seek points in one pass, by ``_gunzip.c``, with
-    the same errors."""
-    data, frames, rows, error = gunzip.gunzip(buf, max(seek_spacing, MIN_SPACING))
+) -> tuple[bytearray, Frames, list[tuple[int, int, int, int]], list[bytes]]:
+    """:func:`_gunzip_members`, the seek points and their sparse windows in one pass,
+    by ``_gunzip.c``, with the same errors."""
+    data, frames, rows, error, windows = gunzip.gunzip(buf, max(seek_spacing, MIN_SPACING), 1)
     if error is not None:
         kind, start, chunk_start, chunk_end, message = error
         if kind == "truncated":
@@ -247,7 +214,7 @@ def _gunzip_one_pass(
             shard=shard,
             offset=at,
         )
-    return data, frames, rows
+    return data, frames, rows, windows
 
 
 def _unzstd_frames(buf: memoryview, shard: str) -> tuple[bytearray, Frames]:

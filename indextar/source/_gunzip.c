@@ -1,9 +1,11 @@
 /* A gzip file decompressed and checked in one pass, its seek points placed on the way.
  *
- * gunzip(data, spacing) -> (bytearray, members, points, error)
+ * gunzip(data, spacing[, level]) -> (bytearray, members, points, error, windows)
  *
  *   data      the whole compressed file (any buffer: an mmap, bytes)
  *   spacing   uncompressed bytes between seek points (at least 64 KiB)
+ *   level     with a zlib level (0-9), the windows are made too, sparse and compressed,
+ *             on a second thread as the pass goes (see "Sparse windows" below)
  *
  *   bytearray the decompressed bytes of every gzip member, one after the other
  *   members   [(compressed_offset, compressed_size, uncompressed_offset, uncompressed_size)]
@@ -19,6 +21,8 @@
  *             bytes in [chunk_start, chunk_end): a bad header, a bad deflate block, a
  *             CRC32 or ISIZE that does not match; trailing garbage is a member whose
  *             header is bad)
+ *   windows   without a level, None; else the window of every point with has_window
+ *             (in order), sparse and zlib-compressed ([] after an error)
  *
  * zlib checks every member's CRC32 and ISIZE itself (windowBits 31: gzip only). Input is
  * fed in chunks that grow from 4 KiB to 1 MiB, as the Python reference feeds it, so an
@@ -26,12 +30,236 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
 #define MIN_OUT_SPACE (256 * 1024)
 #define MAX_CHUNK (1 << 20)
+#define WINDOW 32768
+
+/* Sparse windows.
+ *
+ * A point's 32 KiB window with every byte that decompression from the point cannot
+ * reference set to zero: what is left compresses to little, and zlib reads from the
+ * point exactly as with the whole window.
+ *
+ * Only the first 32 KiB of output after a point can reach back into its window (a
+ * deflate distance is at most 32 KiB), and the parse of the compressed bits (literals,
+ * lengths, distances) does not depend on the window's bytes. So those 32 KiB are
+ * inflated once more with a probe window whose byte i is i & 0xFF. An output byte at p
+ * copied from window position s is probe[s] = s & 0xFF in the probe run and window[s]
+ * in the real output; a literal is the same in both. Kept are:
+ *   - every s whose real byte equals s & 0xFF (a copy from there looks like a literal);
+ *   - for each p where the runs differ, every s with s & 0xFF == probe output[p] and
+ *     window[s] == real output[p] (a superset of the true source; a 256 x 256 bit table
+ *     of the (low byte, value) pairs seen makes this one pass over the window).
+ * A point whose probe inflate fails (it cannot: the build just decompressed the file)
+ * keeps its whole window.
+ */
+static void sparse_window(const unsigned char *compressed, Py_ssize_t compressed_size,
+                          Py_ssize_t c_offset, int bits, const unsigned char *window,
+                          const unsigned char *real, Py_ssize_t real_size, unsigned char *sparse,
+                          unsigned char *probe_out, unsigned char *seen)
+{
+    unsigned char *const probe = sparse; /* the probe window, overwritten at the end */
+    for (int i = 0; i < WINDOW; i++)
+        probe[i] = (unsigned char)i;
+    const Py_ssize_t want = real_size < WINDOW ? real_size : WINDOW;
+    int ok = 0;
+    z_stream strm;
+    memset(&strm, 0, sizeof(strm));
+    if (want >= 0 && c_offset <= compressed_size && (bits == 0 || c_offset >= 1) &&
+        inflateInit2(&strm, -15) == Z_OK) {
+        if ((bits == 0 ||
+             inflatePrime(&strm, bits, compressed[c_offset - 1] >> (8 - bits)) == Z_OK) &&
+            inflateSetDictionary(&strm, probe, WINDOW) == Z_OK) {
+            strm.next_in = (unsigned char *)compressed + c_offset;
+            strm.avail_in = (uInt)(compressed_size - c_offset > (1 << 30)
+                                       ? (1 << 30)
+                                       : compressed_size - c_offset);
+            strm.next_out = probe_out;
+            strm.avail_out = (uInt)want;
+            int ret = Z_OK;
+            while (strm.avail_out > 0 && ret == Z_OK)
+                ret = inflate(&strm, Z_NO_FLUSH);
+            ok = strm.avail_out == 0 || ret == Z_STREAM_END;
+        }
+        inflateEnd(&strm);
+    }
+    if (!ok) {
+        memcpy(sparse, window, WINDOW);
+        return;
+    }
+    const Py_ssize_t produced = want - strm.avail_out;
+    memset(seen, 0, 256 * 256 / 8);
+    for (Py_ssize_t p = 0; p < produced; p++) {
+        if (probe_out[p] != real[p]) {
+            const unsigned pair = ((unsigned)probe_out[p] << 8) | real[p];
+            seen[pair >> 3] |= (unsigned char)(1u << (pair & 7));
+        }
+    }
+    for (int s = 0; s < WINDOW; s++) {
+        const unsigned char value = window[s];
+        const unsigned pair = ((unsigned)(s & 0xFF) << 8) | value;
+        const int keep = value == (unsigned char)s || (seen[pair >> 3] >> (pair & 7)) & 1;
+        sparse[s] = keep ? value : 0;
+    }
+}
+
+/* The window of the point at uncompressed offset u of data: the WINDOW bytes before it,
+   zero-filled before the start, as zran's. */
+static void whole_window(const unsigned char *data, Py_ssize_t u, unsigned char *window)
+{
+    if (u >= WINDOW) {
+        memcpy(window, data + u - WINDOW, WINDOW);
+    } else {
+        memset(window, 0, WINDOW - u);
+        memcpy(window + WINDOW - u, data, u);
+    }
+}
+
+/* One window made sparse and compressed: into out (compressBound(WINDOW) bytes), its
+   size returned, or -1. scratch: 3 * WINDOW + 8 KiB. */
+static Py_ssize_t make_window(z_stream *deflater, const unsigned char *compressed,
+                              Py_ssize_t compressed_size, Py_ssize_t c_offset, int bits,
+                              const unsigned char *window, const unsigned char *real,
+                              Py_ssize_t real_size, unsigned char *scratch, unsigned char *out,
+                              uLong bound)
+{
+    sparse_window(compressed, compressed_size, c_offset, bits, window, real, real_size, scratch,
+                  scratch + WINDOW, scratch + 2 * WINDOW);
+    deflater->next_in = scratch;
+    deflater->avail_in = WINDOW;
+    deflater->next_out = out;
+    deflater->avail_out = (uInt)bound;
+    const int ended = deflate(deflater, Z_FINISH) == Z_STREAM_END;
+    const Py_ssize_t made = (Py_ssize_t)(bound - deflater->avail_out);
+    return ended && deflateReset(deflater) == Z_OK ? made : -1;
+}
+
+/* The windows made beside gunzip's pass, on a thread of their own: gunzip hands it each
+ * point as it places it and how much output there is; the thread takes a point once
+ * the 32 KiB of output after it exist (or the pass is over), copying what it needs out
+ * of the growing output under the lock (gunzip moves the buffer when it grows it, under
+ * the same lock). The thread touches no Python object. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    const unsigned char *compressed;
+    Py_ssize_t compressed_size;
+    const unsigned char *out; /* gunzip's output and its length, under lock */
+    Py_ssize_t out_len;
+    Py_ssize_t *points; /* (compressed_offset, bits, uncompressed_offset) triples */
+    unsigned char **windows; /* the compressed sparse windows, malloc'd */
+    Py_ssize_t *sizes;
+    Py_ssize_t count, capacity;
+    int level, done, failed;
+} window_job;
+
+static void *window_job_run(void *arg)
+{
+    window_job *job = arg;
+    const uLong bound = compressBound(WINDOW);
+    unsigned char *scratch = malloc(3 * WINDOW + 256 * 256 / 8 + 2 * WINDOW + bound);
+    z_stream deflater;
+    memset(&deflater, 0, sizeof(deflater));
+    const int deflating =
+        scratch != NULL && deflateInit2(&deflater, job->level, Z_DEFLATED, 15, 8,
+                                        Z_DEFAULT_STRATEGY) == Z_OK;
+    unsigned char *around = scratch + 3 * WINDOW + 256 * 256 / 8; /* window, then output */
+    unsigned char *packed = around + 2 * WINDOW;
+    pthread_mutex_lock(&job->lock);
+    if (!deflating)
+        job->failed = 1;
+    for (Py_ssize_t k = 0; !job->failed; k++) {
+        while (!job->done && (k >= job->count || job->out_len < job->points[3 * k + 2] + WINDOW))
+            pthread_cond_wait(&job->wake, &job->lock);
+        if (k >= job->count)
+            break; /* the pass is over and every point has its window */
+        const Py_ssize_t c = job->points[3 * k], u = job->points[3 * k + 2];
+        const int bits = (int)job->points[3 * k + 1];
+        Py_ssize_t after = job->out_len - u;
+        after = after < 0 ? 0 : (after > WINDOW ? WINDOW : after);
+        whole_window(job->out, u, around);
+        memcpy(around + WINDOW, job->out + u, after);
+        pthread_mutex_unlock(&job->lock);
+        const Py_ssize_t made = make_window(&deflater, job->compressed, job->compressed_size, c,
+                                            bits, around, around + WINDOW, after, scratch, packed,
+                                            bound);
+        unsigned char *window = made >= 0 ? malloc(made > 0 ? made : 1) : NULL;
+        if (window != NULL)
+            memcpy(window, packed, made);
+        pthread_mutex_lock(&job->lock);
+        if (window == NULL) {
+            job->failed = 1;
+            break;
+        }
+        job->windows[k] = window;
+        job->sizes[k] = made;
+    }
+    pthread_mutex_unlock(&job->lock);
+    if (deflating)
+        deflateEnd(&deflater);
+    free(scratch);
+    return NULL;
+}
+
+/* gunzip placed a point that needs a window: 0, or -1 with a MemoryError set. */
+static int window_job_add(window_job *job, Py_ssize_t c, int bits, Py_ssize_t u)
+{
+    pthread_mutex_lock(&job->lock);
+    if (job->count == job->capacity) {
+        const Py_ssize_t capacity = job->capacity ? 2 * job->capacity : 256;
+        Py_ssize_t *points = realloc(job->points, sizeof(Py_ssize_t) * 3 * capacity);
+        if (points != NULL)
+            job->points = points;
+        unsigned char **windows = realloc(job->windows, sizeof(unsigned char *) * capacity);
+        if (windows != NULL)
+            job->windows = windows;
+        Py_ssize_t *sizes = realloc(job->sizes, sizeof(Py_ssize_t) * capacity);
+        if (sizes != NULL)
+            job->sizes = sizes;
+        if (points == NULL || windows == NULL || sizes == NULL) {
+            pthread_mutex_unlock(&job->lock);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t k = job->capacity; k < capacity; k++)
+            job->windows[k] = NULL;
+        job->capacity = capacity;
+    }
+    job->points[3 * job->count] = c;
+    job->points[3 * job->count + 1] = bits;
+    job->points[3 * job->count + 2] = u;
+    job->count++;
+    pthread_cond_signal(&job->wake);
+    pthread_mutex_unlock(&job->lock);
+    return 0;
+}
+
+static void window_job_progress(window_job *job, const unsigned char *out, Py_ssize_t out_len)
+{
+    pthread_mutex_lock(&job->lock);
+    job->out = out;
+    job->out_len = out_len;
+    pthread_cond_signal(&job->wake);
+    pthread_mutex_unlock(&job->lock);
+}
+
+static void window_job_free(window_job *job)
+{
+    for (Py_ssize_t k = 0; k < job->capacity; k++)
+        free(job->windows[k]);
+    free(job->windows);
+    free(job->points);
+    free(job->sizes);
+    pthread_mutex_destroy(&job->lock);
+    pthread_cond_destroy(&job->wake);
+}
+
 
 static int append_tuple(PyObject *list, const char *format, ...)
 {
@@ -50,14 +278,21 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     unsigned long long spacing;
-    if (!PyArg_ParseTuple(args, "y*K", &view, &spacing))
+    int level = -1;
+    if (!PyArg_ParseTuple(args, "y*K|i", &view, &spacing, &level))
         return NULL;
     const unsigned char *base = view.buf;
     const Py_ssize_t size = view.len;
     PyObject *out = NULL, *members = NULL, *points = NULL, *error = NULL, *result = NULL;
+    PyObject *windows = NULL;
     z_stream strm;
     memset(&strm, 0, sizeof(strm));
     int z_ready = 0;
+    window_job job;
+    memset(&job, 0, sizeof(job));
+    window_job *jobs = NULL; /* &job while its thread runs */
+    int job_ready = 0;
+    pthread_t thread;
 
     Py_ssize_t capacity = size < (1 << 16) ? (1 << 17) : 2 * size;
     out = PyByteArray_FromStringAndSize(NULL, capacity);
@@ -70,6 +305,21 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
         goto done;
     }
     z_ready = 1;
+    if (level >= 0) {
+        pthread_mutex_init(&job.lock, NULL);
+        pthread_cond_init(&job.wake, NULL);
+        job.compressed = base;
+        job.compressed_size = size;
+        job.out = (const unsigned char *)PyByteArray_AS_STRING(out);
+        job.level = level;
+        if (pthread_create(&thread, NULL, window_job_run, &job) != 0) {
+            window_job_free(&job);
+            PyErr_SetString(PyExc_RuntimeError, "could not start the windows' thread");
+            goto done;
+        }
+        jobs = &job;
+        job_ready = 1;
+    }
 
     Py_ssize_t out_len = 0; /* bytes written to out */
     Py_ssize_t fed = 0;     /* input bytes handed to zlib so far */
@@ -103,7 +353,14 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
             }
             if (capacity - out_len < MIN_OUT_SPACE) {
                 capacity = capacity * 2;
-                if (PyByteArray_Resize(out, capacity) != 0)
+                if (jobs != NULL)
+                    pthread_mutex_lock(&job.lock); /* the buffer moves: not while read */
+                const int failed = PyByteArray_Resize(out, capacity) != 0;
+                if (jobs != NULL) {
+                    job.out = (const unsigned char *)PyByteArray_AS_STRING(out);
+                    pthread_mutex_unlock(&job.lock);
+                }
+                if (failed)
                     goto done;
             }
             unsigned char *dest = (unsigned char *)PyByteArray_AS_STRING(out) + out_len;
@@ -115,6 +372,8 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
             ret = inflate(&strm, Z_BLOCK);
             Py_END_ALLOW_THREADS
             out_len += space - strm.avail_out;
+            if (jobs != NULL)
+                window_job_progress(&job, (unsigned char *)PyByteArray_AS_STRING(out), out_len);
             if (ret == Z_STREAM_END)
                 break;
             if (ret == Z_BUF_ERROR && (strm.avail_in == 0 || strm.avail_out == 0))
@@ -136,6 +395,8 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
                     last_point = out_len;
                     if (append_tuple(points, "(nini)", at, strm.data_type & 7, out_len, 1) != 0)
                         goto done;
+                    if (jobs != NULL && window_job_add(&job, at, strm.data_type & 7, out_len) != 0)
+                        goto done;
                 }
             }
         }
@@ -145,14 +406,55 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
             goto done;
     }
 finish:
+    if (jobs != NULL) { /* every window made from the whole output, or none on an error */
+        pthread_mutex_lock(&job.lock);
+        job.done = 1;
+        if (error != NULL)
+            job.count = 0;
+        pthread_cond_signal(&job.wake);
+        pthread_mutex_unlock(&job.lock);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(thread, NULL);
+        Py_END_ALLOW_THREADS
+        jobs = NULL;
+        if (job.failed) {
+            PyErr_SetString(PyExc_MemoryError, "could not make the seek points' windows");
+            goto done;
+        }
+        windows = PyList_New(error == NULL ? job.count : 0);
+        if (windows == NULL)
+            goto done;
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(windows); k++) {
+            PyObject *window = PyBytes_FromStringAndSize((char *)job.windows[k], job.sizes[k]);
+            if (window == NULL)
+                goto done;
+            PyList_SET_ITEM(windows, k, window);
+        }
+    } else {
+        windows = Py_None;
+        Py_INCREF(windows);
+    }
     if (PyByteArray_Resize(out, out_len) != 0)
         goto done;
     if (error == NULL) {
         error = Py_None;
         Py_INCREF(error);
     }
-    result = PyTuple_Pack(4, out, members, points, error);
+    result = PyTuple_Pack(5, out, members, points, error, windows);
 done:
+    if (jobs != NULL) { /* an error before the end: stop the thread */
+        pthread_mutex_lock(&job.lock);
+        job.done = 1;
+        job.count = 0;
+        pthread_cond_signal(&job.wake);
+        pthread_mutex_unlock(&job.lock);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(thread, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    if (job_ready)
+        window_job_free(&job);
+    Py_XDECREF(windows);
     if (z_ready)
         inflateEnd(&strm);
     Py_XDECREF(out);
@@ -166,83 +468,12 @@ done:
 /* sparse_windows(compressed, data, points, level) -> list of bytes
  *
  *   compressed  the whole gzip file
- *   data        its decompressed bytes (gunzip's bytearray)
+ *   data        its decompressed bytes
  *   points      [(compressed_offset, bits, uncompressed_offset)], each needing a window
  *
- * For each point, its 32 KiB window with every byte that decompression from the point
- * cannot reference set to zero, zlib-compressed at ``level``: what is left compresses to
- * little, and zlib reads from the point exactly as with the whole window.
- *
- * Only the first 32 KiB of output after a point can reach back into its window (a
- * deflate distance is at most 32 KiB), and the parse of the compressed bits (literals,
- * lengths, distances) does not depend on the window's bytes. So those 32 KiB are
- * inflated once more with a probe window whose byte i is i & 0xFF. An output byte at p
- * copied from window position s is probe[s] = s & 0xFF in the probe run and window[s]
- * in the real output; a literal is the same in both. Kept are:
- *   - every s whose real byte equals s & 0xFF (a copy from there looks like a literal);
- *   - for each p where the runs differ, every s with s & 0xFF == probe output[p] and
- *     window[s] == real output[p] (a superset of the true source; a 256 x 256 bit table
- *     of the (low byte, value) pairs seen makes this one pass over the window).
- * A point whose probe inflate fails (it cannot: the build just decompressed the file)
- * keeps its whole window.
+ * Each point's sparse window, zlib-compressed at ``level`` (what gunzip makes when given
+ * a level, for points placed elsewhere). The GIL is released while they are made.
  */
-#define WINDOW 32768
-
-static void sparse_window(const unsigned char *compressed, Py_ssize_t compressed_size,
-                          Py_ssize_t c_offset, int bits, const unsigned char *data,
-                          Py_ssize_t data_size, Py_ssize_t u_offset, unsigned char *sparse,
-                          unsigned char *window, unsigned char *probe_out, unsigned char *seen)
-{
-    unsigned char *const probe = sparse; /* the probe window, overwritten at the end */
-    for (int i = 0; i < WINDOW; i++)
-        probe[i] = (unsigned char)i;
-    if (u_offset >= WINDOW) {
-        memcpy(window, data + u_offset - WINDOW, WINDOW);
-    } else { /* zero-filled before the start, as zran's */
-        memset(window, 0, WINDOW - u_offset);
-        memcpy(window + WINDOW - u_offset, data, u_offset);
-    }
-    const Py_ssize_t want = data_size - u_offset < WINDOW ? data_size - u_offset : WINDOW;
-    int ok = 0;
-    z_stream strm;
-    memset(&strm, 0, sizeof(strm));
-    if (want >= 0 && c_offset <= compressed_size && (bits == 0 || c_offset >= 1) &&
-        inflateInit2(&strm, -15) == Z_OK) {
-        if ((bits == 0 || inflatePrime(&strm, bits, compressed[c_offset - 1] >> (8 - bits)) == Z_OK) &&
-            inflateSetDictionary(&strm, probe, WINDOW) == Z_OK) {
-            strm.next_in = (unsigned char *)compressed + c_offset;
-            strm.avail_in = (uInt)(compressed_size - c_offset > (1 << 30) ? (1 << 30)
-                                                                          : compressed_size - c_offset);
-            strm.next_out = probe_out;
-            strm.avail_out = (uInt)want;
-            int ret = Z_OK;
-            while (strm.avail_out > 0 && ret == Z_OK)
-                ret = inflate(&strm, Z_NO_FLUSH);
-            ok = strm.avail_out == 0 || ret == Z_STREAM_END;
-        }
-        inflateEnd(&strm);
-    }
-    if (!ok) {
-        memcpy(sparse, window, WINDOW);
-        return;
-    }
-    const Py_ssize_t produced = want - strm.avail_out;
-    const unsigned char *real = data + u_offset;
-    memset(seen, 0, 256 * 256 / 8);
-    for (Py_ssize_t p = 0; p < produced; p++) {
-        if (probe_out[p] != real[p]) {
-            const unsigned pair = ((unsigned)probe_out[p] << 8) | real[p];
-            seen[pair >> 3] |= (unsigned char)(1u << (pair & 7));
-        }
-    }
-    for (int s = 0; s < WINDOW; s++) {
-        const unsigned char value = window[s];
-        const unsigned pair = ((unsigned)(s & 0xFF) << 8) | value;
-        const int keep = value == (unsigned char)s || (seen[pair >> 3] >> (pair & 7)) & 1;
-        sparse[s] = keep ? value : 0;
-    }
-}
-
 static PyObject *sparse_windows(PyObject *self, PyObject *args)
 {
     Py_buffer compressed, data;
@@ -252,18 +483,19 @@ static PyObject *sparse_windows(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL, *rows = PySequence_Fast(points, "points must be a sequence");
     PyObject **objects = NULL;
-    Py_ssize_t *where = NULL, count = 0;
-    uLongf *sizes = NULL;
+    Py_ssize_t *where = NULL, *sizes = NULL, count = 0;
     unsigned char *scratch = NULL;
     const uLong bound = compressBound(WINDOW);
-    int failed = 0;
+    int failed = 0, deflating = 0;
+    z_stream deflater;
+    memset(&deflater, 0, sizeof(deflater));
     if (rows == NULL)
         goto done;
     count = PySequence_Fast_GET_SIZE(rows);
     where = PyMem_Malloc(sizeof(Py_ssize_t) * 3 * (count ? count : 1));
     objects = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
-    sizes = PyMem_Malloc(sizeof(uLongf) * (count ? count : 1));
-    scratch = PyMem_Malloc(3 * WINDOW + 256 * 256 / 8);
+    sizes = PyMem_Malloc(sizeof(Py_ssize_t) * (count ? count : 1));
+    scratch = PyMem_Malloc(4 * WINDOW + 256 * 256 / 8);
     if (where == NULL || objects == NULL || sizes == NULL || scratch == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -281,28 +513,23 @@ static PyObject *sparse_windows(PyObject *self, PyObject *args)
         if (objects[n] == NULL)
             goto done;
     }
-    /* One deflate stream, reset for each window (Z_RLE took as long and kept 50% more). */
-    z_stream deflater;
-    memset(&deflater, 0, sizeof(deflater));
     if (deflateInit2(&deflater, level, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-        PyErr_SetString(PyExc_MemoryError, "zlib could not start a deflate stream");
+        PyErr_SetString(PyExc_ValueError, "zlib could not start a deflate stream at that level");
         goto done;
     }
+    deflating = 1;
     Py_BEGIN_ALLOW_THREADS
+    unsigned char *window = scratch + 3 * WINDOW + 256 * 256 / 8;
     for (Py_ssize_t n = 0; n < count && !failed; n++) {
-        sparse_window(compressed.buf, compressed.len, where[3 * n], (int)where[3 * n + 1],
-                      data.buf, data.len, where[3 * n + 2], scratch, scratch + WINDOW,
-                      scratch + 2 * WINDOW, scratch + 3 * WINDOW);
-        deflater.next_in = scratch;
-        deflater.avail_in = WINDOW;
-        deflater.next_out = (Bytef *)PyBytes_AS_STRING(objects[n]);
-        deflater.avail_out = (uInt)bound;
-        failed = deflate(&deflater, Z_FINISH) != Z_STREAM_END;
-        sizes[n] = bound - deflater.avail_out;
-        failed = failed || deflateReset(&deflater) != Z_OK;
+        const Py_ssize_t u = where[3 * n + 2];
+        whole_window(data.buf, u, window);
+        sizes[n] = make_window(&deflater, compressed.buf, compressed.len, where[3 * n],
+                               (int)where[3 * n + 1], window, (const unsigned char *)data.buf + u,
+                               data.len - u, scratch,
+                               (unsigned char *)PyBytes_AS_STRING(objects[n]), bound);
+        failed = sizes[n] < 0;
     }
     Py_END_ALLOW_THREADS
-    deflateEnd(&deflater);
     if (failed) {
         PyErr_SetString(PyExc_MemoryError, "zlib could not compress a window");
         goto done;
@@ -311,7 +538,7 @@ static PyObject *sparse_windows(PyObject *self, PyObject *args)
     if (result == NULL)
         goto done;
     for (Py_ssize_t n = 0; n < count; n++) {
-        if (_PyBytes_Resize(&objects[n], (Py_ssize_t)sizes[n]) != 0) {
+        if (_PyBytes_Resize(&objects[n], sizes[n]) != 0) {
             Py_CLEAR(result);
             goto done;
         }
@@ -319,6 +546,8 @@ static PyObject *sparse_windows(PyObject *self, PyObject *args)
         objects[n] = NULL;
     }
 done:
+    if (deflating)
+        deflateEnd(&deflater);
     if (objects != NULL)
         for (Py_ssize_t n = 0; n < count; n++)
             Py_XDECREF(objects[n]);

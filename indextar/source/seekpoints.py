@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,37 +117,32 @@ class SeekPoints:
         *,
         compressed_size: int,
         spacing: int,
+        made: list[bytes] | None = None,
         compressed: Any = None,
     ) -> SeekPoints:
         """The points ``_gunzip.c`` placed while it decompressed the whole file into
-        ``data``: ``(compressed_offset, bits, uncompressed_offset, has_window)`` rows, each
-        window the 32 KiB of ``data`` before its point. The point zran adds at the end of
-        the file is added too, so that the index is the one zran would export.
+        ``data``: ``(compressed_offset, bits, uncompressed_offset, has_window)`` rows. The
+        point zran adds at the end of the file is added too, so that the points are the
+        ones zran would export.
 
-        Given the ``compressed`` file too, each window keeps only the bytes that
-        decompression from its point can reference, the rest zero (``_gunzip.c``'s
-        ``sparse_windows``): zlib reads exactly as with the whole window, and a window
-        takes about 2 KB in the index instead of 20 KB (1 MiB spacing, the bench's
-        JPEG tar).
+        ``made`` are the windows ``_gunzip.c`` made as it went (one per row with
+        ``has_window``): sparse, keeping only the bytes that decompression from the point
+        can reference, the rest zero, so that zlib reads exactly as with the whole window
+        and a window takes about 2 KB in the index instead of 20 KB (the bench's JPEG
+        tar). The end point's is made here from the ``compressed`` file. Without them,
+        each window is the whole 32 KiB of ``data`` before its point.
         """
-        if rows:
-            rows = [*rows, (compressed_size, 0, len(data), 1)]
-        points = np.array([row[:3] for row in rows], np.int64).reshape(-1, 3)
-        gunzip = native.gunzip() if compressed is not None else None
-        if gunzip is not None:
-            wanted = [row[:3] for row in rows if row[3]]
-            # in halves on two threads (zlib runs without the GIL): 0.2 ms a point
-            halves = [wanted[: len(wanted) // 2], wanted[len(wanted) // 2 :]]
-            with ThreadPoolExecutor(2) as pool:
-                made = pool.map(
-                    lambda part: gunzip.sparse_windows(compressed, data, part, 1), halves
-                )
-                kept = iter([window for part in made for window in part])
-            windows = tuple(next(kept) if has_window else b"" for *_, has_window in rows)
+        end = (compressed_size, 0, len(data), 1)
+        points = np.array([row[:3] for row in [*rows, end]] if rows else [], np.int64)
+        points = points.reshape(-1, 3)
+        gunzip = native.gunzip()
+        if rows and made is not None and compressed is not None and gunzip is not None:
+            kept = iter([*made, *gunzip.sparse_windows(compressed, data, [end[:3]], 1)])
+            windows = tuple(next(kept) if row[3] else b"" for row in [*rows, end])
         else:
             windows = tuple(
                 zlib.compress(_window(data, offset), 1) if has_window else b""
-                for _, _, offset, has_window in rows
+                for _, _, offset, has_window in ([*rows, end] if rows else [])
             )
         return cls(compressed_size, len(data), spacing, points, windows)
 

@@ -48,11 +48,14 @@ def expected(tar: bytes) -> list[dict[str, object]]:
 
 
 def gnu_targz(folder: Path, files: dict[str, bytes]) -> Path:
-    """``files`` as one gzip stream by GNU ``tar czf``."""
+    """``files`` as one gzip stream by GNU ``tar czf``, the same bytes in every run (so
+    that a corruption is caught the same way: reads from a seek point check no CRC,
+    and some corruptions decode to wrong bytes of the right length)."""
     write_tree(folder / "tree", files)
     archive = folder / "gnu.tar.gz"
     subprocess.run(
-        [GNU_TAR, "--sort=name", "-czf", str(archive), "-C", str(folder / "tree"), "."],
+        [GNU_TAR, "--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner",
+         "-czf", str(archive), "-C", str(folder / "tree"), "."],
         check=True, env={**os.environ, "LC_ALL": "C.UTF-8"},
     )  # fmt: skip
     return archive
