@@ -271,8 +271,8 @@ static int harmless_keyword(const unsigned char *key, int64_t len)
 
 /* 1 if the n bytes at p are PAX records "%d %s=%s\n" that parse_pax accepts, all with a
    harmless keyword and an ASCII value; 0 otherwise. Stricter than parse_pax where that
-   is simpler: the length must be plain decimal digits, and NUL padding after the last
-   record is left to the reference. */
+   is simpler: the length must be at most 9 plain decimal digits, and NUL padding after
+   the last record is left to the reference. */
 static int pax_harmless(const unsigned char *p, int64_t n)
 {
     int64_t pos = 0;
@@ -301,7 +301,7 @@ static int pax_harmless(const unsigned char *p, int64_t n)
 }
 
 /* 0: chain ended at a zero block (*end set); 1: hand over to Python; 2: the file ends
-   before the block at *end (it shrank); -1: out of memory; -2: a read error (errno). */
+   before byte *end + BLOCK (it shrank); -1: out of memory; -2: a read error (errno). */
 static int walk_chain(Source *src, Chain *chain, int64_t *end)
 {
     int64_t pos = 0, size = src->size, member_size = 0, stride = 0;
