@@ -15,9 +15,10 @@ from tqdm import tqdm
 
 from .._version import __version__
 from ..errors import IndextarError
+from ..index.anywhere import open_shard_index
 from ..index.build import default_workers, parallel_map
 from ..index.decompress import DEFAULT_SEEK_SPACING
-from ..index.shard import ShardIndex, open_index
+from ..index.shard import ShardIndex
 from ..index.verify import verify_index
 from ..patterns import expand_shards
 from .compress import add_compress_commands
@@ -58,7 +59,7 @@ def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
 
 def _info_one(shard: str, index_dir: str | None) -> Outcome:
     def work() -> dict[str, Any]:
-        ix = open_index(shard, index_dir=index_dir)
+        ix = open_shard_index(shard, index_dir=index_dir)
         data_bytes = ix.data_bytes()
         samples = ix.meta.num_samples
         return {

@@ -28,9 +28,8 @@ from ..index.build import iter_builds
 from ..index.fresh import fresh_by_listing, fresh_on_stat
 from ..index.jobs import BuildOptions, ShardOutcome
 from ..index.manifest import append_to_manifest, write_manifest
-from ..index.remote import remote_index_path
+from ..index.remote import default_index_dir, remote_index_path
 from ..patterns import expand_shards, is_url
-from ..read.remote_options import default_cache_root
 from .options import count
 
 __all__ = ["run_index", "add_index_options", "FAILURES_FILE"]
@@ -144,7 +143,7 @@ def _shards(args: argparse.Namespace) -> list[str]:
 
 def _index_dir(args: argparse.Namespace, shards: list[str]) -> str | None:
     if args.index_dir is None and any(is_url(shard) for shard in shards):
-        return str(default_cache_root() / "indexes")  # remote indexes' default home
+        return str(default_index_dir())  # remote indexes' default home
     return None if args.index_dir is None else str(args.index_dir)
 
 

@@ -29,24 +29,41 @@ from ..source.filesystems import filesystem
 from ..source.forward import ForwardReader, ScanMode
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
 from ..tar.compress import sniff_codec
+from ..tar.scan import TarScan
 from ..tar.streamscan import StreamedBytes, scan_stream
+from .compressed import CompressedLayout
+from .decompress import DEFAULT_SEEK_SPACING
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
-from .naming import group_members
-from .remote_compressed import index_compressed_object
+from .naming import Grouping, group_members
+from .remote_compressed import scan_compressed_object
 from .shard import INDEX_SUFFIX, ShardIndex
 from .spans import headers_name_their_keys
 from .tables import write_index
 
 __all__ = [
     "RemoteBuild",
+    "default_cache_root",
+    "default_index_dir",
     "remote_index_path",
     "open_remote_index",
     "build_remote_index",
     "scan_remote_shard",
+    "ObjectScan",
+    "scan_object",
     "upload_index",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def default_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/indextar`` (``~/.cache/indextar``): remote indexes and shards."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "indextar"
+
+
+def default_index_dir() -> Path:
+    """Where remote shards' indexes are kept when no ``index_dir`` is given."""
+    return default_cache_root() / "indexes"
 
 
 def remote_index_path(url: str, index_dir: str | os.PathLike[str]) -> Path:
@@ -67,7 +84,7 @@ def _check(meta: IndexMeta, source: RangeSource, path: Path) -> None:
         expected_stat(meta),
         now,
         index=str(path),
-        remedy="build_missing=True rebuilds stale remote indexes",
+        remedy=f"build_missing=True or `indextar index {source.url}` rebuilds it",
         content_matches=lambda: _remote_fingerprint(source, now.size) == meta.fingerprint,
     )
 
@@ -112,7 +129,7 @@ def open_remote_index(
         raise MissingIndexError(
             f"remote shard {url!r} has no index (looked in {str(local)!r} and at "
             f"{url + INDEX_SUFFIX!r}); "
-            "build it with build_missing=True or `indextar index`"
+            f"build it with build_missing=True or `indextar index {url}`"
         )
     return build_remote_index(url, index_dir=index_dir, storage_options=storage_options)
 
@@ -181,12 +198,69 @@ def scan_remote_shard(
     local = remote_index_path(url, index_dir)
     local.parent.mkdir(parents=True, exist_ok=True)
     stat = RangeSource(url, storage_options=storage_options).stat()
+    read = scan_object(url, stat, scratch=local, storage_options=storage_options, mode=mode)
+    layout = read.layout
+    meta = IndexMeta.describe(
+        read.scan,
+        read.grouping,
+        shard_name=url,
+        shard_size=stat.size,
+        shard_mtime_ns=0,
+        fingerprint=read.fingerprint,
+        etag=stat.etag,
+        span_names=read.span_names,
+        compression=layout.codec if layout is not None else "",
+        uncompressed_size=read.uncompressed_size,
+        seek_spacing=layout.seek_spacing if layout is not None else 0,
+    )
+    write_index(local, meta, read.scan, read.grouping, layout=layout)
+    log.info("indexed %s: %s scan, %d of %d bytes fetched", url, read.mode, read.bytes_fetched,
+             stat.size)  # fmt: skip
+    return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), read.mode, read.bytes_fetched)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectScan:
+    """One read of a remote object, as an index build (or a verification) needs it.
+
+    ``layout`` is a ``.tar.gz``'s or ``.tar.zst``'s frames or seek points (``None`` for
+    a plain tar), ``uncompressed_size`` its tar's size (0 for a plain tar); ``mode`` and
+    ``bytes_fetched`` are as :class:`RemoteBuild`'s.
+    """
+
+    scan: TarScan
+    grouping: Grouping
+    fingerprint: str
+    span_names: bool
+    layout: CompressedLayout | None
+    uncompressed_size: int
+    mode: str
+    bytes_fetched: int
+
+
+def scan_object(
+    url: str,
+    stat: RemoteStat,
+    *,
+    scratch: Path,
+    storage_options: Mapping[str, Any] | None = None,
+    mode: ScanMode = "auto",
+    seek_spacing: int = DEFAULT_SEEK_SPACING,
+) -> ObjectScan:
+    """Scan the object ``url``, every read conditional on its version ``stat``: a plain
+    tar in one forward read (``mode``), a gzip or zstd one from a temporary copy made
+    beside the file ``scratch`` (:mod:`.remote_compressed`)."""
     source = RangeSource(url, expected=stat, storage_options=storage_options)
     codec = sniff_codec(source.read(0, min(8, stat.size))) if stat.size else None
     if codec is not None:  # .tar.gz, .tar.zst: from a temporary copy
-        index = index_compressed_object(url, source, stat, codec, local)
-        return RemoteBuild(index, "download", stat.size)
-    log.info("building the index of %s (%d bytes) from one forward read", url, stat.size)
+        packed = scan_compressed_object(
+            url, source, stat, codec, scratch, seek_spacing=seek_spacing
+        )
+        return ObjectScan(
+            packed.scan, packed.grouping, packed.fingerprint, packed.span_names, packed.layout,
+            packed.uncompressed_size, "download", stat.size,
+        )  # fmt: skip
+    log.info("scanning %s (%d bytes) in one forward read", url, stat.size)
     with ForwardReader(source, mode=mode) as reader:
         view = StreamedBytes(reader, stat.size, shard=url, edges=_FINGERPRINT_SPAN)
         scan = scan_stream(view)
@@ -194,20 +268,10 @@ def scan_remote_shard(
         span_names = headers_name_their_keys(view.read, scan, grouping, shard=url)
         view.finish()
         content_fingerprint = fingerprint_parts(stat.size, view.head(), view.tail())
-        chosen, fetched = reader.mode, reader.bytes_fetched
-    meta = IndexMeta.describe(
-        scan,
-        grouping,
-        shard_name=url,
-        shard_size=stat.size,
-        shard_mtime_ns=0,
-        fingerprint=content_fingerprint,
-        etag=stat.etag,
-        span_names=span_names,
-    )
-    write_index(local, meta, scan, grouping)
-    log.info("indexed %s: %s scan, %d of %d bytes fetched", url, chosen, fetched, stat.size)
-    return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), chosen, fetched)
+        return ObjectScan(
+            scan, grouping, content_fingerprint, span_names, None, 0, reader.mode,
+            reader.bytes_fetched,
+        )  # fmt: skip
 
 
 def upload_index(index: ShardIndex, *, storage_options: Mapping[str, Any] | None = None) -> str:

@@ -1,10 +1,11 @@
-"""The index of a remote ``.tar.gz`` or ``.tar.zst``, built from a temporary download.
+"""The scan of a remote ``.tar.gz`` or ``.tar.zst`` for its index, from a temporary download.
 
 A compressed object cannot be scanned by ranged reads of its headers, and its seek
 points are placed by zran, which reads a file: the object is copied once into a
 hidden temporary file next to the index (every read conditional on the version first
-seen), indexed as a local compressed shard is (:mod:`.decompress`), and deleted. The
-index records the object's URL, size and ETag, as any remote index does.
+seen), indexed as a local compressed shard is (:mod:`.decompress`), and deleted. Its
+index (:func:`~.remote.scan_remote_shard`) records the object's URL, size and ETag, as
+any remote index does.
 
 A ``.tar.zst`` of one zstd frame, which a local index build refuses, is indexed here
 too: its tar is decompressed into a second temporary file and scanned as a plain
@@ -33,58 +34,39 @@ from ..source.remote import RangeSource
 from ..tar.compress import zstd_frame_spans
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan, scan_compressed
-from .meta import IndexMeta, fingerprint
-from .shard import ShardIndex, _scan_for_index
-from .tables import write_index
+from .meta import fingerprint
+from .shard import _scan_for_index
 
-__all__ = ["index_compressed_object"]
+__all__ = ["scan_compressed_object"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
 
 
-def index_compressed_object(
+def scan_compressed_object(
     url: str,
     source: RangeSource,
     stat: RemoteStat,
     codec: str,
-    local: Path,
+    scratch: Path,
     *,
     seek_spacing: int = DEFAULT_SEEK_SPACING,
-) -> ShardIndex:
-    """Index the compressed object ``url`` (read through ``source``, pinned to ``stat``)
-    into the index file ``local``."""
-    fd, tmp = create_temp(local)
+) -> CompressedScan:
+    """Scan the compressed object ``url`` (read through ``source``, pinned to ``stat``)
+    from a temporary copy beside the file ``scratch`` (the index it is for)."""
+    fd, tmp = create_temp(scratch)
     try:
         with os.fdopen(fd, "wb") as f:
             for offset in range(0, stat.size, _CHUNK):
                 f.write(source.read(offset, min(_CHUNK, stat.size - offset)))
-        log.info("indexing %s from a %d-byte temporary copy", url, stat.size)
+        log.info("scanning %s from a %d-byte temporary copy", url, stat.size)
         with _naming(url, tmp):
             if codec == "zstd" and (frame := _only_zstd_frame(tmp, url)) is not None:
-                compressed = _scan_one_frame(url, tmp, frame, local)
-            else:
-                compressed = scan_compressed(
-                    tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing
-                )
+                return _scan_one_frame(url, tmp, frame, scratch)
+            return scan_compressed(tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing)
     finally:
         tmp.unlink(missing_ok=True)
-    meta = IndexMeta.describe(
-        compressed.scan,
-        compressed.grouping,
-        shard_name=url,
-        shard_size=stat.size,
-        shard_mtime_ns=0,
-        fingerprint=compressed.fingerprint,
-        etag=stat.etag,
-        span_names=compressed.span_names,
-        compression=codec,
-        uncompressed_size=compressed.uncompressed_size,
-        seek_spacing=compressed.layout.seek_spacing,
-    )
-    write_index(local, meta, compressed.scan, compressed.grouping, layout=compressed.layout)
-    return ShardIndex(shard=url, path=local, meta=meta)
 
 
 @contextlib.contextmanager

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import IndexFormatError
+from ..patterns import is_url
+from .anywhere import open_shard_index
 from .arrays import ShardArrays, read_arrays
 from .compressed import CompressedLayout, read_layout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _connect_ro
 from .naming import from_sql, group_members, sql_text
-from .shard import PathLike, open_index, scan_shard_file
+from .remote import expected_stat, scan_object
+from .shard import PathLike, scan_shard_file
 from .tables import scan_arrays
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -42,25 +45,46 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> VerifyReport:
-    """Re-scan ``shard`` and compare every row of its index with the scan.
+def verify_index(
+    shard: PathLike,
+    *,
+    index_dir: PathLike | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> VerifyReport:
+    """Re-scan ``shard`` (a local path or a URL) and compare every row of its index with
+    the scan.
 
-    Raises the same errors as :func:`~indextar.open_index` (missing, stale or
+    A remote shard's index is found as :func:`~.anywhere.open_shard_index` finds it, and
+    the object is read again (a ``.tar.gz`` or ``.tar.zst`` through a temporary copy, as
+    its index was built), every read conditional on the version the index recorded.
+
+    Raises the same errors as :func:`~.anywhere.open_shard_index` (missing, stale or
     corrupt index) and as the scanner (malformed shard).
     """
-    ix = open_index(shard, index_dir=index_dir)
-    shard_path = Path(shard)
+    ix = open_shard_index(shard, index_dir=index_dir, storage_options=storage_options)
+    changed: list[str] = []  # the object's first and last 64 KiB against the fingerprint
     layout: CompressedLayout | None = None
-    if ix.meta.compression:  # decompressed and checked again, its frames or points kept
-        spacing = ix.meta.seek_spacing or DEFAULT_SEEK_SPACING
+    spacing = ix.meta.seek_spacing or DEFAULT_SEEK_SPACING
+    if is_url(ix.shard):
+        read = scan_object(
+            ix.shard, expected_stat(ix.meta), scratch=ix.path, storage_options=storage_options,
+            seek_spacing=spacing,
+        )  # fmt: skip
+        scan, layout = read.scan, read.layout
+        if read.fingerprint != ix.meta.fingerprint:
+            changed.append(
+                f"content fingerprint: index has {ix.meta.fingerprint}, object has "
+                f"{read.fingerprint}"
+            )
+    elif ix.meta.compression:  # decompressed and checked again, its frames or points kept
         compressed = scan_compressed(
-            shard_path, ix.meta.compression, ignore_zeros=ix.meta.ignore_zeros,
+            Path(ix.shard), ix.meta.compression, ignore_zeros=ix.meta.ignore_zeros,
             seek_spacing=spacing,
         )  # fmt: skip
         scan, layout = compressed.scan, compressed.layout
     else:
-        scan, _ = scan_shard_file(shard_path, ignore_zeros=ix.meta.ignore_zeros)
-    grouping = group_members(scan, shard=str(shard_path))
+        scan, _ = scan_shard_file(Path(ix.shard), ignore_zeros=ix.meta.ignore_zeros)
+    grouping = group_members(scan, shard=ix.shard)
     rows = grouping.entries
     expected_members = list(
         zip(
@@ -122,6 +146,7 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
         problems += _compare_layout(read_layout(ix.path, ix.meta), layout)
     if ix.meta.end_offset != scan.end_offset:
         problems.append(f"end offset: index says {ix.meta.end_offset}, shard has {scan.end_offset}")
+    problems += changed
     # Sample spans past the archive's end need no check of their own: the samples
     # table equals the scan's, whose spans end within the archive.
     warnings += [
@@ -129,7 +154,7 @@ def verify_index(shard: PathLike, *, index_dir: PathLike | None = None) -> Verif
         for key in grouping.scattered_keys
     ]
     return VerifyReport(
-        shard=str(shard_path),
+        shard=ix.shard,
         index=str(ix.path),
         samples=len(grouping.keys),
         members=len(rows),

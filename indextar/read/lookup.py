@@ -1,26 +1,32 @@
 """Look inside shards: list samples, read one member, describe one sample of a dataset,
 name the keys of a dataset's samples.
 
-The library side of ``indextar ls``, ``cat``, ``get`` and ``query --keys``. A shard
-without an index is scanned in memory; nothing is written.
+The library side of ``indextar ls``, ``cat``, ``get`` and ``query --keys``. Shards are
+local paths or URLs (:mod:`indextar.index.anywhere`). A local shard without an index is
+scanned in memory; nothing is written. A remote shard's index must exist.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import MissingIndexError, SampleIndexError, SampleKeyError
+from ..index.anywhere import open_shard_index, shard_source
 from ..index.manifest import is_manifest, read_manifest
 from ..index.members import MemberTable, load_members, scan_members
 from ..index.naming import split_name
-from ..index.shard import PathLike, ShardIndex, open_index
-from ..patterns import expand_shards
+from ..index.shard import PathLike, ShardIndex
+from ..patterns import expand_shards, is_url
+from ..source.base import ByteSource
+from ..source.local import open_source
 from .entries import open_entry_index
+from .remote_options import RemoteOptions
 
 if TYPE_CHECKING:
     from .dataset import IndexedTarDataset
@@ -62,17 +68,34 @@ class SampleInfo:
 
 
 def shard_members(shard: PathLike, *, index_dir: PathLike | None = None) -> MemberTable:
-    """The samples and members of ``shard``, from its index or, lacking one, a scan."""
+    """The samples and members of ``shard`` (a local path or a URL), from its index or,
+    lacking one, a scan of the local shard.
+
+    Raises
+    ------
+    MissingIndexError
+        If ``shard`` is a URL and has no index.
+    """
+    return _members(shard, index_dir)[0]
+
+
+def _members(shard: PathLike, index_dir: PathLike | None) -> tuple[MemberTable, ShardIndex | None]:
     try:
-        return load_members(open_index(shard, index_dir=index_dir))
+        index = open_shard_index(shard, index_dir=index_dir)
     except MissingIndexError:
-        return scan_members(str(shard))
+        if is_url(os.fspath(shard)):  # a remote shard is never scanned here
+            raise
+        return scan_members(str(shard)), None
+    return load_members(index), index
 
 
-def _read(shard: str, offset: int, size: int) -> bytes:
-    with open(shard, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+def _source(
+    table: MemberTable, index: ShardIndex | None, storage_options: Mapping[str, Any] | None
+) -> ByteSource:
+    """The uncompressed bytes ``table``'s offsets point into."""
+    if index is None:  # an uncompressed local shard, scanned: its file
+        return open_source(table.shard)
+    return shard_source(index, storage_options=storage_options)
 
 
 def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = None) -> bytes:
@@ -87,14 +110,15 @@ def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = No
     if split is None:
         raise SampleKeyError(f"{member!r} is not KEY.EXT: it has no extension")
     key, ext = split
-    table = shard_members(shard, index_dir=index_dir)
+    table, index = _members(shard, index_dir)
     samples = [i for i, k in enumerate(table.keys) if k == key]
     if not samples:
         raise SampleKeyError(f"shard {str(shard)!r} has no sample with key {key!r}")
     for sample in samples:
         for row in table.members_of(sample):
             if table.exts[row] == ext:
-                return _read(table.shard, int(table.data_offsets[row]), int(table.sizes[row]))
+                with _source(table, index, None) as source:
+                    return source.read(int(table.data_offsets[row]), int(table.sizes[row]))
     present = sorted({table.exts[row] for s in samples for row in table.members_of(s)})
     raise SampleKeyError(
         f"shard {str(shard)!r}: sample {key!r} has no {ext!r} member; it has {', '.join(present)}"
@@ -103,22 +127,32 @@ def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = No
 
 def _dataset_shards(
     dataset: DatasetArg, index_dir: PathLike | None
-) -> tuple[list[int], Callable[[int], ShardIndex]]:
-    """Each shard's sample count, and a function giving shard ``n``'s index (a
-    manifest's shards, and an open dataset's, are opened only then)."""
+) -> tuple[list[int], Callable[[int], ShardIndex], Mapping[str, Any] | None]:
+    """Each shard's sample count, a function giving shard ``n``'s index (a manifest's
+    shards, and an open dataset's, are opened only then), and the remote shards'
+    storage options."""
     if not isinstance(dataset, str | Sequence):  # an IndexedTarDataset: its counts are known
-        return dataset.shard_sizes.tolist(), dataset._shard_index
+        options = dataset._remote.storage_options
+        return dataset.shard_sizes.tolist(), dataset._shard_index, options
     if isinstance(dataset, str) and is_manifest(dataset):
         manifest = read_manifest(dataset)
+        remote = RemoteOptions.make(
+            "ranges", index_dir, cache_dir=None, cache_limit=0, storage_options=None
+        )
 
         def open_shard(n: int) -> ShardIndex:
             return open_entry_index(
-                manifest.shards[n], number=n, manifest=manifest.path, index_dir=index_dir
+                manifest.shards[n],
+                number=n,
+                manifest=manifest.path,
+                index_dir=index_dir,
+                remote=remote,
             )
 
-        return [s.nsamples for s in manifest.shards], open_shard
-    indexes = [open_index(shard, index_dir=index_dir) for shard in expand_shards(dataset)]
-    return [len(ix) for ix in indexes], indexes.__getitem__
+        return [s.nsamples for s in manifest.shards], open_shard, None
+    shards = expand_shards(dataset)
+    indexes = [open_shard_index(shard, index_dir=index_dir) for shard in shards]
+    return [len(ix) for ix in indexes], indexes.__getitem__, None
 
 
 def describe_sample(
@@ -139,7 +173,7 @@ def describe_sample(
     SampleIndexError
         If ``index`` is out of range.
     """
-    counts, open_shard = _dataset_shards(dataset, index_dir)
+    counts, open_shard, storage_options = _dataset_shards(dataset, index_dir)
     total = sum(counts)
     position = index + total if index < 0 else index
     if not 0 <= position < total:
@@ -147,18 +181,23 @@ def describe_sample(
     ends = np.cumsum(counts)
     which = int(np.searchsorted(ends, position, side="right"))
     local = position - int(ends[which] - counts[which])
-    table = load_members(open_shard(which))
+    shard_index = open_shard(which)
+    table = load_members(shard_index)
+    rows = table.members_of(local)
+    with shard_source(shard_index, storage_options=storage_options) as source:
+        heads = source.read_many(
+            [int(table.data_offsets[row]) for row in rows],
+            [min(head_bytes, int(table.sizes[row])) for row in rows],
+        )
     members = tuple(
         MemberInfo(
             name=table.names[row],
             ext=table.exts[row],
             size=int(table.sizes[row]),
             data_offset=int(table.data_offsets[row]),
-            head=_read(
-                table.shard, int(table.data_offsets[row]), min(head_bytes, int(table.sizes[row]))
-            ),
+            head=head,
         )
-        for row in table.members_of(local)
+        for row, head in zip(rows, heads)
     )
     return SampleInfo(
         index=position,

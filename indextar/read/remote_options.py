@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..index.meta import _read_meta
-from ..index.remote import expected_stat, open_remote_index
+from ..index.remote import default_cache_root, default_index_dir, expected_stat, open_remote_index
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource
 from ..source.cache import CachedSource, ShardCache
@@ -19,11 +19,6 @@ from ..source.remote import RangeSource, fetch_ranges
 __all__ = ["RemoteOptions", "default_cache_root", "fetch_ranges", "fetch_spans"]
 
 Strategy = Literal["ranges", "cache"]
-
-
-def default_cache_root() -> Path:
-    """``$XDG_CACHE_HOME/indextar`` (``~/.cache/indextar``): remote indexes and shards."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "indextar"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +59,11 @@ class RemoteOptions:
         """Check the dataset's ``remote=`` arguments and fill in the default folders."""
         if strategy not in ("ranges", "cache"):
             raise ValueError(f"remote= must be 'ranges' or 'cache', got {strategy!r}")
-        root = default_cache_root()
-        folder = Path(index_dir) if index_dir is not None else root / "indexes"
+        folder = Path(index_dir) if index_dir is not None else default_index_dir()
         cache = None
         if strategy == "cache":
             cache = ShardCache(
-                cache_dir if cache_dir is not None else root / "shards",
+                cache_dir if cache_dir is not None else default_cache_root() / "shards",
                 limit=cache_limit,
                 storage_options=storage_options,
             )

@@ -53,7 +53,7 @@ def test_get_with_a_key_file_opens_each_index_once(
     def no_second_open(*args: object, **kwargs: object) -> None:
         raise AssertionError("the dataset's indexes were opened again")
 
-    monkeypatch.setattr(lookup, "open_index", no_second_open)
+    monkeypatch.setattr(lookup, "open_shard_index", no_second_open)
     pattern = str(tmp_path / "d-{0..1}.tar")
     assert main(["get", pattern, "1", "--select", str(keys), "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
