@@ -217,9 +217,10 @@ def test_other_pax_headers_go_to_the_reference(
     assert not c_chains
 
 
-def test_a_folded_member_starts_at_its_first_pax_header(tmp_path: Path) -> None:
+def test_a_folded_member_starts_at_its_first_pax_header(c_chains: list[int]) -> None:
     data = FOLDED["two stacked PAX headers"]
     scan = scan_tar(data, shard="p.tar")
+    assert c_chains == [3]
     # Two PAX headers of one block of records each, then the member's own header.
     assert scan.header_offsets[0] == 0 and scan.data_offsets[0] == 5 * BLOCK
     assert scan.extension_headers == 4  # and one for each later member
