@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
-    except IndextarError as e:
+    except (IndextarError, OSError) as e:  # OSError: a file named on the command line
         if args.debug:
             traceback.print_exc()
         print(f"indextar: error: {e}", file=sys.stderr)

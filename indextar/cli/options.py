@@ -7,7 +7,10 @@ import argparse
 
 __all__ = ["add_options", "count"]
 
-INDEX_DIR_HELP = "the folder of the shards' indexes (default: next to each shard)"
+INDEX_DIR_HELP = (
+    "the folder of the shards' indexes (default: next to each local shard; for URLs, "
+    "$XDG_CACHE_HOME/indextar/indexes or ~/.cache/indextar/indexes)"
+)
 
 
 def add_options(

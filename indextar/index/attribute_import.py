@@ -36,9 +36,10 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import IndexWriteError, SampleAttributeError
+from .anywhere import open_shard_index
 from .attributes import AttributeTable, sql_value, write_attributes
 from .meta import _read_meta
-from .shard import PathLike, ShardIndex, open_index
+from .shard import PathLike, ShardIndex
 
 __all__ = ["import_attributes", "ImportReport"]
 
@@ -130,12 +131,14 @@ def import_attributes(
     index_dir: PathLike | None = None,
     missing: Literal["null", "fail"] = "null",
 ) -> ImportReport:
-    """Join the parquet ``table`` into the indexes of local ``shards`` by sample key.
+    """Join the parquet ``table`` into the indexes of ``shards`` by sample key.
 
     Parameters
     ----------
     shards
-        Local shard paths; each must have a valid index.
+        Shard paths or URLs; each must have a valid index. A URL's is its local copy
+        (:func:`~indextar.index.anywhere.open_shard_index`), which a rebuild replaces:
+        ``upload_index`` puts it beside the object.
     table
         A parquet file with a key column and the columns to import.
     key
@@ -154,7 +157,7 @@ def import_attributes(
         A key on two rows or a NULL key, an unknown column, or (``missing="fail"``) a
         sample without a row; nothing is written.
     StaleIndexError, MissingIndexError
-        As :func:`~indextar.open_index`.
+        As :func:`~indextar.index.anywhere.open_shard_index`.
     """
     if missing not in ("null", "fail"):
         raise ValueError(f"missing must be 'null' or 'fail'; got {missing!r}")
@@ -165,7 +168,7 @@ def import_attributes(
     plans: list[tuple[ShardIndex, AttributeTable]] = []
     total = matched = 0
     for shard in shards:  # every shard is matched before any index is written
-        index = open_index(shard, index_dir=index_dir)
+        index = open_shard_index(shard, index_dir=index_dir)
         shard_keys = index.keys()
         found = pa.compute.index_in(pa.array(shard_keys, pa.string()), value_set=keys)
         rows = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -1,9 +1,12 @@
-"""`indextar index` on URLs: HTTP and S3 (SeaweedFS) on 127.0.0.1, and --upload."""
+"""The CLI on URLs: HTTP and S3 (SeaweedFS) on 127.0.0.1: `indextar index` and --upload;
+info, ls, cat, get and verify through the indexes it made."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -91,3 +94,115 @@ def test_index_s3_and_upload_next_to_the_shards(s3: SeaweedServer, tmp_path: Pat
     finally:
         for name in env:
             os.environ.pop(name, None)
+
+
+# -- info, ls, cat, get, verify, meta import on URLs -------------------------------------
+
+
+def _cache_env(tmp_path: Path) -> dict[str, str]:
+    """A private default cache, so the default index folder is the test's own."""
+    return {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def test_inspect_http_urls_through_the_default_index_folder(
+    http: HttpServer, served: Path, tmp_path: Path
+) -> None:
+    members = sample_members(4, exts=("txt", "cls"), prefix="h_")
+    (served / "inspect.tar").write_bytes(tar_bytes(members, "pax"))
+    url, env = http.url("inspect.tar"), _cache_env(tmp_path)
+
+    missing = indextar("info", url, env=env)  # not indexed yet: said so, nothing built
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert f"remote shard {url!r} has no index" in missing.stderr
+    assert f"`indextar index {url}`" in missing.stderr
+    assert not (tmp_path / "cache" / "indextar" / "indexes").exists()
+
+    assert indextar("index", url, "-q", env=env).returncode == 0  # RemoteOptions' folder
+    (index_file,) = (tmp_path / "cache" / "indextar" / "indexes").glob("inspect.tar.*.idx.sqlite")
+
+    info = indextar("info", url, "--json", env=env)
+    assert info.returncode == 0, info.stderr
+    (summary,) = json.loads(info.stdout)
+    assert (summary["shard"], summary["index"]) == (url, str(index_file))
+    assert (summary["samples"], summary["members"]) == (4, 8)
+    assert summary["shard_bytes"] == (served / "inspect.tar").stat().st_size
+
+    listed = indextar("ls", url, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [row["key"] for row in json.loads(listed.stdout)] == [f"h_{i:06d}" for i in range(4)]
+    assert json.loads(listed.stdout)[2]["members"] == {"txt": 3 * len("h_2-txt"), "cls": 21}
+
+    cat = subprocess.run(
+        [sys.executable, "-m", "indextar", "cat", url, "h_000002.txt"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
+        capture_output=True,
+    )
+    assert cat.returncode == 0 and cat.stdout == members["h_000002.txt"]
+
+    got = indextar("get", url, "-1", "--json", env=env)
+    assert got.returncode == 0, got.stderr
+    described = json.loads(got.stdout)
+    assert (described["key"], described["index"], described["shard"]) == ("h_000003", 3, url)
+    assert described["members"][0]["head"] == members["h_000003.txt"].decode()
+
+    verified = indextar("verify", url, "--json", "-q", env=env)
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout) == [{"shard": url, "ok": True, "error": None}]
+
+    # A wrong row in the index: verify reads the object again and says where they differ.
+    with sqlite3.connect(index_file) as conn:
+        conn.execute("UPDATE members SET size = size + 1 WHERE member_id = 5")
+    wrong = indextar("verify", url, env=env)
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert f"{url!r}: index does not match the shard: member 5: index has" in wrong.stderr
+
+    # The object replaced: every command refuses the index, naming the URL.
+    (served / "inspect.tar").write_bytes(tar_bytes(sample_members(5, ("txt",), "n_"), "pax"))
+    for command in (("verify", url), ("info", url), ("get", url, "0")):
+        stale = indextar(*command, env=env)
+        assert stale.returncode == 1 and "Traceback" not in stale.stderr, command
+        assert f"remote shard {url!r} changed since it was indexed" in stale.stderr, command
+        assert f"`indextar index {url}` rebuilds it" in stale.stderr, command
+
+
+def test_inspect_a_remote_tar_gz(http: HttpServer, served: Path, tmp_path: Path) -> None:
+    members = sample_members(6, exts=("txt",), prefix="g_")
+    (served / "packed.tar.gz").write_bytes(gzip.compress(tar_bytes(members, "gnu"), mtime=0))
+    url = http.url("packed.tar.gz")
+    folder = str(tmp_path / "indexes")
+    assert indextar("index", url, "-q", "--index-dir", folder).returncode == 0
+
+    info = indextar("info", url, "--index-dir", folder, "--json")
+    (summary,) = json.loads(info.stdout)
+    assert (summary["compression"], summary["samples"]) == ("gzip", 6)
+    cat = indextar("cat", url, "g_000004.txt", "--index-dir", folder)
+    assert cat.returncode == 0 and cat.stdout == members["g_000004.txt"].decode()
+    verified = indextar("verify", url, "--index-dir", folder)
+    assert verified.returncode == 0, verified.stderr
+    assert "verified 1 of 1 shard: all OK" in verified.stdout
+
+
+def test_inspect_s3_urls_from_an_uploaded_index(s3: SeaweedServer, tmp_path: Path) -> None:
+    import s3fs
+
+    members = sample_members(5, exts=("txt",), prefix="s_")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.storage_options())
+    fs.pipe_file("shards/inspect/s.tar", tar_bytes(members, "gnu"))
+    url, env = "s3://shards/inspect/s.tar", s3.environment()
+    built = indextar("index", url, "--upload", "--index-dir", str(tmp_path / "a"), "-q", env=env)
+    assert built.returncode == 0, built.stderr
+
+    # Another machine: its default index folder is empty; the sidecar is fetched.
+    env |= _cache_env(tmp_path)
+    listed = indextar("ls", url, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1] == f"s_000001\ttxt:{len(members['s_000001.txt'])}"
+    assert len(list((tmp_path / "cache" / "indextar" / "indexes").glob("s.tar.*"))) == 1
+    got = indextar("get", url, "4", "--json", env=env)
+    assert json.loads(got.stdout)["members"][0]["head"] == members["s_000004.txt"].decode()
+    verified = indextar("verify", url, "-q", env=env)
+    assert verified.returncode == 0 and verified.stderr == "", verified.stderr
+
+    missing = indextar("info", "s3://shards/inspect/none.tar", env=env)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert "remote shard 's3://shards/inspect/none.tar'" in missing.stderr
