@@ -258,6 +258,20 @@ static void window_job_progress(window_job *job, const unsigned char *out, Py_ss
     pthread_mutex_unlock(&job->lock);
 }
 
+/* The pass is over: the thread makes the windows left (finish) or none, and ends. */
+static void window_job_stop(window_job *job, pthread_t thread, int finish)
+{
+    pthread_mutex_lock(&job->lock);
+    job->done = 1;
+    if (!finish)
+        job->count = 0;
+    pthread_cond_signal(&job->wake);
+    pthread_mutex_unlock(&job->lock);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(thread, NULL);
+    Py_END_ALLOW_THREADS
+}
+
 static void window_job_free(window_job *job)
 {
     for (Py_ssize_t k = 0; k < job->capacity; k++)
@@ -416,15 +430,7 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
     }
 finish:
     if (jobs != NULL) { /* every window made from the whole output, or none on an error */
-        pthread_mutex_lock(&job.lock);
-        job.done = 1;
-        if (error != NULL)
-            job.count = 0;
-        pthread_cond_signal(&job.wake);
-        pthread_mutex_unlock(&job.lock);
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(thread, NULL);
-        Py_END_ALLOW_THREADS
+        window_job_stop(&job, thread, error == NULL);
         jobs = NULL;
         if (job.failed) {
             PyErr_SetString(PyExc_MemoryError, "could not make the seek points' windows");
@@ -451,16 +457,8 @@ finish:
     }
     result = PyTuple_Pack(5, out, members, points, error, windows);
 done:
-    if (jobs != NULL) { /* an error before the end: stop the thread */
-        pthread_mutex_lock(&job.lock);
-        job.done = 1;
-        job.count = 0;
-        pthread_cond_signal(&job.wake);
-        pthread_mutex_unlock(&job.lock);
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(thread, NULL);
-        Py_END_ALLOW_THREADS
-    }
+    if (jobs != NULL) /* an error before the end: stop the thread */
+        window_job_stop(&job, thread, 0);
     if (job_ready)
         window_job_free(&job);
     Py_XDECREF(windows);

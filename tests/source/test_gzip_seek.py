@@ -5,10 +5,12 @@ reads against one-by-one reads, corrupt and truncated files, fork and spawn work
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import multiprocessing
 import os
 import random
+import sqlite3
 import subprocess
 import zlib
 from pathlib import Path
@@ -23,6 +25,7 @@ import indextar
 from indextar import native
 from indextar.errors import ShardFormatError, TruncatedShardError
 from indextar.index.compressed import read_layout
+from indextar.index.verify import verify_index
 from indextar.source import spancache
 from indextar.source.gzipped import GzipSeekSource
 from indextar.source.local import open_source
@@ -353,3 +356,32 @@ def test_spacing_default_and_index_size(tmp_path: Path) -> None:
     index = indextar.build_index(archive)
     assert index.meta.seek_spacing == DEFAULT_SEEK_SPACING == 1 << 17
     assert os.path.getsize(index.path) < 200_000
+
+
+def test_verify_accepts_whole_windows_and_refuses_a_wrong_kept_byte(tmp_path: Path) -> None:
+    """An index written before windows were sparse (whole windows) still verifies; a
+    window whose kept bytes differ from the shard's does not."""
+    archive = gnu_targz(tmp_path, members(100, size=6000))
+    indextar.build_index(archive, seek_spacing=SPACING)
+    whole = build_seek_points(str(archive), spacing=SPACING)
+    sparse = seek_source(archive).points
+    path = indextar.index_path(archive)
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.executemany(
+            "UPDATE seek_points SET window = ? WHERE point_id = ?",
+            [(w or None, n) for n, w in enumerate(whole.windows)],
+        )
+    assert verify_index(archive).ok
+    tar = gzip.decompress(archive.read_bytes())
+    assert seek_source(archive).read(300_000, 50_000) == tar[300_000:350_000]
+    n = next(i for i, w in enumerate(sparse.windows) if w and i > 0)
+    window = bytearray(zlib.decompress(sparse.windows[n]))
+    at = next(i for i, b in enumerate(window) if b and b != (i & 0xFF))
+    window[at] ^= 0x01
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(
+            "UPDATE seek_points SET window = ? WHERE point_id = ?", (zlib.compress(window), n)
+        )
+    assert verify_index(archive).problems == [
+        "seek points: their windows differ from the shard's data"
+    ]
