@@ -19,9 +19,9 @@ from ..source.local import FileVersion, open_source
 from ..source.remote import RangeSource
 from .compressed import decompressing_source
 from .remote import default_index_dir, expected_stat, open_remote_index
-from .shard import PathLike, ShardIndex, open_index
+from .shard import PathLike, ShardIndex, build_index, open_index
 
-__all__ = ["open_shard_index", "shard_source"]
+__all__ = ["open_shard_index", "usable_index", "shard_source"]
 
 
 def open_shard_index(
@@ -54,6 +54,15 @@ def open_shard_index(
         storage_options=storage_options,
         build_missing=False,
     )
+
+
+def usable_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIndex:
+    """The index of ``shard``: a local shard's is built if missing (:func:`~.shard.build_index`);
+    a URL's must exist (:func:`open_shard_index`; ``indextar index`` or ``build_indexes``
+    builds it). What the tools that copy or export shards read."""
+    if is_url(os.fspath(shard)):
+        return open_shard_index(shard, index_dir=index_dir)
+    return build_index(shard, index_dir=index_dir)
 
 
 def shard_source(

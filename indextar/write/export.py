@@ -24,9 +24,10 @@ from pathlib import Path
 
 from ..atomic import write_atomic
 from ..errors import ExportError
+from ..index.anywhere import usable_index
 from ..index.manifest import write_manifest
 from ..index.members import MemberTable, load_members
-from ..index.shard import PathLike, build_index
+from ..index.shard import PathLike
 
 __all__ = ["DALI_VERSION", "dali_index_text", "dali_index_name", "export_dali", "export_wids"]
 
@@ -74,7 +75,7 @@ def export_dali(
 ) -> list[Path]:
     """Write a DALI index for each shard into ``outdir``; return the paths written.
 
-    Shard indexes are built first where missing.
+    Local shards' indexes are built first where missing; a URL's must exist.
 
     Raises
     ------
@@ -94,7 +95,7 @@ def export_dali(
             seen[target] = shard
     folder.mkdir(parents=True, exist_ok=True)
     for shard, target in zip(shards, targets):
-        text = dali_index_text(load_members(build_index(shard, index_dir=index_dir)))
+        text = dali_index_text(load_members(usable_index(shard, index_dir=index_dir)))
         write_atomic(target, text)
     return targets
 
@@ -107,5 +108,5 @@ def export_wids(
     name: str | None = None,
 ) -> Path:
     """Write a wids shard list (an indextar manifest) of ``shards`` to ``path``."""
-    indexes = [build_index(shard, index_dir=index_dir) for shard in shards]
+    indexes = [usable_index(shard, index_dir=index_dir) for shard in shards]
     return write_manifest(path, indexes, name=name)

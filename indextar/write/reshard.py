@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WriterError
-from ..index.compressed import decompressing_source
+from ..index.anywhere import shard_source, usable_index
 from ..index.members import MemberTable, load_members
-from ..index.shard import PathLike, ShardIndex, build_index
+from ..index.shard import PathLike, ShardIndex
+from ..patterns import is_url
 from ..source.base import ByteSource
-from ..source.local import LocalFileSource
 from .sample import TarSample
 from .shardwriter import ShardWriter
 
@@ -95,11 +95,10 @@ def _pread(fd: int | ByteSource) -> Callable[[int, int], bytes]:
 
 
 def _open_source(index: ShardIndex, stack: ExitStack) -> int | ByteSource:
-    """A plain shard's descriptor; a compressed shard's source of uncompressed bytes."""
-    if not index.meta.compression:
+    """A plain local shard's descriptor; else a source of the uncompressed bytes."""
+    if not index.meta.compression and not is_url(index.shard):
         return stack.enter_context(open(index.shard, "rb", buffering=0)).fileno()
-    raw = LocalFileSource(index.shard)
-    source = decompressing_source(index.path, index.meta, raw, local_path=index.shard)
+    source = shard_source(index)
     stack.callback(source.close)
     return source
 
@@ -123,7 +122,8 @@ def reshard(
     Parameters
     ----------
     shards
-        Source shards, in order; their indexes are built first if missing. They may be
+        Source shards, in order: local paths, whose indexes are built first if missing,
+        or URLs, whose indexes must exist (read by ranged requests). They may be
         compressed (a ``.tar.gz`` or a per-sample or multi-frame ``.tar.zst``).
     pattern, maxcount, maxsize, start_shard, manifest, compress
         As for :class:`~indextar.ShardWriter`.
@@ -140,7 +140,7 @@ def reshard(
         If two source samples with the same key would land in one output shard.
     """
     began = time.perf_counter()
-    indexes = [build_index(shard, index_dir=index_dir) for shard in shards]
+    indexes = [usable_index(shard, index_dir=index_dir) for shard in shards]
     tables = [load_members(index) for index in indexes]
     counts = np.asarray([len(t) for t in tables], dtype=np.int64)
     source_of = np.repeat(np.arange(len(tables)), counts)

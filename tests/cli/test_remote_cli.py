@@ -1,5 +1,5 @@
 """The CLI on URLs: HTTP and S3 (SeaweedFS) on 127.0.0.1: `indextar index` and --upload;
-info, ls, cat, get and verify through the indexes it made."""
+info, ls, cat, get, verify, reshard, export, meta import and query through its indexes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,3 +207,32 @@ def test_inspect_s3_urls_from_an_uploaded_index(s3: SeaweedServer, tmp_path: Pat
     missing = indextar("info", "s3://shards/inspect/none.tar", env=env)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "remote shard 's3://shards/inspect/none.tar'" in missing.stderr
+
+
+def test_reshard_export_and_import_from_http_urls(http: HttpServer, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pattern, folder = http.url("data-{0..1}.tar"), str(tmp_path / "indexes")
+    urls = [http.url(f"data-{n}.tar") for n in range(2)]
+    assert indextar("index", pattern, "-q", "--index-dir", folder).returncode == 0
+
+    out = tmp_path / "out-%02d.tar"
+    copied = indextar("reshard", pattern, str(out), "--index-dir", folder, "-q")
+    assert copied.returncode == 0, copied.stderr
+    with tarfile.open(tmp_path / "out-00.tar") as tf:
+        assert len(tf.getnames()) == 120
+        data = tf.extractfile("r1_000002.jpg")
+        assert data is not None and data.read() == b"r1_2-jpg" * 3
+
+    wids = tmp_path / "wids.json"
+    exported = indextar("export", "--wids", str(wids), pattern, "--index-dir", folder, "-q")
+    assert exported.returncode == 0, exported.stderr
+    assert [entry["url"] for entry in json.loads(wids.read_text())["shardlist"]] == urls
+
+    table = tmp_path / "scores.parquet"
+    pq.write_table(pa.table({"key": ["r0_000003", "r0_000007"], "score": [5, 1]}), table)
+    imported = indextar("meta", "import", str(table), urls[0], "--index-dir", folder)
+    assert imported.returncode == 0, imported.stderr
+    selected = indextar("query", urls[0], "--where", "score > 2", "--keys", "--index-dir", folder)
+    assert selected.stdout.split() == ["r0_000003"]
