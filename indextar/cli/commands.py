@@ -25,7 +25,7 @@ from .compress import add_compress_commands
 from .indexing import add_index_options, run_index
 from .options import add_options, count
 from .query import add_query_commands
-from .tools import add_tool_commands
+from .tools import add_tool_commands, quiet_broken_pipe
 
 __all__ = ["main", "build_parser"]
 
@@ -280,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # the reader (head, less) went away: not an error
+        quiet_broken_pipe()
+        return 0
     except (IndextarError, OSError) as e:  # OSError: a file named on the command line
         if args.debug:
             traceback.print_exc()

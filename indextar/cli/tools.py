@@ -24,7 +24,7 @@ from ..write.export import export_dali, export_wids
 from ..write.reshard import reshard
 from .options import add_options
 
-__all__ = ["add_tool_commands"]
+__all__ = ["add_tool_commands", "quiet_broken_pipe"]
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -147,7 +147,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             for key, members in rows:
                 print(key + "\t" + " ".join(f"{ext}:{size}" for ext, size in members))
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
     return 0
 
 
@@ -157,11 +157,11 @@ def _cmd_cat(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
     return 0
 
 
-def _quiet_broken_pipe() -> None:
+def quiet_broken_pipe() -> None:
     # The reader (head, less) went away: not an error. Keep Python from
     # reporting the failed flush of stdout at exit.
     devnull = os.open(os.devnull, os.O_WRONLY)
