@@ -84,7 +84,8 @@ class GzipSeekSource(ByteSource):
     local_path
         The file's path when it is local: zran (the fallback) then reads it itself.
     cache
-        Where decompressed spans are kept (default: the process's ``SPAN_CACHE``).
+        Where decompressed spans are kept (default, and after pickling: the process's
+        ``SPAN_CACHE``).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class GzipSeekSource(ByteSource):
         self._file: Any = None
         self._generation = -1
         self._lock = threading.Lock()
+        self._lock_generation = base._fork_generation
         # The last span decompressed, served first: reads in order need no cache.
         self._last_at = -1
         self._last = b""
@@ -119,14 +121,20 @@ class GzipSeekSource(ByteSource):
         state = self.__dict__.copy()
         for name in ("_starts", "_token", "_gunzip", "_file", "_lock", "_last", "_last_at"):
             del state[name]
-        state["cache"] = None if self.cache is SPAN_CACHE else self.cache
+        state["cache"] = None  # the receiving process's own SPAN_CACHE
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self.cache is None:
-            self.cache = SPAN_CACHE
+        self.cache = SPAN_CACHE
         self._setup()
+
+    def _guard(self) -> threading.Lock:
+        """The source's lock; a new one in a forked child, where one that another
+        thread held at the fork would stay held."""
+        if self._lock_generation != base._fork_generation:
+            self._lock, self._lock_generation = threading.Lock(), base._fork_generation
+        return self._lock
 
     @property
     def size(self) -> int:
@@ -135,7 +143,7 @@ class GzipSeekSource(ByteSource):
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.points.uncompressed_size:
             raise outside_error(self.url, offset, length, self.points.uncompressed_size)
-        with self._lock:
+        with self._guard():
             data = self._kept(offset, length)
             if data is None:
                 data = self._read_on(offset, length) if offset == self._last_end else None
@@ -168,7 +176,7 @@ class GzipSeekSource(ByteSource):
         out: list[bytes] = [b""] * len(offsets)
         wanted: dict[int, list[int]] = {}
         starts = self._starts
-        with self._lock:
+        with self._guard():
             for n, (offset, length) in enumerate(zip(offsets, lengths)):
                 if offset < 0 or length < 0 or offset + length > size:
                     raise outside_error(self.url, offset, length, size)

@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import multiprocessing
 import os
+import pickle
 import random
 import sqlite3
 import subprocess
@@ -385,3 +386,21 @@ def test_verify_accepts_whole_windows_and_refuses_a_wrong_kept_byte(tmp_path: Pa
     assert verify_index(archive).problems == [
         "seek points: their windows differ from the shard's data"
     ]
+
+
+def test_a_lock_held_at_a_fork_does_not_block_the_child(targz: Path) -> None:
+    source = seek_source(targz)
+    source.read(0, 10)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    with source._guard():  # as if another thread were reading when the DataLoader forks
+        child = context.Process(target=read_in_child, args=(source, queue))
+        child.start()
+    assert queue.get(timeout=60) == gzip.decompress(targz.read_bytes())[5000:6000]
+    child.join(60)
+    restored = pickle.loads(pickle.dumps(source))  # a spawned worker's copy
+    assert restored.cache is SPAN_CACHE and restored.read(5000, 1000) == source.read(5000, 1000)
+
+
+def read_in_child(source: GzipSeekSource, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    queue.put(source.read(5000, 1000))
