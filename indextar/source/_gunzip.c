@@ -110,11 +110,14 @@ static void sparse_window(const unsigned char *compressed, Py_ssize_t compressed
         const unsigned pair = ((unsigned)probe_out[p] << 8) | real[p];
         seen[pair >> 3] |= (unsigned char)((probe_out[p] != real[p]) << (pair & 7));
     }
+    for (unsigned low = 0; low < 256; low++) { /* a copy from s where window[s] == s & 0xFF */
+        const unsigned pair = (low << 8) | low;
+        seen[pair >> 3] |= (unsigned char)(1u << (pair & 7));
+    }
     for (int s = 0; s < WINDOW; s++) {
         const unsigned char value = window[s];
         const unsigned pair = ((unsigned)(s & 0xFF) << 8) | value;
-        const int keep = value == (unsigned char)s || (seen[pair >> 3] >> (pair & 7)) & 1;
-        sparse[s] = keep ? value : 0;
+        sparse[s] = value & (unsigned char)-((seen[pair >> 3] >> (pair & 7)) & 1);
     }
 }
 
