@@ -1,10 +1,11 @@
 """A shard's existing index, and its bytes, wherever the shard is: a local path or a URL.
 
-What the tools that inspect shards (``indextar info``, ``ls``, ``cat``, ``get``,
-``verify``) open. Nothing is built: a local shard's index is :func:`~.shard.open_index`'s;
-a remote shard's is found as a dataset finds it (:func:`~.remote.open_remote_index`: in
-``index_dir``, by default :func:`~.remote.default_index_dir`, else fetched from
-``<url>.idx.sqlite`` beside the object), and checked against the object.
+What the tools that inspect, copy or export shards (``indextar info``, ``ls``, ``cat``,
+``get``, ``verify``, ``meta import``, ``reshard``, ``export``) open. A remote shard's
+index is never built here: it is found as a dataset finds it
+(:func:`~.remote.open_remote_index`: in ``index_dir``, by default
+:func:`~.remote.default_index_dir`, else fetched from ``<url>.idx.sqlite`` beside the
+object), and checked against the object.
 """
 
 from __future__ import annotations

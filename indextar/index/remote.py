@@ -214,9 +214,9 @@ def scan_remote_shard(
         seek_spacing=layout.seek_spacing if layout is not None else 0,
     )
     write_index(local, meta, read.scan, read.grouping, layout=layout)
-    log.info("indexed %s: %s scan, %d of %d bytes fetched", url, read.mode, read.bytes_fetched,
-             stat.size)  # fmt: skip
-    return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), read.mode, read.bytes_fetched)
+    fetched = read.bytes_fetched
+    log.info("indexed %s: %s scan, %d of %d bytes fetched", url, read.mode, fetched, stat.size)
+    return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), read.mode, fetched)
 
 
 @dataclass(frozen=True, slots=True)
