@@ -21,10 +21,7 @@ The decompressed tar is held in memory while it is scanned.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import mmap
-import os
 import shlex
 import zlib
 from dataclasses import dataclass
@@ -37,6 +34,7 @@ import numpy as np
 from .. import native
 from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
 from ..source.codecs import decompress_frame
+from ..source.local import mapped_file
 from ..source.seekpoints import MIN_SPACING, SeekPoints, build_seek_points
 from ..tar.compress import zstd_frame_spans
 from ..tar.scan import TarScan, scan_tar
@@ -83,19 +81,11 @@ def scan_compressed(
 
     Errors in the tar itself give offsets into the decompressed tar, and say so.
     """
-    with open(shard, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            content_fingerprint = fingerprint(mm, size)
-            data, layout = decompress_shard(
-                memoryview(mm), codec, shard=shard, seek_spacing=seek_spacing
-            )
-        finally:
-            with contextlib.suppress(BufferError):
-                # An error's traceback still holds views of the map; it is unmapped
-                # when that exception is collected.
-                mm.close()
+    with mapped_file(shard) as (mm, _, size):
+        content_fingerprint = fingerprint(mm, size)
+        data, layout = decompress_shard(
+            memoryview(mm), codec, shard=shard, seek_spacing=seek_spacing
+        )
     try:
         scan = scan_tar(data, shard=str(shard), ignore_zeros=ignore_zeros)
         grouping = group_members(scan, shard=str(shard))
