@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +26,7 @@ from .compress import add_compress_commands
 from .indexing import add_index_options, run_index
 from .options import add_options, count
 from .query import add_query_commands
-from .tools import add_tool_commands, quiet_broken_pipe
+from .tools import add_tool_commands
 
 __all__ = ["main", "build_parser"]
 
@@ -270,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_broken_pipe() -> None:
+    # Keep Python from reporting the failed flush of stdout at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 on success)."""
     parser = build_parser()
@@ -281,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BrokenPipeError:  # the reader (head, less) went away: not an error
-        quiet_broken_pipe()
+        _quiet_broken_pipe()
         return 0
     except (IndextarError, OSError) as e:  # OSError: a file named on the command line
         if args.debug:

@@ -24,7 +24,7 @@ from ..write.export import export_dali, export_wids
 from ..write.reshard import reshard
 from .options import add_options
 
-__all__ = ["add_tool_commands", "quiet_broken_pipe"]
+__all__ = ["add_tool_commands"]
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -140,32 +140,19 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         (table.keys[i], [(table.exts[m], int(table.sizes[m])) for m in table.members_of(i)])
         for i in listed
     ]
-    try:
-        if args.json:
-            print(json.dumps([{"key": key, "members": dict(members)} for key, members in rows]))
-        else:
-            for key, members in rows:
-                print(key + "\t" + " ".join(f"{ext}:{size}" for ext, size in members))
-    except BrokenPipeError:
-        quiet_broken_pipe()
+    if args.json:  # a reader that goes away (| head) is main's BrokenPipeError
+        print(json.dumps([{"key": key, "members": dict(members)} for key, members in rows]))
+    else:
+        for key, members in rows:
+            print(key + "\t" + " ".join(f"{ext}:{size}" for ext, size in members))
     return 0
 
 
 def _cmd_cat(args: argparse.Namespace) -> int:
     data = read_member(args.shard, args.member, index_dir=args.index_dir)
-    try:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    except BrokenPipeError:
-        quiet_broken_pipe()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
     return 0
-
-
-def quiet_broken_pipe() -> None:
-    # The reader (head, less) went away: not an error. Keep Python from
-    # reporting the failed flush of stdout at exit.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _cmd_get(args: argparse.Namespace) -> int:

@@ -89,13 +89,11 @@ def _members(shard: PathLike, index_dir: PathLike | None) -> tuple[MemberTable, 
     return load_members(index), index
 
 
-def _source(
-    table: MemberTable, index: ShardIndex | None, storage_options: Mapping[str, Any] | None
-) -> ByteSource:
+def _source(table: MemberTable, index: ShardIndex | None) -> ByteSource:
     """The uncompressed bytes ``table``'s offsets point into."""
     if index is None:  # an uncompressed local shard, scanned: its file
         return open_source(table.shard)
-    return shard_source(index, storage_options=storage_options)
+    return shard_source(index)
 
 
 def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = None) -> bytes:
@@ -117,7 +115,7 @@ def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = No
     for sample in samples:
         for row in table.members_of(sample):
             if table.exts[row] == ext:
-                with _source(table, index, None) as source:
+                with _source(table, index) as source:
                     return source.read(int(table.data_offsets[row]), int(table.sizes[row]))
     present = sorted({table.exts[row] for s in samples for row in table.members_of(s)})
     raise SampleKeyError(
