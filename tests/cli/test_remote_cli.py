@@ -182,6 +182,13 @@ def test_inspect_a_remote_tar_gz(http: HttpServer, served: Path, tmp_path: Path)
     assert verified.returncode == 0, verified.stderr
     assert "verified 1 of 1 shard: all OK" in verified.stdout
 
+    # The same file on disk: cat and get read its tar's bytes too, not the gzip stream's.
+    local = str(served / "packed.tar.gz")
+    assert indextar("index", local, "-q").returncode == 0
+    assert indextar("cat", local, "g_000004.txt").stdout == members["g_000004.txt"].decode()
+    got = json.loads(indextar("get", local, "5", "--json").stdout)
+    assert got["members"][0]["head"] == members["g_000005.txt"].decode()
+
 
 def test_inspect_s3_urls_from_an_uploaded_index(s3: SeaweedServer, tmp_path: Path) -> None:
     import s3fs
