@@ -34,10 +34,10 @@ import numpy.typing as npt
 from ..atomic import write_atomic
 from ..errors import SelectionError
 from ..index.attributes import attribute_columns, has_attribute_table, quote
+from ..index.remote import default_cache_root
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..patterns import is_url
 from .lookup import sample_keys
-from .remote_options import default_cache_root
 
 __all__ = [
     "where_indices",
