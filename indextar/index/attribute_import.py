@@ -137,7 +137,8 @@ def import_attributes(
     ----------
     shards
         Shard paths or URLs; each must have a valid index. A URL's is its local copy
-        (:func:`~indextar.index.anywhere.open_shard_index`), which a rebuild replaces:
+        (:func:`~indextar.index.anywhere.open_shard_index`), which a changed object no
+        longer silently rebuilds (a rebuild would drop the columns: ``StaleIndexError``);
         ``upload_index`` puts it beside the object.
     table
         A parquet file with a key column and the columns to import.

@@ -23,7 +23,13 @@ from ..source.forward import ScanMode
 from .attribute_json import OnError
 from .decompress import DEFAULT_SEEK_SPACING
 from .fresh import cache_meta
-from .remote import open_remote_index, remote_index_path, scan_remote_shard, upload_index
+from .remote import (
+    open_remote_index,
+    refuse_stale_rebuild,
+    remote_index_path,
+    scan_remote_shard,
+    upload_index,
+)
 from .shard import ShardIndex, build_index, index_path
 
 __all__ = ["BuildOptions", "ShardOutcome", "build_shard", "build_shards"]
@@ -173,6 +179,8 @@ def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
                 url, index_dir=folder, storage_options=options.storage_options, build_missing=False
             )
         except (MissingIndexError, StaleIndexError, IndexFormatError) as e:
+            if isinstance(e, StaleIndexError):
+                refuse_stale_rebuild(url, remote_index_path(url, folder))
             log.info("rebuilding the index of %s: %s", url, e)
     if index is not None:
         outcome = ShardOutcome(url, index)

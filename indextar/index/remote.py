@@ -36,7 +36,7 @@ from .decompress import DEFAULT_SEEK_SPACING
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
 from .naming import Grouping, group_members
 from .remote_compressed import scan_compressed_object
-from .shard import INDEX_SUFFIX, ShardIndex
+from .shard import INDEX_SUFFIX, ShardIndex, refuse_to_drop_imports
 from .spans import headers_name_their_keys
 from .tables import write_index
 
@@ -51,6 +51,7 @@ __all__ = [
     "ObjectScan",
     "scan_object",
     "upload_index",
+    "refuse_stale_rebuild",
 ]
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ def open_remote_index(
         except (StaleIndexError, IndexFormatError) as e:
             if not build_missing:
                 raise
+            if isinstance(e, StaleIndexError):
+                refuse_stale_rebuild(url, local)
             log.warning("rebuilding the index of %s: %s", url, e)
     if not build_missing:
         raise MissingIndexError(
@@ -132,6 +135,18 @@ def open_remote_index(
             f"build it with build_missing=True or `indextar index {url}`"
         )
     return build_remote_index(url, index_dir=index_dir, storage_options=storage_options)
+
+
+def refuse_stale_rebuild(url: str, local: Path) -> None:
+    """Refuse to replace ``url``'s stale index ``local`` by a scan if it holds imported
+    columns, which the object cannot give back: a :class:`StaleIndexError` (raised while
+    handling the one that found it stale, which says what changed)."""
+    refuse_to_drop_imports(
+        ShardIndex(shard=url, path=local, meta=_read_meta(local)),
+        f"{url!r} changed since it was indexed",
+        remedy=f"build_remote_index({url!r}, index_dir=...) (`indextar index --force {url}`)",
+        error=StaleIndexError,
+    )
 
 
 def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | None) -> bool:

@@ -46,6 +46,7 @@ __all__ = [
     "open_index",
     "open_index_at",
     "index_path",
+    "refuse_to_drop_imports",
 ]
 
 log = logging.getLogger(__name__)
@@ -246,16 +247,21 @@ def _scan_for_index(shard: Path, *, ignore_zeros: bool) -> tuple[TarScan, Groupi
         return scan, grouping, fingerprint(mm, size), named
 
 
-def _refuse_to_drop_imports(existing: ShardIndex, meta: str) -> None:
-    """Refuse the rebuild that ``meta`` asks of ``existing`` if it would drop imported
-    columns: the shard cannot give them back."""
+def refuse_to_drop_imports(
+    existing: ShardIndex,
+    why: str,
+    *,
+    remedy: str = "force=True",
+    error: type[IndextarError] = IndextarError,
+) -> None:
+    """Refuse the rebuild of ``existing`` that ``why`` asks for if it would drop imported
+    columns (:func:`~indextar.import_attributes`): the shard cannot give them back."""
     imported = existing.imported_from()
     if imported:
-        raise IndextarError(
+        raise error(
             f"index {str(existing.path)!r} has attributes imported from "
-            f"{', '.join(map(repr, imported))} but none read from each sample's {meta!r} "
-            f"member; a rebuild with meta={meta!r} would drop the imported columns: "
-            "rebuild it with force=True, then import them again"
+            f"{', '.join(map(repr, imported))} but {why}; a rebuild would drop the imported "
+            f"columns: rebuild it with {remedy}, then import them again"
         )
 
 
@@ -327,7 +333,9 @@ def build_index(
         try:
             existing = open_index_at(shard_path, path)
             if meta is not None and not existing.has_attributes(meta):
-                _refuse_to_drop_imports(existing, meta)
+                refuse_to_drop_imports(
+                    existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
+                )
                 log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
             elif ignore_zeros or not existing.meta.ignore_zeros:
                 return existing

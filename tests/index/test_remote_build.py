@@ -139,3 +139,36 @@ def test_a_rerun_over_http_checks_each_shard_by_its_job(
     again = list(iter_builds(urls, options, workers=1))
     assert [o.shard for o in again] == urls
     assert all(o.ok and not o.built for o in again)
+
+
+def test_a_stale_remote_index_with_imported_columns_is_not_rebuilt_away(
+    served: tuple[Path, HttpServer], tmp_path: Path
+) -> None:
+    # `indextar meta import URL` writes into the index's local copy; a scan cannot give
+    # the columns back, so a replaced object's index is refused, as build_index refuses.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from indextar.errors import StaleIndexError
+    from indextar.index.attribute_import import import_attributes
+    from indextar.index.jobs import BuildOptions, build_shard
+    from indextar.index.remote import open_remote_index
+
+    root, server = served
+    (root / "imported.tar").write_bytes(tar_bytes(sample_members(4, exts=("txt",))))
+    url, folder = server.url("imported.tar"), tmp_path / "ix"
+    index = build_remote_index(url, index_dir=folder)
+    table = tmp_path / "clip.parquet"
+    pq.write_table(pa.table({"key": index.keys(), "clip": [0.1, 0.2, 0.3, 0.4]}), table)
+    import_attributes([url], table, index_dir=folder)
+    (root / "imported.tar").write_bytes(tar_bytes(sample_members(5, exts=("txt",))))
+    refused = r"imported from 'clip\.parquet'.*changed since it was indexed.*build_remote_index"
+    with pytest.raises(StaleIndexError, match=refused):
+        open_remote_index(url, index_dir=folder)
+    outcome = build_shard(url, BuildOptions(index_dir=str(folder)))
+    assert not outcome.built and outcome.error_type == "StaleIndexError"
+    assert outcome.error is not None and "clip.parquet" in outcome.error
+    assert index.imported_from() == ["clip.parquet"]  # the local copy is untouched
+    forced = build_shard(url, BuildOptions(index_dir=str(folder), force=True))
+    assert forced.built and forced.index is not None and forced.index.meta.num_samples == 5
+    assert forced.index.imported_from() == []
