@@ -224,17 +224,13 @@ class MixtureOrder:
             if width > 1:
                 shuffle = KeyedPermutation(width, tuple(int(k) for k in window_keys))
                 slots = shuffle.permute(slots)
-            rank = self._time_ranks(window, s, shuffle, composition)[slots - composition[s]]
-            drawn = int(stream[s]) + rank
-            size = self.part_sizes[s]
-            here = drawn // size
+            here, offsets = self._crossing_draws(window, s, shuffle, composition, stream, slots)
             low = int(here.min())
             keys = np.array(
                 [self._pass_keys(s, p) for p in range(low, int(here.max()) + 1)], dtype=np.uint64
             )
-            local = permute_grouped(
-                drawn - here * size, here - low, np.full(len(keys), size, dtype=np.int64), keys
-            )
+            sizes = np.full(len(keys), self.part_sizes[s], dtype=np.int64)
+            local = permute_grouped(offsets, here - low, sizes, keys)
             out[mine] = int(self._starts[s]) + local
 
     def _current_keys(self, passes: Array) -> npt.NDArray[np.uint64]:
@@ -275,13 +271,22 @@ class MixtureOrder:
         for s in np.flatnonzero(crossing).tolist():
             mine = np.flatnonzero(owner == s)
             if mine.size:
-                rank = self._time_ranks(window, s, shuffle, composition)[
-                    slots[mine] - composition[s]
-                ]
-                position = int(stream[s]) + rank
-                here = position // self.part_sizes[s]
+                here, offset[mine] = self._crossing_draws(
+                    window, s, shuffle, composition, stream, slots[mine]
+                )
                 group[mine] = pairs.ids_of(s, here)
-                offset[mine] = position - here * self.part_sizes[s]
+
+    def _crossing_draws(
+        self, window: int, part: int, shuffle: KeyedPermutation | None, composition: Array,
+        stream: Array, slots: Array,
+    ) -> tuple[Array, Array]:  # fmt: skip
+        """For ``part``'s ``slots`` (permuted) in ``window``, where its draws cross
+        passes: each draw's pass, and its offset in that pass."""
+        rank = self._time_ranks(window, part, shuffle, composition)[slots - composition[part]]
+        drawn = int(stream[part]) + rank
+        size = self.part_sizes[part]
+        here = drawn // size
+        return here, drawn - here * size
 
     def _time_ranks(
         self, window: int, part: int, shuffle: KeyedPermutation | None, composition: Array
