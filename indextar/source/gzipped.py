@@ -131,9 +131,12 @@ class GzipSeekSource(ByteSource):
 
     def _guard(self) -> threading.Lock:
         """The source's lock; a new one in a forked child, where one that another
-        thread held at the fork would stay held."""
+        thread held at the fork would stay held. The child also drops the parent's last
+        span, as its ``SPAN_CACHE`` starts empty: its first read goes to ``raw``, which
+        refuses a file replaced since the parent opened it."""
         if self._lock_generation != base._fork_generation:
             self._lock, self._lock_generation = threading.Lock(), base._fork_generation
+            self._last, self._last_at = b"", -1
         return self._lock
 
     @property

@@ -404,3 +404,36 @@ def test_a_lock_held_at_a_fork_does_not_block_the_child(targz: Path) -> None:
 
 def read_in_child(source: GzipSeekSource, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     queue.put(source.read(5000, 1000))
+
+
+def outcome_in_child(ds: indextar.IndexedTarDataset, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    try:
+        queue.put(bytes(ds[3]["bin"]))
+    except Exception as e:
+        queue.put(type(e).__name__)
+
+
+def test_a_forked_child_refuses_a_file_replaced_after_the_parent_read_it(
+    tmp_path: Path,
+) -> None:
+    """The parent's last span is not the child's: a child reading the span the parent
+    read last finds the file replaced by rename, as with a plain tar."""
+    archive = gnu_targz(tmp_path / "a", members(20, size=6000))
+    indextar.build_index(archive, seek_spacing=SPACING)
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(gzip.decompress(archive.read_bytes()))
+    indextar.build_index(plain)
+    datasets = [indextar.IndexedTarDataset(str(archive)), indextar.IndexedTarDataset(str(plain))]
+    for ds in datasets:
+        assert ds[3]["bin"] == members(20, size=6000)["s00003.bin"]
+    newer = gnu_targz(tmp_path / "b", members(21, size=6000))
+    os.replace(newer, archive)
+    plain.with_suffix(".new").write_bytes(gzip.decompress(archive.read_bytes()))
+    os.replace(plain.with_suffix(".new"), plain)
+    context = multiprocessing.get_context("fork")
+    for ds in datasets:
+        queue = context.Queue()
+        child = context.Process(target=outcome_in_child, args=(ds, queue))
+        child.start()
+        assert queue.get(timeout=60) == "StaleIndexError", ds
+        child.join(60)
