@@ -190,6 +190,7 @@ def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
             index_dir=folder,
             storage_options=options.storage_options,
             mode=options.remote_mode,
+            seek_spacing=options.seek_spacing,
         )
         cache_meta(build.index.path, build.index.meta)
         outcome = ShardOutcome(

@@ -187,11 +187,16 @@ def build_remote_index(
     index_dir: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     mode: ScanMode = "auto",
+    seek_spacing: int = DEFAULT_SEEK_SPACING,
 ) -> ShardIndex:
     """Scan ``url`` as it streams (or its headers by ranged reads) into an index in
     ``index_dir``; no copy of the shard is written. See :func:`scan_remote_shard`."""
     return scan_remote_shard(
-        url, index_dir=index_dir, storage_options=storage_options, mode=mode
+        url,
+        index_dir=index_dir,
+        storage_options=storage_options,
+        mode=mode,
+        seek_spacing=seek_spacing,
     ).index
 
 
@@ -201,6 +206,7 @@ def scan_remote_shard(
     index_dir: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     mode: ScanMode = "auto",
+    seek_spacing: int = DEFAULT_SEEK_SPACING,
 ) -> RemoteBuild:
     """Build the index of ``url`` in ``index_dir`` from one forward read of the object.
 
@@ -208,12 +214,20 @@ def scan_remote_shard(
     alone, jumping over member data; ``"auto"`` chooses from the first headers
     (:class:`~indextar.source.forward.ForwardReader`). Either way the members, and
     any error, are :func:`~indextar.tar.scan.scan_tar`'s, and every read is
-    conditional on the object's first version.
+    conditional on the object's first version. ``seek_spacing`` is
+    :func:`~indextar.build_index`'s, for a single-stream ``.tar.gz``.
     """
     local = remote_index_path(url, index_dir)
     local.parent.mkdir(parents=True, exist_ok=True)
     stat = RangeSource(url, storage_options=storage_options).stat()
-    read = scan_object(url, stat, scratch=local, storage_options=storage_options, mode=mode)
+    read = scan_object(
+        url,
+        stat,
+        scratch=local,
+        storage_options=storage_options,
+        mode=mode,
+        seek_spacing=seek_spacing,
+    )
     layout = read.layout
     meta = IndexMeta.describe(
         read.scan,

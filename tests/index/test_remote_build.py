@@ -172,3 +172,32 @@ def test_a_stale_remote_index_with_imported_columns_is_not_rebuilt_away(
     forced = build_shard(url, BuildOptions(index_dir=str(folder), force=True))
     assert forced.built and forced.index is not None and forced.index.meta.num_samples == 5
     assert forced.index.imported_from() == []
+
+
+def test_a_remote_tar_gz_is_indexed_at_the_seek_spacing_asked(
+    served: tuple[Path, HttpServer], tmp_path: Path
+) -> None:
+    # `indextar index URL --seek-spacing N` is a BuildOptions field: the remote build takes it.
+    import gzip
+
+    from indextar.index.compressed import read_layout
+    from indextar.index.jobs import BuildOptions, build_shard
+
+    root, server = served
+    rng = np.random.default_rng(0)
+    words = [bytes(rng.integers(97, 123, 6, np.uint8)) for _ in range(2000)]
+    plain = tar_bytes(
+        {
+            f"t{i:03d}.txt": b" ".join(words[j] for j in rng.integers(0, 2000, 300))
+            for i in range(300)
+        }
+    )
+    (root / "spaced.tar.gz").write_bytes(gzip.compress(plain, mtime=0))
+    outcome = build_shard(
+        server.url("spaced.tar.gz"), BuildOptions(index_dir=str(tmp_path), seek_spacing=65536)
+    )
+    assert outcome.built and outcome.index is not None
+    meta = outcome.index.meta
+    assert meta.compression == "gzip" and meta.seek_spacing == 65536
+    points = read_layout(outcome.index.path, meta).seek_points
+    assert points is not None and len(points.points) >= len(plain) // 65536 - 2
