@@ -195,27 +195,20 @@ class MixtureOrder:
         """What :meth:`_interleave` and :meth:`_walk` give ``positions`` (in window ``row``),
         in one C call: the dataset indices, into ``out``. A part whose draws in the
         window cross passes is done here, as in :meth:`_interleave`."""
-        window = int(table.windows[row])
-        first = table.before[row].astype(np.int64)
-        counts = table.before[row + 1].astype(np.int64) - first
-        width = int(counts.sum())
-        start = int(table.starts[row])
-        composition = np.concatenate(([0], np.cumsum(counts)))
-        stream = self._drawn + first
-        passes = stream // self._sizes
-        crossing = (counts > 0) & ((stream + counts - 1) // self._sizes != passes)
-        shift = stream - passes * self._sizes - composition[:-1]
-        shift[crossing] = _CROSSING
+        draws = self._draws(table, row)
+        width, start = draws.width, int(table.starts[row])
+        shift = np.where(draws.crossing, _CROSSING, draws.shift)
         window_keys = _NO_KEYS
         if width > 1:
             window_keys = np.array(
-                derive_round_keys(self.seed, _TAG_INTERLEAVE, self.epoch, window), dtype=np.uint64
+                derive_round_keys(self.seed, _TAG_INTERLEAVE, self.epoch, draws.window),
+                dtype=np.uint64,
             )
         owners = np.empty_like(positions)
         out[:] = positions
-        fused(out, owners, start, width, window_keys, composition, shift, self._sizes,
-              self._current_keys(passes), self._starts)  # fmt: skip
-        for s in np.flatnonzero(crossing).tolist():
+        fused(out, owners, start, width, window_keys, draws.composition, shift, self._sizes,
+              self._current_keys(draws.passes), self._starts)  # fmt: skip
+        for s in np.flatnonzero(draws.crossing).tolist():
             mine = np.flatnonzero(owners == s)
             if not mine.size:
                 continue
@@ -224,7 +217,7 @@ class MixtureOrder:
             if width > 1:
                 shuffle = KeyedPermutation(width, tuple(int(k) for k in window_keys))
                 slots = shuffle.permute(slots)
-            here, offsets = self._crossing_draws(window, s, shuffle, composition, stream, slots)
+            here, offsets = self._crossing_draws(draws, s, shuffle, slots)
             low = int(here.min())
             keys = np.array(
                 [self._pass_keys(s, p) for p in range(low, int(here.max()) + 1)], dtype=np.uint64
@@ -250,40 +243,50 @@ class MixtureOrder:
     ) -> None:  # fmt: skip
         """Group (part and pass) and offset in that pass of ``positions``, all in window
         ``row`` (a position past the window's last belongs to the next window)."""
-        window = int(table.windows[row])
-        first = table.before[row].astype(np.int64)
-        counts = table.before[row + 1].astype(np.int64) - first
-        width = int(counts.sum())
+        draws = self._draws(table, row)
         slots = positions - int(table.starts[row])
         shuffle = None
-        if self.shuffle and width > 1:
+        if self.shuffle and draws.width > 1:
             shuffle = KeyedPermutation.from_seed(
-                width, self.seed, _TAG_INTERLEAVE, self.epoch, window
+                draws.width, self.seed, _TAG_INTERLEAVE, self.epoch, draws.window
             )
             slots = shuffle.permute(slots)
+        counts = draws.counts
+        owner = np.repeat(np.arange(counts.size, dtype=np.int32), counts)[slots]
+        group[:] = pairs.ids(draws.passes)[owner]
+        offset[:] = slots + draws.shift[owner]
+        for s in np.flatnonzero(draws.crossing).tolist():
+            mine = np.flatnonzero(owner == s)
+            if mine.size:
+                here, offset[mine] = self._crossing_draws(draws, s, shuffle, slots[mine])
+                group[mine] = pairs.ids_of(s, here)
+
+    def _draws(self, table: _Table, row: int) -> _Draws:
+        """Each part's draws in window ``row``."""
+        first = table.before[row].astype(np.int64)
+        counts = table.before[row + 1].astype(np.int64) - first
         composition = np.concatenate(([0], np.cumsum(counts)))
         stream = self._drawn + first  # each part's stream position at the window's first slot
         passes = stream // self._sizes
-        crossing = (counts > 0) & ((stream + counts - 1) // self._sizes != passes)
-        owner = np.repeat(np.arange(counts.size, dtype=np.int32), counts)[slots]
-        group[:] = pairs.ids(passes)[owner]
-        offset[:] = slots + (stream - passes * self._sizes - composition[:-1])[owner]
-        for s in np.flatnonzero(crossing).tolist():
-            mine = np.flatnonzero(owner == s)
-            if mine.size:
-                here, offset[mine] = self._crossing_draws(
-                    window, s, shuffle, composition, stream, slots[mine]
-                )
-                group[mine] = pairs.ids_of(s, here)
+        return _Draws(
+            window=int(table.windows[row]),
+            counts=counts,
+            width=int(composition[-1]),
+            composition=composition,
+            stream=stream,
+            passes=passes,
+            shift=stream - passes * self._sizes - composition[:-1],
+            crossing=(counts > 0) & ((stream + counts - 1) // self._sizes != passes),
+        )
 
     def _crossing_draws(
-        self, window: int, part: int, shuffle: KeyedPermutation | None, composition: Array,
-        stream: Array, slots: Array,
-    ) -> tuple[Array, Array]:  # fmt: skip
-        """For ``part``'s ``slots`` (permuted) in ``window``, where its draws cross
+        self, draws: _Draws, part: int, shuffle: KeyedPermutation | None, slots: Array
+    ) -> tuple[Array, Array]:
+        """For ``part``'s ``slots`` (permuted), where its draws in the window cross
         passes: each draw's pass, and its offset in that pass."""
-        rank = self._time_ranks(window, part, shuffle, composition)[slots - composition[part]]
-        drawn = int(stream[part]) + rank
+        composition = draws.composition
+        rank = self._time_ranks(draws.window, part, shuffle, composition)[slots - composition[part]]
+        drawn = int(draws.stream[part]) + rank
         size = self.part_sizes[part]
         here = drawn // size
         return here, drawn - here * size
@@ -354,6 +357,24 @@ class MixtureOrder:
         if len(self._cache) >= 4096:  # bounded: a long iteration meets new windows and passes
             self._cache.clear()
         self._cache[key] = value
+
+
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    """Each part's draws in one window: ``counts`` of them, in the slots
+    ``[composition[s], composition[s + 1])`` of the window's ``width``; the part's
+    ``stream`` position at the window's first slot, that position's pass (``passes``),
+    a slot's offset in that pass less the slot (``shift``), and whether the part's draws
+    run into the next pass (``crossing``)."""
+
+    window: int
+    counts: Array
+    width: int
+    composition: Array
+    stream: Array
+    passes: Array
+    shift: Array
+    crossing: npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
