@@ -644,11 +644,12 @@ static PyObject *inflate_from(PyObject *self, PyObject *args)
             /* The member ends: read on into the next one, header and all. The first
                member's data was read raw, so its 8-byte trailer is skipped here (the
                build checked it); zlib checks every later member's trailer itself. */
-            if (raw) {
-                if (strm.avail_in < 8)
+            if (raw) { /* what is left of compressed, not of avail_in's 1 GiB slice */
+                const Py_ssize_t left = compressed.len - ((const unsigned char *)strm.next_in - in);
+                if (left < 8)
                     break; /* truncated: the caller reports the short read */
                 strm.next_in += 8;
-                strm.avail_in -= 8;
+                strm.avail_in = (uInt)(left - 8 > (1 << 30) ? (1 << 30) : left - 8);
                 raw = 0;
             }
             if (strm.avail_in == 0 && (const unsigned char *)strm.next_in - in >= compressed.len)
