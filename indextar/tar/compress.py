@@ -12,6 +12,7 @@ import shlex
 from typing import Any
 
 from ..errors import ShardFormatError, TruncatedShardError
+from ..patterns import is_url
 
 __all__ = [
     "CODECS",
@@ -86,12 +87,22 @@ def compressed_message(
 
 
 def _decompress_command(tool: str, shard: str) -> str:
-    """A shell command that turns the compressed ``shard`` into a plain tar.
+    """A shell command that turns the compressed ``shard`` into a plain tar; for a URL,
+    the steps around that command (no command decompresses an object in place).
 
     ``gunzip`` and friends refuse names without their suffix, and compressed shards
     are often named ``.tar``: ``tool -dc`` works whatever the name.
     """
     quote = shlex.quote
+    if is_url(shard):
+        path = shard.partition("?")[0]  # a signed URL's query names no file
+        name = path.rstrip("/").rpartition("/")[2] or "shard"
+        plain_url, named = split_compression_suffix(path)
+        if named == tool:
+            where = f"upload {quote(split_compression_suffix(name)[0])} as {plain_url}"
+        else:
+            where = f"upload {quote(name)} in place of {shard}"
+        return f"download it as {quote(name)}, run `{_decompress_command(tool, name)}`, and {where}"
     plain, named = split_compression_suffix(shard)
     if named == tool:
         return f"{tool} -dc {quote(shard)} > {quote(plain)}"

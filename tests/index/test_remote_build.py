@@ -201,3 +201,27 @@ def test_a_remote_tar_gz_is_indexed_at_the_seek_spacing_asked(
     assert meta.compression == "gzip" and meta.seek_spacing == 65536
     points = read_layout(outcome.index.path, meta).seek_points
     assert points is not None and len(points.points) >= len(plain) // 65536 - 2
+
+
+def test_a_bz2_object_is_refused_with_steps_that_work_for_a_url(
+    served: tuple[Path, HttpServer], tmp_path: Path
+) -> None:
+    # `bzip2 -dc URL > URL` runs nowhere: a URL's hint is download, decompress, upload.
+    import bz2
+
+    import indextar
+
+    root, server = served
+    (root / "data.tar.bz2").write_bytes(bz2.compress(SHARDS["ustar.tar"]))
+    url = server.url("data.tar.bz2")
+    steps = (
+        "download it as data.tar.bz2, run `bzip2 -dc data.tar.bz2 > data.tar`, and upload "
+        f"data.tar as {url.removesuffix('.bz2')}"
+    )
+    with pytest.raises(indextar.CompressedShardError, match="random access needs") as built:
+        build_remote_index(url, index_dir=tmp_path)
+    with pytest.raises(indextar.CompressedShardError, match="streaming needs") as streamed:
+        list(indextar.StreamingTarDataset(url))
+    for caught in (built, streamed):
+        assert steps in str(caught.value) and f"> {url}" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
