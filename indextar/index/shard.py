@@ -306,8 +306,9 @@ def build_index(
         raises :class:`~indextar.SampleAttributeError` naming the shard and key;
         ``"skip"`` logs it and records it in the index's ``attribute_errors`` table.
     seek_spacing
-        For a single-stream ``.tar.gz``: uncompressed bytes between seek points (1 MiB;
-        at least 64 KiB; each costs a 32 KiB window, compressed, in the index).
+        For a single-stream ``.tar.gz``: uncompressed bytes between seek points
+        (default 128 KiB, at least 64 KiB; each costs a window of up to 32 KiB, sparse
+        and compressed, in the index).
 
     Raises
     ------
