@@ -39,6 +39,9 @@
 #define MIN_OUT_SPACE (256 * 1024)
 #define MAX_CHUNK (1 << 20)
 #define WINDOW 32768
+#define SEEN_BYTES (256 * 256 / 8) /* a bit per (low byte, value) pair */
+/* make_window's scratch: the sparse window, the probe's output, the seen pairs */
+#define SCRATCH (2 * WINDOW + SEEN_BYTES)
 
 /* Sparse windows.
  *
@@ -93,7 +96,7 @@ static void sparse_window(const unsigned char *compressed, Py_ssize_t compressed
         return;
     }
     const Py_ssize_t produced = want - strm.avail_out;
-    memset(seen, 0, 256 * 256 / 8);
+    memset(seen, 0, SEEN_BYTES);
     Py_ssize_t p = 0;
     for (; p + 8 <= produced; p += 8) { /* literals agree: most words are skipped whole */
         uint64_t a, b;
@@ -134,7 +137,7 @@ static void whole_window(const unsigned char *data, Py_ssize_t u, unsigned char 
 }
 
 /* One window made sparse and compressed: into out (compressBound(WINDOW) bytes), its
-   size returned, or -1. scratch: 3 * WINDOW + 8 KiB. */
+   size returned, or -1. scratch: SCRATCH bytes. */
 static Py_ssize_t make_window(z_stream *deflater, const unsigned char *compressed,
                               Py_ssize_t compressed_size, Py_ssize_t c_offset, int bits,
                               const unsigned char *window, const unsigned char *real,
@@ -175,14 +178,14 @@ static void *window_job_run(void *arg)
 {
     window_job *job = arg;
     const uLong bound = compressBound(WINDOW);
-    unsigned char *scratch = malloc(3 * WINDOW + 256 * 256 / 8 + 2 * WINDOW + bound);
+    unsigned char *scratch = malloc(SCRATCH + 2 * WINDOW + bound);
     z_stream deflater;
     memset(&deflater, 0, sizeof(deflater));
     const int deflating =
         scratch != NULL && deflateInit2(&deflater, job->level, Z_DEFLATED, 15, 8,
                                         Z_DEFAULT_STRATEGY) == Z_OK;
-    unsigned char *around = scratch + 3 * WINDOW + 256 * 256 / 8; /* window, then output */
-    unsigned char *packed = around + 2 * WINDOW;
+    unsigned char *around = scratch + SCRATCH; /* window, then output */
+    unsigned char *packed = scratch + SCRATCH + 2 * WINDOW;
     pthread_mutex_lock(&job->lock);
     if (!deflating)
         job->failed = 1;
@@ -505,7 +508,7 @@ static PyObject *sparse_windows(PyObject *self, PyObject *args)
     where = PyMem_Malloc(sizeof(Py_ssize_t) * 3 * (count ? count : 1));
     objects = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
     sizes = PyMem_Malloc(sizeof(Py_ssize_t) * (count ? count : 1));
-    scratch = PyMem_Malloc(4 * WINDOW + 256 * 256 / 8);
+    scratch = PyMem_Malloc(SCRATCH + WINDOW);
     if (where == NULL || objects == NULL || sizes == NULL || scratch == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -529,7 +532,7 @@ static PyObject *sparse_windows(PyObject *self, PyObject *args)
     }
     deflating = 1;
     Py_BEGIN_ALLOW_THREADS
-    unsigned char *window = scratch + 3 * WINDOW + 256 * 256 / 8;
+    unsigned char *window = scratch + SCRATCH;
     for (Py_ssize_t n = 0; n < count && !failed; n++) {
         const Py_ssize_t u = where[3 * n + 2];
         whole_window(data.buf, u, window);
