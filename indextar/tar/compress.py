@@ -116,6 +116,21 @@ _FCS_SIZES = (0, 2, 4, 8)
 _DICT_ID_SIZES = (0, 1, 2, 4)
 
 
+def _skippable(magic: bytes) -> bool:
+    """Whether ``magic`` is a skippable frame's magic number (0x184D2A50 to 0x184D2A5F)."""
+    return len(magic) == 4 and magic[1:] == b"\x2a\x4d\x18" and magic[0] & 0xF0 == 0x50
+
+
+def _frame_header(descriptor: int) -> tuple[int, int]:
+    """From a zstd frame's descriptor byte: the header bytes after it (window
+    descriptor, dictionary ID, content size) and the size of the checksum after the
+    frame's last block (RFC 8878, section 3.1.1.1)."""
+    single_segment = descriptor >> 5 & 1
+    fcs_size = _FCS_SIZES[descriptor >> 6] or single_segment
+    rest = (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3] + fcs_size
+    return rest, 4 * (descriptor >> 2 & 1)
+
+
 def zstd_frame_spans(buf: Any, *, shard: str | None = None) -> list[tuple[int, int, bool]]:
     """Every frame of a zstd file as ``(offset, size, is_data)``, from its headers alone.
 
@@ -137,7 +152,7 @@ def zstd_frame_spans(buf: Any, *, shard: str | None = None) -> list[tuple[int, i
     while pos < size:
         start = pos
         magic = bytes(view[pos : pos + 4])
-        if len(magic) == 4 and magic[1:] == b"\x2a\x4d\x18" and magic[0] & 0xF0 == 0x50:
+        if _skippable(magic):
             pos += 8 + _little(view, pos + 4, 4, start, shard)
             if pos > size:
                 raise _truncated(shard, start, "a skippable zstd frame")
@@ -150,10 +165,8 @@ def zstd_frame_spans(buf: Any, *, shard: str | None = None) -> list[tuple[int, i
                 shard=shard,
                 offset=start,
             )
-        descriptor = _little(view, pos + 4, 1, start, shard)
-        single_segment = descriptor >> 5 & 1
-        fcs_size = _FCS_SIZES[descriptor >> 6] or single_segment
-        pos += 5 + (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3] + fcs_size
+        header_rest, checksum = _frame_header(_little(view, pos + 4, 1, start, shard))
+        pos += 5 + header_rest
         while True:
             header = _little(view, pos, 3, start, shard)
             kind, block_size = header >> 1 & 3, header >> 3
@@ -164,7 +177,7 @@ def zstd_frame_spans(buf: Any, *, shard: str | None = None) -> list[tuple[int, i
             pos += 3 + (1 if kind == 1 else block_size)
             if header & 1:
                 break
-        pos += 4 * (descriptor >> 2 & 1)  # the content checksum
+        pos += checksum
         if pos > size:
             raise _truncated(shard, start, "a zstd frame")
         spans.append((start, pos - start, True))
@@ -220,7 +233,7 @@ class ZstdFrameWalk:
     def _field(self, field: bytes) -> None:
         """Act on the field just read whole."""
         if self._state == "magic":
-            if field[1:] == b"\x2a\x4d\x18" and field[0] & 0xF0 == 0x50:
+            if _skippable(field):
                 self._state = "skip-size"
             elif field == ZSTD_MAGIC:
                 self._state, self._need = "descriptor", 1
@@ -229,11 +242,7 @@ class ZstdFrameWalk:
         elif self._state == "skip-size":
             self._state, self._skip = "magic", int.from_bytes(field, "little")
         elif self._state == "descriptor":
-            descriptor = field[0]
-            single_segment = descriptor >> 5 & 1
-            fcs_size = _FCS_SIZES[descriptor >> 6] or single_segment
-            self._skip = (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3] + fcs_size
-            self._checksum = 4 * (descriptor >> 2 & 1)
+            self._skip, self._checksum = _frame_header(field[0])
             self._state, self._need = "block", 3
         else:  # a block header
             header = int.from_bytes(field, "little")
