@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Literal, overload
 
 from ..errors import ShardFormatError, TruncatedShardError
 from .blocks import BLOCK, REGULAR_TYPES, header_number
@@ -122,16 +122,24 @@ def iter_members(
         that ends inside a member or without the end-of-archive marker
         (:class:`TruncatedShardError`).
     """
-    return _read(stream, shard, ignore_zeros, every=False)  # type: ignore[return-value]
+    return _read(stream, shard, ignore_zeros, every=False)
 
 
 def iter_entries(stream: BinaryIO, *, shard: str) -> Iterator[StreamEntry]:
     """Yield every entry of the tar read from ``stream``, in order, with its blocks as
     read (for a copy that keeps every header byte: names, modes, owners, times and
     extension headers). Raises as :func:`iter_members` does."""
-    return _read(stream, shard, False, every=True)  # type: ignore[return-value]
+    return _read(stream, shard, False, every=True)
 
 
+@overload
+def _read(
+    stream: BinaryIO, shard: str, ignore_zeros: bool, *, every: Literal[False]
+) -> Iterator[StreamMember]: ...
+@overload
+def _read(
+    stream: BinaryIO, shard: str, ignore_zeros: bool, *, every: Literal[True]
+) -> Iterator[StreamEntry]: ...
 def _read(
     stream: BinaryIO, shard: str, ignore_zeros: bool, *, every: bool
 ) -> Iterator[StreamMember | StreamEntry]:
