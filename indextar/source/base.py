@@ -107,6 +107,15 @@ class ByteSource(abc.ABC):
         """
         return None
 
+    def check_unchanged(self) -> None:  # noqa: B027 (a hook: most sources check as they read)
+        """Raise what a read would raise if the shard changed since this source opened it.
+
+        For what serves bytes it kept from this source without reading it again (the
+        span cache of :class:`~indextar.source.gzipped.GzipSeekSource`): a local file's
+        ``fstat``; a remote object's reads are each conditional on its version, so
+        nothing here.
+        """
+
     def close(self) -> None:  # noqa: B027 (a hook: sources that hold nothing need not close)
         """Release open resources; the source reopens on the next read."""
 

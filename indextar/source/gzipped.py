@@ -147,6 +147,7 @@ class GzipSeekSource(ByteSource):
         if offset < 0 or length < 0 or offset + length > self.points.uncompressed_size:
             raise outside_error(self.url, offset, length, self.points.uncompressed_size)
         with self._guard():
+            self.raw.check_unchanged()  # what is kept is of the file as it was
             data = self._kept(offset, length)
             if data is None:
                 data = self._read_on(offset, length) if offset == self._last_end else None
@@ -180,6 +181,7 @@ class GzipSeekSource(ByteSource):
         wanted: dict[int, list[int]] = {}
         starts = self._starts
         with self._guard():
+            self.raw.check_unchanged()
             for n, (offset, length) in enumerate(zip(offsets, lengths)):
                 if offset < 0 or length < 0 or offset + length > size:
                     raise outside_error(self.url, offset, length, size)

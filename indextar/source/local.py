@@ -226,6 +226,10 @@ class LocalFileSource(ByteSource):
             return [b""] * len(offsets)
         return [mapped[offset : offset + length] for offset, length in zip(offsets, lengths)]
 
+    def check_unchanged(self) -> None:
+        """The ``fstat`` check of every read (mapping the file first, as a read would)."""
+        self._checked_map(0, 0)
+
     def _checked_map(self, offset: int, length: int) -> mmap.mmap | None:
         """The mapping, once the file is unchanged since it was mapped and bytes
         ``offset .. offset + length`` are in it."""

@@ -437,3 +437,28 @@ def test_a_forked_child_refuses_a_file_replaced_after_the_parent_read_it(
         child.start()
         assert queue.get(timeout=60) == "StaleIndexError", ds
         child.join(60)
+
+
+def test_a_file_changed_in_place_is_refused_even_where_its_spans_are_kept(
+    tmp_path: Path,
+) -> None:
+    """A sample read once (its span in the cache, and as the last span) is refused once
+    the file is rewritten in place, one by one and in a batch, as with a plain tar."""
+    archive = gnu_targz(tmp_path, members(20, size=6000))
+    indextar.build_index(archive, seek_spacing=SPACING)
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(gzip.decompress(archive.read_bytes()))
+    indextar.build_index(plain)
+    for path in (archive, plain):
+        ds = indextar.IndexedTarDataset(str(path))
+        assert [s["bin"] for s in ds.__getitems__([3, 4])] == [ds[3]["bin"], ds[4]["bin"]]
+        with open(path, "r+b") as f:  # same size, one byte changed, a new mtime
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 1]))
+        os.utime(path, ns=(1, 1))
+        with pytest.raises(indextar.StaleIndexError, match="changed in place"):
+            ds[3]
+        with pytest.raises(indextar.StaleIndexError, match="changed in place"):
+            ds.__getitems__([3, 4])
