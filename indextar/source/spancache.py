@@ -66,9 +66,20 @@ class SpanCache:
                 self.size -= len(old)
             self._entries[key] = data
             self.size += len(data)
-            while self.size > self.budget:
-                _, evicted = self._entries.popitem(last=False)
-                self.size -= len(evicted)
+            self._evict()
+
+    def set_budget(self, budget: int) -> None:
+        """Keep at most ``budget`` bytes from now on, evicting at once what no longer fits."""
+        with self._lock:
+            self.budget = max(0, int(budget))
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used entries until the total fits the budget (the lock
+        is held)."""
+        while self.size > self.budget:
+            _, evicted = self._entries.popitem(last=False)
+            self.size -= len(evicted)
 
     def drop(self, token: int) -> None:
         """Forget every entry of the source ``token`` (it was closed)."""
@@ -114,8 +125,4 @@ os.register_at_fork(after_in_child=SPAN_CACHE._after_fork_in_child)
 def set_span_cache_budget(nbytes: int) -> None:
     """Keep at most ``nbytes`` of decompressed ``.tar.gz`` spans in this process (``0``:
     keep none). Evicts at once what no longer fits."""
-    SPAN_CACHE.budget = max(0, int(nbytes))
-    with SPAN_CACHE._lock:
-        while SPAN_CACHE.size > SPAN_CACHE.budget:
-            _, evicted = SPAN_CACHE._entries.popitem(last=False)
-            SPAN_CACHE.size -= len(evicted)
+    SPAN_CACHE.set_budget(nbytes)
