@@ -119,7 +119,7 @@ def decompress_shard(
     if framed or codec == "zstd":  # zstd: one frame was refused before decompressing
         return data, CompressedLayout(codec, frames=np.array(frames, np.int64).reshape(-1, 4))
     spacing = max(seek_spacing, MIN_SPACING)
-    if rows is not None:
+    if rows is not None and windows is not None:  # _gunzip.c gave both
         points = SeekPoints.from_decompressed(
             rows, data, compressed_size=len(buf), spacing=spacing, made=windows, compressed=buf
         )

@@ -117,8 +117,8 @@ class SeekPoints:
         *,
         compressed_size: int,
         spacing: int,
-        made: list[bytes] | None = None,
-        compressed: Any = None,
+        made: list[bytes],
+        compressed: Any,
     ) -> SeekPoints:
         """The points ``_gunzip.c`` placed while it decompressed the whole file into
         ``data``: ``(compressed_offset, bits, uncompressed_offset, has_window)`` rows. The
@@ -129,30 +129,17 @@ class SeekPoints:
         ``has_window``): sparse, keeping only the bytes that decompression from the point
         can reference, the rest zero, so that zlib reads exactly as with the whole window
         and a window takes about 2 KB in the index instead of 20 KB (the bench's JPEG
-        tar). The end point's is made here from the ``compressed`` file. Without them,
-        each window is the whole 32 KiB of ``data`` before its point.
+        tar). The end point's is made here from the ``compressed`` file.
         """
-        end = (compressed_size, 0, len(data), 1)
-        points = np.array([row[:3] for row in [*rows, end]] if rows else [], np.int64)
-        points = points.reshape(-1, 3)
+        if not rows:
+            return cls(compressed_size, len(data), spacing, np.zeros((0, 3), np.int64), ())
         gunzip = native.gunzip()
-        if rows and made is not None and compressed is not None and gunzip is not None:
-            kept = iter([*made, *gunzip.sparse_windows(compressed, data, [end[:3]], 1)])
-            windows = tuple(next(kept) if row[3] else b"" for row in [*rows, end])
-        else:
-            windows = tuple(
-                zlib.compress(_window(data, offset), 1) if has_window else b""
-                for _, _, offset, has_window in ([*rows, end] if rows else [])
-            )
+        assert gunzip is not None  # it placed the rows
+        rows = [*rows, (compressed_size, 0, len(data), 1)]
+        points = np.array([row[:3] for row in rows], np.int64)
+        kept = iter([*made, *gunzip.sparse_windows(compressed, data, [rows[-1][:3]], 1)])
+        windows = tuple(next(kept) if row[3] else b"" for row in rows)
         return cls(compressed_size, len(data), spacing, points, windows)
-
-
-def _window(data: bytearray, offset: int) -> bytes:
-    """The :data:`WINDOW` bytes of ``data`` before ``offset``, zero-filled before its
-    start as zran's are (only the end-of-file point of a file under 32 KiB has any)."""
-    if offset >= WINDOW:
-        return bytes(data[offset - WINDOW : offset])
-    return bytes(WINDOW - offset) + bytes(data[:offset])
 
 
 def build_seek_points(path: str, *, spacing: int) -> SeekPoints:
