@@ -101,11 +101,7 @@ class GzipSeekSource(ByteSource):
         self.points = points
         self.local_path = local_path
         self.cache = SPAN_CACHE if cache is None else cache
-        self._setup()
-
-    def _setup(self) -> None:
-        rows = self.points.points
-        self._starts: list[int] = rows[:, 2].tolist()
+        self._starts: list[int] = points.points[:, 2].tolist()
         self._token = next(_tokens)
         self._gunzip = native.gunzip()
         self._file: Any = None
@@ -118,16 +114,11 @@ class GzipSeekSource(ByteSource):
         self._last_end = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in ("_starts", "_token", "_gunzip", "_file", "_lock", "_last", "_last_at"):
-            del state[name]
-        state["cache"] = None  # the receiving process's own SPAN_CACHE
-        return state
+        # What the receiving process opens again, and its own SPAN_CACHE (the default).
+        return {"raw": self.raw, "points": self.points, "local_path": self.local_path}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.cache = SPAN_CACHE
-        self._setup()
+        self.__init__(**state)  # type: ignore[misc]
 
     def _guard(self) -> threading.Lock:
         """The source's lock; a new one in a forked child, where one that another
