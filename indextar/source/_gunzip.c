@@ -689,8 +689,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"gunzip", gunzip, METH_VARARGS,
-     "gunzip(data, spacing) -> (bytearray, members, points, error): every gzip member "
-     "decompressed and checked, and the seek points every spacing bytes."},
+     "gunzip(data, spacing[, level]) -> (bytearray, members, points, error, windows): every "
+     "gzip member decompressed and checked, the seek points every spacing bytes, and with a "
+     "level their sparse windows."},
     {"inflate_from", inflate_from, METH_VARARGS,
      "inflate_from(compressed, bits, window, length) -> bytes: length bytes decompressed "
      "from a seek point (fewer where compressed ends first)."},
