@@ -310,6 +310,11 @@ static PyObject *gunzip(PyObject *self, PyObject *args)
     int level = -1;
     if (!PyArg_ParseTuple(args, "y*K|i", &view, &spacing, &level))
         return NULL;
+    if (level < -1 || level > 9) { /* else the windows' thread would fail, after the pass */
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "gunzip: level %d is not a zlib level (0-9) or -1", level);
+        return NULL;
+    }
     const unsigned char *base = view.buf;
     const Py_ssize_t size = view.len;
     PyObject *out = NULL, *members = NULL, *points = NULL, *error = NULL, *result = NULL;
