@@ -208,14 +208,15 @@ class MixtureOrder:
         out[:] = positions
         fused(out, owners, start, width, window_keys, draws.composition, shift, self._sizes,
               self._current_keys(draws.passes), self._starts)  # fmt: skip
+        shuffle = None
+        if width > 1 and draws.crossing.any():
+            shuffle = KeyedPermutation(width, tuple(int(k) for k in window_keys))
         for s in np.flatnonzero(draws.crossing).tolist():
             mine = np.flatnonzero(owners == s)
             if not mine.size:
                 continue
-            shuffle = None
             slots = positions[mine] - start
-            if width > 1:
-                shuffle = KeyedPermutation(width, tuple(int(k) for k in window_keys))
+            if shuffle is not None:
                 slots = shuffle.permute(slots)
             here, offsets = self._crossing_draws(draws, s, shuffle, slots)
             low = int(here.min())

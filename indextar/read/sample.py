@@ -76,9 +76,9 @@ class SampleBuilder:
         return result if self.transform is None else self.transform(result)
 
 
-def fields_template(fields: Sample, room: int = 2) -> Sample:
-    """``fields`` in a dict whose copies (``template.copy()``) take ``room + 2`` more
-    keys before they grow.
+def fields_template(fields: Sample) -> Sample:
+    """``fields`` in a dict whose copies (``template.copy()``) have room for members:
+    for a mixture part's four fields, four more keys before they grow.
 
     A sample's dict starts with its fields and then takes its members. Four fields
     and two members fill a fresh dict's first table past its five keys, and growing
@@ -86,7 +86,7 @@ def fields_template(fields: Sample, room: int = 2) -> Sample:
     with few deleted keys, so a template built larger and trimmed gives copies with
     room; where it does not (another Python), a copy is an ordinary dict.
     """
-    spare = [f"\0spare{i}" for i in range(room)]
+    spare = ["\0spare0", "\0spare1"]  # two deleted keys: the table of 8 becomes 16
     template: Sample = dict.fromkeys([*fields, *spare])
     for name in spare:
         del template[name]
