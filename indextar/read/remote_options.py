@@ -16,7 +16,7 @@ from ..source.cache import CachedSource, ShardCache
 from ..source.frames import FramedSource
 from ..source.remote import RangeSource, fetch_ranges
 
-__all__ = ["RemoteOptions", "default_cache_root", "fetch_ranges", "fetch_spans"]
+__all__ = ["RemoteOptions", "fetch_ranges", "fetch_spans"]
 
 Strategy = Literal["ranges", "cache"]
 
