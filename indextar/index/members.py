@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .meta import _connect_ro
-from .naming import from_sql, group_members, split_name
+from .naming import from_sql, split_name
 from .shard import ShardIndex, scan_shard_file
 from .tables import _sample_spans
 
@@ -99,8 +99,7 @@ def load_members(index: ShardIndex) -> MemberTable:
 
 def scan_members(shard: str | Path) -> MemberTable:
     """Scan a local shard in memory, without writing an index."""
-    scan, _ = scan_shard_file(Path(shard))
-    grouping = group_members(scan, shard=str(shard))
+    scan, grouping, _, _ = scan_shard_file(Path(shard))
     rows = grouping.entries
     header_offsets = scan.header_offsets[rows]
     data_offsets = scan.data_offsets[rows]

@@ -35,7 +35,7 @@ from ..tar.compress import zstd_frame_spans
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan, scan_compressed
 from .meta import fingerprint
-from .shard import _scan_for_index
+from .shard import scan_shard_file
 
 __all__ = ["scan_compressed_object"]
 
@@ -104,7 +104,7 @@ def _scan_one_frame(url: str, copy: Path, frame: tuple[int, int], local: Path) -
             content_fingerprint = fingerprint(mm, size)
         with _naming(url, plain):
             try:
-                scan, grouping, _, span_names = _scan_for_index(plain, ignore_zeros=False)
+                scan, grouping, _, span_names = scan_shard_file(plain)
             except ShardFormatError as e:
                 e.args = (f"{e} (an offset in the decompressed tar)",)
                 raise

@@ -230,16 +230,12 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
 # -- building --------------------------------------------------------------------
 
 
-def scan_shard_file(shard: Path, *, ignore_zeros: bool = False) -> tuple[TarScan, str]:
-    """Scan a local shard through a read-only mmap; also return its fingerprint."""
-    with mapped_file(shard) as (mm, fd, size):  # an empty file: scan_tar's error
-        scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
-        return scan, fingerprint(mm, size)
-
-
-def _scan_for_index(shard: Path, *, ignore_zeros: bool) -> tuple[TarScan, Grouping, str, bool]:
-    """:func:`scan_shard_file`, the members grouped into samples, and whether every
-    sample's span names its key (:mod:`indextar.index.spans`), from one map."""
+def scan_shard_file(
+    shard: Path, *, ignore_zeros: bool = False
+) -> tuple[TarScan, Grouping, str, bool]:
+    """Scan a local shard through a read-only mmap: its members, grouped into samples,
+    its fingerprint and whether every sample's span names its key
+    (:mod:`indextar.index.spans`), from one map."""
     with mapped_file(shard) as (mm, fd, size):  # an empty file: scan_tar's error
         scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
         grouping = group_members(scan, shard=str(shard))
@@ -353,7 +349,7 @@ def build_index(
     layout: CompressedLayout | None = None
     uncompressed_size = 0
     if codec is None:
-        scan, grouping, content_fingerprint, span_names = _scan_for_index(
+        scan, grouping, content_fingerprint, span_names = scan_shard_file(
             shard_path, ignore_zeros=ignore_zeros
         )
     else:

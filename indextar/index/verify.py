@@ -16,7 +16,7 @@ from .arrays import ShardArrays, read_arrays
 from .compressed import CompressedLayout, read_layout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _connect_ro
-from .naming import from_sql, group_members, sql_text
+from .naming import from_sql, sql_text
 from .remote import expected_stat, scan_object
 from .shard import PathLike, scan_shard_file
 from .tables import scan_arrays
@@ -70,7 +70,7 @@ def verify_index(
             ix.shard, expected_stat(ix.meta), scratch=ix.path, storage_options=storage_options,
             seek_spacing=spacing,
         )  # fmt: skip
-        scan, layout = read.scan, read.layout
+        scan, grouping, layout = read.scan, read.grouping, read.layout
         if read.fingerprint != ix.meta.fingerprint:
             changed.append(
                 f"content fingerprint: index has {ix.meta.fingerprint}, object has "
@@ -81,10 +81,9 @@ def verify_index(
             Path(ix.shard), ix.meta.compression, ignore_zeros=ix.meta.ignore_zeros,
             seek_spacing=spacing,
         )  # fmt: skip
-        scan, layout = compressed.scan, compressed.layout
+        scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
     else:
-        scan, _ = scan_shard_file(Path(ix.shard), ignore_zeros=ix.meta.ignore_zeros)
-    grouping = group_members(scan, shard=ix.shard)
+        scan, grouping, _, _ = scan_shard_file(Path(ix.shard), ignore_zeros=ix.meta.ignore_zeros)
     rows = grouping.entries
     expected_members = list(
         zip(
