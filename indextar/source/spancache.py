@@ -10,7 +10,8 @@ least recently used out first, at most :attr:`SpanCache.budget` bytes of decompr
 data: 64 MiB unless the environment variable ``INDEXTAR_GZIP_CACHE_BYTES`` says
 otherwise when indextar is imported (``0`` turns it off), or
 :func:`set_span_cache_budget` changes it. A forked child (a DataLoader worker) starts
-with an empty cache of the same budget and its own lock; a spawned one reads the
+with an empty cache of the same budget and its own lock (so does every
+:class:`SpanCache`, the global one or one passed as ``cache=``); a spawned one reads the
 environment again.
 """
 
@@ -20,6 +21,8 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+
+from . import base
 
 __all__ = ["SpanCache", "SPAN_CACHE", "DEFAULT_BUDGET", "set_span_cache_budget"]
 
@@ -43,10 +46,21 @@ class SpanCache:
         self.misses = 0
         self._entries: OrderedDict[Key, bytes] = OrderedDict()
         self._lock = threading.Lock()
+        self._generation = base._fork_generation
+
+    def _guard(self) -> threading.Lock:
+        """The cache's lock; in a forked child, a new lock and no entries (a lock another
+        thread held at the fork would never be released there; the entries are the
+        parent's to keep, its pages shared until written)."""
+        if self._generation != base._fork_generation:
+            self._lock, self._generation = threading.Lock(), base._fork_generation
+            self._entries = OrderedDict()
+            self.size = self.hits = self.misses = 0
+        return self._lock
 
     def get(self, key: Key) -> bytes | None:
         """The bytes kept for ``key``, marked most recently used; ``None`` if none."""
-        with self._lock:
+        with self._guard():
             data = self._entries.get(key)
             if data is None:
                 self.misses += 1
@@ -60,7 +74,7 @@ class SpanCache:
         recently used entries until the total fits the budget."""
         if len(data) > self.budget:
             return
-        with self._lock:
+        with self._guard():
             old = self._entries.pop(key, None)
             if old is not None:
                 self.size -= len(old)
@@ -70,7 +84,7 @@ class SpanCache:
 
     def set_budget(self, budget: int) -> None:
         """Keep at most ``budget`` bytes from now on, evicting at once what no longer fits."""
-        with self._lock:
+        with self._guard():
             self.budget = max(0, int(budget))
             self._evict()
 
@@ -83,28 +97,23 @@ class SpanCache:
 
     def drop(self, token: int) -> None:
         """Forget every entry of the source ``token`` (it was closed)."""
-        with self._lock:
+        with self._guard():
             for key in [key for key in self._entries if key[0] == token]:
                 self.size -= len(self._entries.pop(key))
 
     def clear(self) -> None:
         """Forget everything."""
-        with self._lock:
+        with self._guard():
             self._entries.clear()
             self.size = 0
 
     def __len__(self) -> int:
+        self._guard()
         return len(self._entries)
 
     def __contains__(self, key: object) -> bool:
+        self._guard()
         return key in self._entries  # no hit or miss counted
-
-    def _after_fork_in_child(self) -> None:
-        # A lock another thread held at the fork would never be released here; the
-        # entries are the parent's to keep (its pages are shared until written).
-        self._lock = threading.Lock()
-        self._entries = OrderedDict()
-        self.size = self.hits = self.misses = 0
 
 
 def _budget_from_environment() -> int:
@@ -119,7 +128,6 @@ def _budget_from_environment() -> int:
 
 
 SPAN_CACHE = SpanCache(_budget_from_environment())
-os.register_at_fork(after_in_child=SPAN_CACHE._after_fork_in_child)
 
 
 def set_span_cache_budget(nbytes: int) -> None:

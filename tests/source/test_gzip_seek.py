@@ -406,6 +406,25 @@ def read_in_child(source: GzipSeekSource, queue: multiprocessing.Queue) -> None:
     queue.put(source.read(5000, 1000))
 
 
+def test_a_cache_passed_in_starts_empty_in_a_forked_child_with_its_own_lock(targz: Path) -> None:
+    cache = SpanCache(1 << 30)
+    source = seek_source(targz, cache)
+    source.read(0, 10)
+    assert len(cache) > 0
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    with cache._guard():  # held by another thread at the fork
+        child = context.Process(target=cache_in_child, args=(source, queue))
+        child.start()
+    assert queue.get(timeout=60) == (0, gzip.decompress(targz.read_bytes())[5000:6000], 1)
+    child.join(60)
+
+
+def cache_in_child(source: GzipSeekSource, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    empty = len(source.cache)
+    queue.put((empty, source.read(5000, 1000), len(source.cache)))
+
+
 def outcome_in_child(ds: indextar.IndexedTarDataset, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     try:
         queue.put(bytes(ds[3]["bin"]))
