@@ -62,8 +62,8 @@ def scan_compressed_object(
                 f.write(source.read(offset, min(_CHUNK, stat.size - offset)))
         log.info("scanning %s from a %d-byte temporary copy", url, stat.size)
         with _naming(url, tmp):
-            if codec == "zstd" and (frame := _only_zstd_frame(tmp, url)) is not None:
-                return _scan_one_frame(url, tmp, frame, scratch)
+            if codec == "zstd" and (one := _only_zstd_frame(tmp, url)) is not None:
+                return _scan_one_frame(url, tmp, *one, scratch)
             return scan_compressed(tmp, codec, ignore_zeros=False, seek_spacing=seek_spacing)
     finally:
         tmp.unlink(missing_ok=True)
@@ -83,25 +83,26 @@ def _naming(url: str, *copies: Path) -> Iterator[None]:
         raise
 
 
-def _only_zstd_frame(copy: Path, url: str) -> tuple[int, int] | None:
-    """``(offset, size)`` of the zstd file's data frame if it has only one, else ``None``."""
-    with mapped_file(copy) as (mm, _, _):
+def _only_zstd_frame(copy: Path, url: str) -> tuple[tuple[int, int], str] | None:
+    """``(offset, size)`` of the zstd file's data frame and the file's fingerprint if it
+    has only one data frame, else ``None``."""
+    with mapped_file(copy) as (mm, _, size):
         spans = zstd_frame_spans(mm, shard=url)
-    data = [(offset, size) for offset, size, is_data in spans if is_data]
-    return data[0] if len(data) == 1 else None
+        data = [(offset, length) for offset, length, is_data in spans if is_data]
+        return (data[0], fingerprint(mm, size)) if len(data) == 1 else None
 
 
-def _scan_one_frame(url: str, copy: Path, frame: tuple[int, int], local: Path) -> CompressedScan:
+def _scan_one_frame(
+    url: str, copy: Path, frame: tuple[int, int], content_fingerprint: str, local: Path
+) -> CompressedScan:
     """What :func:`~.decompress.scan_compressed` gives, for a ``.tar.zst`` of one frame
     (which it refuses): its tar decompressed into a second temporary file and scanned as
-    a plain shard; the layout is the one frame."""
+    a plain shard; the layout is the one frame, the fingerprint the compressed copy's."""
     fd, plain = create_temp(local)
     try:
         with open(copy, "rb") as raw, os.fdopen(fd, "wb") as out:
             with decompressed_stream(raw, "zstd", shard=url) as stream:
                 shutil.copyfileobj(stream, out, _CHUNK)
-        with mapped_file(copy) as (mm, _, size):
-            content_fingerprint = fingerprint(mm, size)
         with _naming(url, plain):
             try:
                 scan, grouping, _, span_names = scan_shard_file(plain)
