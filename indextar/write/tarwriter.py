@@ -33,7 +33,7 @@ from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
 from ..tar.stream import StreamEntry
-from .sample import TarSample, encode_sample
+from .sample import Buffer, TarSample, encode_sample
 
 __all__ = [
     "ClosingWriter",
@@ -213,16 +213,7 @@ class TarWriter(ClosingWriter):
             )
         if self._attributes is not None:  # refuses a bad sample before writing it
             self._attributes.add(_member_bytes(sample, self._attributes.ext), sample.key)
-        try:
-            if self._compressor is None:
-                write = self._file.write
-                for part in sample.parts:
-                    write(part)
-            else:
-                self._write_frame(b"".join(sample.parts))
-        except BaseException:
-            self._state = "failed"
-            raise
+        self._write_parts(sample.parts)
         base = self._pos
         self._keys.add(sample.key)
         self._names += sample.names
@@ -250,15 +241,7 @@ class TarWriter(ClosingWriter):
             )
         if not entries:
             return 0
-        try:
-            if self._compressor is None:
-                for entry in entries:
-                    self._file.write(entry.blocks)
-            else:
-                self._write_frame(b"".join([entry.blocks for entry in entries]))
-        except BaseException:
-            self._state = "failed"
-            raise
+        self._write_parts([entry.blocks for entry in entries])
         base = self._pos
         self._copied_headers[base] = entries[0].blocks[: entries[0].data_start]
         for entry in entries:
@@ -270,6 +253,20 @@ class TarWriter(ClosingWriter):
             self._sizes.append(entry.size)
             self._pos += len(entry.blocks)
         return self._pos - base
+
+    def _write_parts(self, parts: Sequence[Buffer]) -> None:
+        """Write the next bytes of the tar, as one frame when compressing; a failure
+        abandons the shard (``close`` then refuses it)."""
+        try:
+            if self._compressor is None:
+                write = self._file.write
+                for part in parts:
+                    write(part)
+            else:
+                self._write_frame(b"".join(parts))
+        except BaseException:
+            self._state = "failed"
+            raise
 
     def _write_frame(self, data: bytes) -> None:
         """Compress ``data`` (the next bytes of the tar) as one frame and write it."""
