@@ -60,7 +60,8 @@ whole windows took 5 MB at 1 MiB."""
 
 @dataclass(frozen=True, slots=True)
 class CompressedScan:
-    """What an index build needs of a compressed shard, from one decompression."""
+    """What an index build needs of a compressed shard, from one decompression (or of a
+    plain tar, from a remote object's scan: no ``layout``, an ``uncompressed_size`` of 0)."""
 
     scan: TarScan
     grouping: Grouping
@@ -68,7 +69,7 @@ class CompressedScan:
     """The compressed file's :func:`~indextar.index.meta.fingerprint`."""
     span_names: bool
     """Whether every sample's span names its key (:mod:`indextar.index.spans`)."""
-    layout: CompressedLayout
+    layout: CompressedLayout | None
     uncompressed_size: int
     """The decompressed tar's size."""
 

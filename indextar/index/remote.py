@@ -29,12 +29,10 @@ from ..source.filesystems import filesystem
 from ..source.forward import ForwardReader, ScanMode
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
 from ..tar.compress import sniff_codec
-from ..tar.scan import TarScan
 from ..tar.streamscan import StreamedBytes, scan_stream
-from .compressed import CompressedLayout
-from .decompress import DEFAULT_SEEK_SPACING
+from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
-from .naming import Grouping, group_members
+from .naming import group_members
 from .remote_compressed import scan_compressed_object
 from .shard import INDEX_SUFFIX, ShardIndex, refuse_to_drop_imports
 from .spans import headers_name_their_keys
@@ -228,21 +226,21 @@ def scan_remote_shard(
         mode=mode,
         seek_spacing=seek_spacing,
     )
-    layout = read.layout
+    scanned, layout = read.scanned, read.scanned.layout
     meta = IndexMeta.describe(
-        read.scan,
-        read.grouping,
+        scanned.scan,
+        scanned.grouping,
         shard_name=url,
         shard_size=stat.size,
         shard_mtime_ns=0,
-        fingerprint=read.fingerprint,
+        fingerprint=scanned.fingerprint,
         etag=stat.etag,
-        span_names=read.span_names,
+        span_names=scanned.span_names,
         compression=layout.codec if layout is not None else "",
-        uncompressed_size=read.uncompressed_size,
+        uncompressed_size=scanned.uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
     )
-    write_index(local, meta, read.scan, read.grouping, layout=layout)
+    write_index(local, meta, scanned.scan, scanned.grouping, layout=layout)
     fetched = read.bytes_fetched
     log.info("indexed %s: %s scan, %d of %d bytes fetched", url, read.mode, fetched, stat.size)
     return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), read.mode, fetched)
@@ -252,17 +250,12 @@ def scan_remote_shard(
 class ObjectScan:
     """One read of a remote object, as an index build (or a verification) needs it.
 
-    ``layout`` is a ``.tar.gz``'s or ``.tar.zst``'s frames or seek points (``None`` for
-    a plain tar), ``uncompressed_size`` its tar's size (0 for a plain tar); ``mode`` and
+    ``scanned`` is what a local build would have of it (its ``layout`` a ``.tar.gz``'s
+    or ``.tar.zst``'s frames or seek points, ``None`` for a plain tar); ``mode`` and
     ``bytes_fetched`` are as :class:`RemoteBuild`'s.
     """
 
-    scan: TarScan
-    grouping: Grouping
-    fingerprint: str
-    span_names: bool
-    layout: CompressedLayout | None
-    uncompressed_size: int
+    scanned: CompressedScan
     mode: str
     bytes_fetched: int
 
@@ -285,10 +278,7 @@ def scan_object(
         packed = scan_compressed_object(
             url, source, stat, codec, scratch, seek_spacing=seek_spacing
         )
-        return ObjectScan(
-            packed.scan, packed.grouping, packed.fingerprint, packed.span_names, packed.layout,
-            packed.uncompressed_size, "download", stat.size,
-        )  # fmt: skip
+        return ObjectScan(packed, "download", stat.size)
     log.info("scanning %s (%d bytes) in one forward read", url, stat.size)
     with ForwardReader(source, mode=mode) as reader:
         view = StreamedBytes(reader, stat.size, shard=url, edges=_FINGERPRINT_SPAN)
@@ -297,10 +287,8 @@ def scan_object(
         span_names = headers_name_their_keys(view.read, scan, grouping, shard=url)
         view.finish()
         content_fingerprint = fingerprint_parts(stat.size, view.head(), view.tail())
-        return ObjectScan(
-            scan, grouping, content_fingerprint, span_names, None, 0, reader.mode,
-            reader.bytes_fetched,
-        )  # fmt: skip
+        scanned = CompressedScan(scan, grouping, content_fingerprint, span_names, None, 0)
+        return ObjectScan(scanned, reader.mode, reader.bytes_fetched)
 
 
 def upload_index(index: ShardIndex, *, storage_options: Mapping[str, Any] | None = None) -> str:

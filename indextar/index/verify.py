@@ -70,11 +70,12 @@ def verify_index(
             ix.shard, expected_stat(ix.meta), scratch=ix.path, storage_options=storage_options,
             seek_spacing=spacing,
         )  # fmt: skip
-        scan, grouping, layout = read.scan, read.grouping, read.layout
-        if read.fingerprint != ix.meta.fingerprint:
+        scanned = read.scanned
+        scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
+        if scanned.fingerprint != ix.meta.fingerprint:
             changed.append(
                 f"content fingerprint: index has {ix.meta.fingerprint}, object has "
-                f"{read.fingerprint}"
+                f"{scanned.fingerprint}"
             )
     elif ix.meta.compression:  # decompressed and checked again, its frames or points kept
         compressed = scan_compressed(
