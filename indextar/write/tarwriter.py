@@ -269,17 +269,13 @@ class TarWriter(ClosingWriter):
             raise
 
     def _write_frame(self, data: bytes) -> None:
-        """Compress ``data`` (the next bytes of the tar) as one frame and write it."""
+        """Compress ``data`` (the next bytes of the tar, from ``_pos`` on) as one frame and
+        write it."""
         assert self._compressor is not None
         frame = self._compressor(data)
         self._file.write(frame)
-        self._frames.append((self._compressed_pos, len(frame), self._frame_start(), len(data)))
+        self._frames.append((self._compressed_pos, len(frame), self._pos, len(data)))
         self._compressed_pos += len(frame)
-
-    def _frame_start(self) -> int:
-        """Where the next frame's bytes start in the uncompressed tar."""
-        last = self._frames[-1] if self._frames else (0, 0, 0, 0)
-        return last[2] + last[3]
 
     def _check_open(self) -> None:
         if self._state != "open":
