@@ -52,7 +52,7 @@ from .sparse import GNU_MULTIVOL, GNU_SPARSE, unsupported_member_error
 from .walk import walk_adaptive, walk_parts, walk_sequential
 from .walk import walk_window as _walk_window
 
-__all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "sniff_compression"]
+__all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "entry_kind", "sniff_compression"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,14 @@ MEMBER_KINDS: dict[int, str] = {
     ord("6"): "fifo",
     ord("V"): "volume-header",
 }
+
+
+def entry_kind(typeflag: int) -> str:
+    """What an entry of type flag ``typeflag`` is: ``"file"``, ``"directory"``, ..."""
+    if typeflag in REGULAR_TYPES:
+        return "file"
+    return MEMBER_KINDS.get(typeflag, f"type-{chr(typeflag)!r}")
+
 
 # The adaptive walk (walk.walk_adaptive) switches to the vectorised walker once members
 # average under this many bytes: it reads every block, which only pays off when headers
@@ -119,10 +127,7 @@ class TarScan:
 
     def kind(self, i: int) -> str:
         """What entry ``i`` is: ``"file"``, ``"directory"``, ``"symlink"``, ..."""
-        t = int(self.types[i])
-        if t in REGULAR_TYPES:
-            return "file"
-        return MEMBER_KINDS.get(t, f"type-{chr(t)!r}")
+        return entry_kind(int(self.types[i]))
 
 
 def scan_tar(

@@ -21,7 +21,7 @@ from ..errors import SampleFormatError, WriterError
 from ..index.naming import skip_reason, split_name
 from ..index.shard import PathLike, ShardIndex
 from ..source.codecs import open_decompressed
-from ..tar.blocks import REGULAR_TYPES
+from ..tar.scan import entry_kind
 from ..tar.stream import StreamEntry, iter_entries
 from .tarwriter import TarWriter
 
@@ -85,7 +85,8 @@ def _runs(
     exts: set[str] = set()
     other_bytes = 0
     for entry in entries:
-        reason = "not-a-file" if entry.typeflag not in REGULAR_TYPES else skip_reason(entry.name)
+        kind = entry_kind(entry.typeflag)  # as the index names it
+        reason = kind if kind != "file" else skip_reason(entry.name)
         split = split_name(entry.name) if reason is None else None
         if split is None:
             reason = reason or "no-extension"
