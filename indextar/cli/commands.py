@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from .._version import __version__
 from ..errors import IndextarError
-from ..index.anywhere import open_shard_index
+from ..index.opener import open_shard_index
 from ..index.build import default_workers, parallel_map
 from ..index.decompress import DEFAULT_SEEK_SPACING
 from ..index.shard import ShardIndex

@@ -36,9 +36,9 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import IndexWriteError, SampleAttributeError
-from .anywhere import open_shard_index
 from .attributes import AttributeTable, sql_value, write_attributes
 from .meta import _read_meta
+from .opener import open_shard_index
 from .shard import PathLike, ShardIndex
 
 __all__ = ["import_attributes", "ImportReport"]
@@ -137,7 +137,7 @@ def import_attributes(
     ----------
     shards
         Shard paths or URLs; each must have a valid index. A URL's is its local copy
-        (:func:`~indextar.index.anywhere.open_shard_index`), which a changed object no
+        (:func:`~indextar.index.opener.open_shard_index`), which a changed object no
         longer silently rebuilds (a rebuild would drop the columns: ``StaleIndexError``);
         ``upload_index`` puts it beside the object.
     table
@@ -158,7 +158,7 @@ def import_attributes(
         A key on two rows or a NULL key, an unknown column, or (``missing="fail"``) a
         sample without a row; nothing is written.
     StaleIndexError, MissingIndexError
-        As :func:`~indextar.index.anywhere.open_shard_index`.
+        As :func:`~indextar.index.opener.open_shard_index`.
     """
     if missing not in ("null", "fail"):
         raise ValueError(f"missing must be 'null' or 'fail'; got {missing!r}")

@@ -12,7 +12,6 @@ opening it against a shard that changed raises :class:`~indextar.errors.StaleInd
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import sqlite3
@@ -26,7 +25,7 @@ import numpy.typing as npt
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..source.local import mapped_file
-from ..tar.compress import sniff_codec
+from ..source.location import INDEX_SUFFIX, ShardLocation
 from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, read_json_attributes
@@ -52,8 +51,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-INDEX_SUFFIX = ".idx.sqlite"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +85,17 @@ class ShardIndex:
     shard: str
     path: Path
     meta: IndexMeta
+
+    @classmethod
+    def unchecked(cls, shard: str, path: Path) -> ShardIndex:
+        """The index file ``path`` of ``shard``, its metadata read but not checked against
+        the shard (its reads are: they are conditional on the version it records)."""
+        return cls(shard=shard, path=path, meta=_read_meta(path))
+
+    @property
+    def location(self) -> ShardLocation:
+        """Where the shard is: a local file or a remote object."""
+        return ShardLocation.of(self.shard)
 
     def __len__(self) -> int:
         return self.meta.num_samples
@@ -187,11 +195,7 @@ def index_path(shard: PathLike, *, index_dir: PathLike | None = None) -> Path:
     hash of the shard's absolute path, so that equally named shards from
     different folders do not collide.
     """
-    shard_path = Path(shard)
-    if index_dir is None:
-        return shard_path.with_name(shard_path.name + INDEX_SUFFIX)
-    digest = hashlib.blake2b(str(shard_path.resolve()).encode(), digest_size=6).hexdigest()
-    return Path(index_dir) / f"{shard_path.name}.{digest}{INDEX_SUFFIX}"
+    return ShardLocation(os.fspath(shard)).index_path(index_dir)
 
 
 def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIndex:
@@ -259,12 +263,6 @@ def refuse_to_drop_imports(
             f"{', '.join(map(repr, imported))} but {why}; a rebuild would drop the imported "
             f"columns: rebuild it with {remedy}, then import them again"
         )
-
-
-def _compression_of(shard: Path) -> str | None:
-    """:func:`~indextar.tar.compress.sniff_codec` of the shard's first bytes."""
-    with open(shard, "rb") as f:
-        return sniff_codec(f.read(8))
 
 
 def build_index(
@@ -340,7 +338,7 @@ def build_index(
                 log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         except IndexFormatError as e:
             log.warning("replacing unusable index: %s", e)
-    codec = _compression_of(shard_path)
+    codec = ShardLocation(str(shard_path)).codec()
     if meta is not None and codec is not None:  # before decompressing: offsets are uncompressed
         raise IndextarError(
             f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"

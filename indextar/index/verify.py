@@ -11,12 +11,12 @@ from typing import Any
 
 from ..errors import IndexFormatError
 from ..patterns import is_url
-from .anywhere import open_shard_index
 from .arrays import ShardArrays, read_arrays
 from .compressed import CompressedLayout, read_layout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _connect_ro
 from .naming import from_sql, sql_text
+from .opener import open_shard_index
 from .remote import expected_stat, scan_object
 from .shard import PathLike, scan_shard_file
 from .tables import scan_arrays
@@ -54,11 +54,11 @@ def verify_index(
     """Re-scan ``shard`` (a local path or a URL) and compare every row of its index with
     the scan.
 
-    A remote shard's index is found as :func:`~.anywhere.open_shard_index` finds it, and
+    A remote shard's index is found as :func:`~.opener.open_shard_index` finds it, and
     the object is read again (a ``.tar.gz`` or ``.tar.zst`` through a temporary copy, as
     its index was built), every read conditional on the version the index recorded.
 
-    Raises the same errors as :func:`~.anywhere.open_shard_index` (missing, stale or
+    Raises the same errors as :func:`~.opener.open_shard_index` (missing, stale or
     corrupt index) and as the scanner (malformed shard).
     """
     ix = open_shard_index(shard, index_dir=index_dir, storage_options=storage_options)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..atomic import write_atomic
 from ..errors import ExportError
-from ..index.anywhere import usable_index
+from ..index.opener import usable_index
 from ..index.manifest import write_manifest
 from ..index.members import MemberTable, load_members
 from ..index.shard import PathLike

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WriterError
-from ..index.anywhere import shard_source, usable_index
+from ..index.opener import shard_source, usable_index
 from ..index.members import MemberTable, load_members
 from ..index.shard import PathLike, ShardIndex
 from ..patterns import is_url
