@@ -24,17 +24,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
-from ..source.local import mapped_file
 from ..source.location import INDEX_SUFFIX, ShardLocation
-from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
-from .compressed import CompressedLayout
-from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
-from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
-from .naming import Grouping, from_sql, group_members, raw_name, sql_text
-from .spans import spans_name_their_keys
+from .decompress import DEFAULT_SEEK_SPACING
+from .localscan import scan_local_shard
+from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
+from .naming import from_sql, raw_name, sql_text
 from .tables import write_index
 
 __all__ = [
@@ -234,19 +231,6 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
 # -- building --------------------------------------------------------------------
 
 
-def scan_shard_file(
-    shard: Path, *, ignore_zeros: bool = False
-) -> tuple[TarScan, Grouping, str, bool]:
-    """Scan a local shard through a read-only mmap: its members, grouped into samples,
-    its fingerprint and whether every sample's span names its key
-    (:mod:`indextar.index.spans`), from one map."""
-    with mapped_file(shard) as (mm, fd, size):  # an empty file: scan_tar's error
-        scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
-        grouping = group_members(scan, shard=str(shard))
-        named = spans_name_their_keys(mm, scan, grouping, shard=str(shard))
-        return scan, grouping, fingerprint(mm, size), named
-
-
 def refuse_to_drop_imports(
     existing: ShardIndex,
     why: str,
@@ -344,19 +328,10 @@ def build_index(
             f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"
             "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
         )
-    layout: CompressedLayout | None = None
-    uncompressed_size = 0
-    if codec is None:
-        scan, grouping, content_fingerprint, span_names = scan_shard_file(
-            shard_path, ignore_zeros=ignore_zeros
-        )
-    else:
-        compressed = scan_compressed(
-            shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
-        )
-        scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
-        content_fingerprint, span_names = compressed.fingerprint, compressed.span_names
-        uncompressed_size = compressed.uncompressed_size
+    scanned = scan_local_shard(
+        shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
+    )
+    scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
@@ -366,11 +341,11 @@ def build_index(
         shard_name=shard_path.name,
         shard_size=st.st_size,
         shard_mtime_ns=st.st_mtime_ns,
-        fingerprint=content_fingerprint,
+        fingerprint=scanned.fingerprint,
         ignore_zeros=ignore_zeros,
-        span_names=span_names,
+        span_names=scanned.span_names,
         compression=codec or "",
-        uncompressed_size=uncompressed_size,
+        uncompressed_size=scanned.uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
     )
     attributes = None

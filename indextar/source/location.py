@@ -153,7 +153,7 @@ class ShardLocation:
                 return sniff_codec(f.read(8))
         if source is None:
             source = RangeSource(self.name)
-        size = source.size()
+        size = source.size
         return sniff_codec(source.read(0, min(8, size))) if size else None
 
     def index_path(self, index_dir: PathLike | None) -> Path:
