@@ -34,6 +34,7 @@ from .shard import PathLike, ShardIndex, build_index, open_index, open_index_at
 __all__ = [
     "OpenOptions",
     "open_shard",
+    "open_entry",
     "find_index",
     "shard_source",
     "open_entry_index",
@@ -82,27 +83,22 @@ class OpenOptions:
         return self.source.storage_options
 
 
-def open_shard(
-    location: ShardLocation,
-    options: OpenOptions,
-    *,
-    entry: ManifestShard | None = None,
-    number: int = 0,
-    manifest: PathLike | None = None,
-) -> tuple[ShardIndex, ByteSource]:
+def open_shard(location: ShardLocation, options: OpenOptions) -> tuple[ShardIndex, ByteSource]:
     """The validated index of the shard at ``location`` and a source of its uncompressed
-    tar bytes, every read checked against the version the index recorded.
+    tar bytes, every read checked against the version the index recorded. Raises as
+    :func:`find_index` does."""
+    index = find_index(location, options)
+    return index, shard_source(index, options.source, location=location)
 
-    With ``entry``, the shard is number ``number`` of a dataset (of ``manifest``, if
-    read from one): its index is the one the entry records, and is checked against it
-    (:func:`open_entry_index`). Raises as :func:`find_index` does.
-    """
-    if entry is None:
-        index = find_index(location, options)
-    else:
-        index = open_entry_index(
-            entry, options, number=number, manifest=manifest, location=location
-        )
+
+def open_entry(
+    entry: ManifestShard, options: OpenOptions, *, number: int, manifest: PathLike | None
+) -> tuple[ShardIndex, ByteSource]:
+    """:func:`open_shard` of shard number ``number`` of a dataset (of ``manifest``, if
+    read from one): its index is the one ``entry`` records, and is checked against it
+    (:func:`open_entry_index`)."""
+    location = ShardLocation.of(entry.url)
+    index = open_entry_index(entry, options, number=number, manifest=manifest, location=location)
     return index, shard_source(index, options.source, location=location)
 
 
@@ -153,9 +149,7 @@ def shard_source(
     index recorded."""
     location = location or index.location
     meta = index.meta
-    raw = location.open_raw(
-        location.recorded(meta.shard_size, meta.shard_mtime_ns, meta.etag), options
-    )
+    raw = location.open_raw(meta, options)
     if not meta.compression:  # plain shards keep their raw source
         return raw
     local_path = None if location.remote else location.name

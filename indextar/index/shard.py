@@ -32,6 +32,7 @@ from .decompress import DEFAULT_SEEK_SPACING
 from .localscan import scan_local_shard
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
 from .naming import from_sql, raw_name, sql_text
+from .options import BuildOptions
 from .tables import write_index
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "ShardIndex",
     "SampleTable",
     "build_index",
+    "build_index_as",
     "open_index",
     "open_index_at",
     "index_path",
@@ -298,30 +300,28 @@ def build_index(
         With ``meta``, if the index has imported attributes but none from ``meta``
         members (and ``force`` is false): a rebuild would drop them.
     """
+    options = BuildOptions(
+        index_dir=None if index_dir is None else os.fspath(index_dir),
+        force=force,
+        ignore_zeros=ignore_zeros,
+        meta=meta,
+        on_error=on_error,
+        seek_spacing=seek_spacing,
+    )
+    return build_index_as(shard, options)
+
+
+def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
+    """:func:`build_index` of the local ``shard`` as ``options`` say (what each build
+    job of :func:`~indextar.build_indexes` runs); its remote options are not read."""
     shard_path = Path(shard)
-    st = _stat_shard(shard_path)
-    if stat.S_ISDIR(st.st_mode):
-        raise ShardNotFoundError(
-            f"{str(shard_path)!r} is a folder, not a shard; give its shards (for example "
-            f"{str(shard_path / '*.tar')!r} to the CLI, or expand_shards({str(shard_path)!r}))"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
-    path = index_path(shard_path, index_dir=index_dir)
-    if not force and path.exists():
-        try:
-            existing = open_index_at(shard_path, path)
-            if meta is not None and not existing.has_attributes(meta):
-                refuse_to_drop_imports(
-                    existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
-                )
-                log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
-            elif ignore_zeros or not existing.meta.ignore_zeros:
-                return existing
-            else:
-                log.info("rebuilding %s: it was built with ignore_zeros=True", path)
-        except IndexFormatError as e:
-            log.warning("replacing unusable index: %s", e)
+    st = _regular_file(shard_path)
+    path = index_path(shard_path, index_dir=options.index_dir)
+    if not options.force and path.exists():
+        existing = _reusable(shard_path, path, options)
+        if existing is not None:
+            return existing
+    meta = options.meta
     codec = ShardLocation(str(shard_path)).codec()
     if meta is not None and codec is not None:  # before decompressing: offsets are uncompressed
         raise IndextarError(
@@ -329,7 +329,7 @@ def build_index(
             "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
         )
     scanned = scan_local_shard(
-        shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
+        shard_path, codec, ignore_zeros=options.ignore_zeros, seek_spacing=options.seek_spacing
     )
     scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
     after = _stat_shard(shard_path)
@@ -342,7 +342,7 @@ def build_index(
         shard_size=st.st_size,
         shard_mtime_ns=st.st_mtime_ns,
         fingerprint=scanned.fingerprint,
-        ignore_zeros=ignore_zeros,
+        ignore_zeros=options.ignore_zeros,
         span_names=scanned.span_names,
         compression=codec or "",
         uncompressed_size=scanned.uncompressed_size,
@@ -351,7 +351,42 @@ def build_index(
     attributes = None
     if meta is not None:
         attributes = read_json_attributes(
-            shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
+            shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=options.on_error
         )
     write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
+
+
+def _regular_file(shard: Path) -> os.stat_result:
+    """The stat of ``shard``, which must be a regular file."""
+    st = _stat_shard(shard)
+    if stat.S_ISDIR(st.st_mode):
+        raise ShardNotFoundError(
+            f"{str(shard)!r} is a folder, not a shard; give its shards (for example "
+            f"{str(shard / '*.tar')!r} to the CLI, or expand_shards({str(shard)!r}))"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise ShardNotFoundError(f"shard {str(shard)!r} is not a regular file")
+    return st
+
+
+def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | None:
+    """The existing index ``path`` of ``shard`` if a build with ``options`` keeps it;
+    ``None`` if it is to be rebuilt (logged). Raises as :func:`open_index_at` does, or
+    if a rebuild would drop imported columns."""
+    meta = options.meta
+    try:
+        existing = open_index_at(shard, path)
+    except IndexFormatError as e:
+        log.warning("replacing unusable index: %s", e)
+        return None
+    if meta is not None and not existing.has_attributes(meta):
+        refuse_to_drop_imports(
+            existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
+        )
+        log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
+        return None
+    if options.ignore_zeros or not existing.meta.ignore_zeros:
+        return existing
+    log.info("rebuilding %s: it was built with ignore_zeros=True", path)
+    return None

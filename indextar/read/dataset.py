@@ -24,11 +24,11 @@ import numpy.typing as npt
 
 from ..errors import SampleIndexError, SampleKeyError
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
-from ..index.opener import open_entry_index, open_shard
+from ..index.opener import open_entry, open_entry_index
 from ..index.shard import PathLike, ShardIndex
 from ..patterns import expand_shards
 from ..source.local import LRUCache
-from ..source.location import ShardLocation, remote_shards
+from ..source.location import remote_shards
 from .decode import DecodeArg
 from .entries import index_entries
 from .pool import BatchPool, DecodeThreads
@@ -181,13 +181,8 @@ class IndexedTarDataset:
     def _shard(self, shard_no: int) -> OpenShard:
         shard = self._open.get(shard_no)
         if shard is None:
-            entry = self._entries[shard_no]
-            index, source = open_shard(
-                ShardLocation.of(entry.url),
-                self._options,
-                entry=entry,
-                number=shard_no,
-                manifest=self.manifest,
+            index, source = open_entry(
+                self._entries[shard_no], self._options, number=shard_no, manifest=self.manifest
             )
             shard = OpenShard.load(index, source)
             self._open.put(shard_no, shard)

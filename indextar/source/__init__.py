@@ -1,6 +1,9 @@
-"""Bytes of one shard: the ``ByteSource`` primitives, local files, remote objects.
+"""Bytes of one shard: where it lives, the ``ByteSource`` primitives, local files,
+remote objects.
 
-``base`` is the ``ByteSource`` primitives and what is built on them; ``local``
+``location`` decides once whether a shard is a local file or a remote object (by URL
+scheme, with the package each scheme needs), and knows its version, its raw bytes,
+where its index lives and its codec; ``base`` is the ``ByteSource`` primitives and what is built on them; ``local``
 memory-maps local shards and copies samples out of the map (``_mapread.c``);
 ``remote`` reads byte ranges of URLs with retries, through ``filesystems`` (fsspec by
 URL scheme) and ``conditional`` (object versions: reads conditional on the ETag an

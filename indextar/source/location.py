@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 from ..errors import ShardNotFoundError
 from ..patterns import is_url
@@ -34,10 +34,12 @@ from .remote import RangeSource
 __all__ = [
     "INDEX_SUFFIX",
     "REMOTE_SCHEMES",
+    "Recorded",
     "ShardLocation",
     "SourceOptions",
     "remote_shards",
     "scheme_package",
+    "url_scheme",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -63,15 +65,28 @@ def scheme_package(scheme: str) -> str:
     return REMOTE_SCHEMES.get(scheme, f"the fsspec backend for {scheme}://")
 
 
-def _scheme(name: str) -> str:
-    """The URL scheme of ``name`` if it names a remote object, else ``""``: the one test."""
-    return name.partition("://")[0] if is_url(name) else ""
+def url_scheme(name: str) -> str:
+    """The URL scheme of ``name`` if it names a remote object, else ``""``: the one test
+    of whether a shard is remote (``file://`` names a local file). 60 ns for a path."""
+    return name.partition("://")[0] if "://" in name and is_url(name) else ""
 
 
 def remote_shards(names: Sequence[str]) -> frozenset[int]:
     """The positions of the remote shards among ``names`` (a dataset's, once: a
     :class:`ShardLocation` each would cost 2 us a shard)."""
-    return frozenset(n for n, name in enumerate(names) if _scheme(name))
+    return frozenset(n for n, name in enumerate(names) if url_scheme(name))
+
+
+class Recorded(Protocol):
+    """What an index records of its shard's version (an
+    :class:`~indextar.index.meta.IndexMeta` is one)."""
+
+    @property
+    def shard_size(self) -> int: ...
+    @property
+    def shard_mtime_ns(self) -> int: ...
+    @property
+    def etag(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +113,7 @@ class ShardLocation:
         if isinstance(shard, ShardLocation):
             return shard
         name = os.fspath(shard)
-        scheme = _scheme(name)
+        scheme = url_scheme(name)
         return cls(name, scheme) if scheme else cls(name.removeprefix("file://"))
 
     @property
@@ -121,25 +136,19 @@ class ShardLocation:
             raise ShardNotFoundError(f"shard {self.name!r} does not exist") from None
         return FileVersion(st.st_size, st.st_mtime_ns)
 
-    def recorded(self, size: int, mtime_ns: int, etag: str) -> FileVersion | RemoteStat:
-        """The version an index recorded of the shard, as this kind of shard checks it."""
-        return RemoteStat(size, etag) if self.remote else FileVersion(size, mtime_ns)
-
-    def open_raw(
-        self, version: FileVersion | RemoteStat | None, options: SourceOptions | None = None
-    ) -> ByteSource:
+    def open_raw(self, recorded: Recorded, options: SourceOptions | None = None) -> ByteSource:
         """The shard's bytes as they are stored (compressed ones compressed), every read
-        checked against ``version``, the one its index recorded."""
+        checked against the version its index ``recorded``: a local file's size and
+        mtime, an object's size and ETag."""
         if not self.remote:
-            assert version is None or isinstance(version, FileVersion)
-            return open_source(self.name, version)
-        assert version is None or isinstance(version, RemoteStat)
+            return open_source(self.name, FileVersion(recorded.shard_size, recorded.shard_mtime_ns))
+        expected = RemoteStat(recorded.shard_size, recorded.etag)
         options = options or SourceOptions()
-        if options.cache is not None and version is not None:
-            return CachedSource(self.name, cache=options.cache, expected=version)
+        if options.cache is not None:
+            return CachedSource(self.name, cache=options.cache, expected=expected)
         return RangeSource(
             self.name,
-            expected=version,
+            expected=expected,
             storage_options=options.storage_options,
             max_in_flight=options.max_in_flight,
         )
