@@ -30,6 +30,7 @@ from .naming import Grouping
 
 __all__ = [
     "AttributeBuilder",
+    "MAX_COLUMNS",
     "OnError",
     "RESERVED_NAMES",
     "parse_attributes",
@@ -40,8 +41,17 @@ log = logging.getLogger(__name__)
 
 OnError = Literal["fail", "skip"]
 
-RESERVED_NAMES = frozenset({"__sample__", "__key__", "__first__", "__count__"})
-"""Names a selection gives the index's own columns; no attribute may take one."""
+RESERVED_NAMES = frozenset(
+    {"__sample__", "__key__", "__first__", "__count__", "__shard__", "__index__"}
+)
+"""Names a selection gives the index's own columns, or ``indextar query --json`` its
+own fields; no attribute may take one (in any case: SQLite column names ignore it)."""
+
+MAX_COLUMNS = 1996
+"""The most attribute columns an index holds: SQLite's default limit of 2,000 columns
+(a table's, and a query result's), less the 4 a selection's view of each sample adds
+(``__sample__``, ``__key__``, ``__first__``, ``__count__``). Not SQLite's compiled limit
+of this process: an index must open in any SQLite."""
 
 _SHOWN = 5  # errors named in a skip's log message
 
@@ -78,8 +88,8 @@ class AttributeBuilder:
         ext = self.ext
         if text is None:
             return None, f"has no {ext!r} member"
-        try:
-            string = text.decode("utf-8")
+        try:  # decoded as json.loads(bytes) decodes: a BOM, UTF-16 or UTF-32 too
+            string = text.decode(json.detect_encoding(text), "surrogatepass")
             try:
                 parsed, end = _scan_json(string, 0)
                 if end != len(string) and not string[end:].isspace():
@@ -157,10 +167,15 @@ class AttributeBuilder:
         folded = dict(self._folded)
         for name in names:
             known = folded.setdefault(name.lower(), name)
-            if name in RESERVED_NAMES:
+            if name.lower() in RESERVED_NAMES:
                 return f"{name!r}, whose name is reserved"
             if known != name:  # SQLite column names ignore ASCII case
                 return f"{name!r}, whose name differs from {known!r} only in case"
+            if len(folded) > MAX_COLUMNS:
+                return (
+                    f"{name!r}, which would be column {len(folded):,} of the shard's "
+                    f"attributes; an index holds at most {MAX_COLUMNS:,}"
+                )
         return None
 
     def table(self) -> AttributeTable:
