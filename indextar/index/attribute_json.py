@@ -25,14 +25,19 @@ from typing import Literal
 import numpy as np
 
 from ..errors import SampleAttributeError
-from .attributes import AttributeTable, Value, json_source, sql_value
+from .attributes import (
+    MAX_COLUMNS,
+    RESERVED_NAMES,
+    AttributeTable,
+    Value,
+    json_source,
+    sql_value,
+)
 from .naming import Grouping
 
 __all__ = [
     "AttributeBuilder",
-    "MAX_COLUMNS",
     "OnError",
-    "RESERVED_NAMES",
     "parse_attributes",
     "read_json_attributes",
 ]
@@ -41,17 +46,6 @@ log = logging.getLogger(__name__)
 
 OnError = Literal["fail", "skip"]
 
-RESERVED_NAMES = frozenset(
-    {"__sample__", "__key__", "__first__", "__count__", "__shard__", "__index__"}
-)
-"""Names a selection gives the index's own columns, or ``indextar query --json`` its
-own fields; no attribute may take one (in any case: SQLite column names ignore it)."""
-
-MAX_COLUMNS = 1996
-"""The most attribute columns an index holds: SQLite's default limit of 2,000 columns
-(a table's, and a query result's), less the 4 a selection's view of each sample adds
-(``__sample__``, ``__key__``, ``__first__``, ``__count__``). Not SQLite's compiled limit
-of this process: an index must open in any SQLite."""
 
 _SHOWN = 5  # errors named in a skip's log message
 
