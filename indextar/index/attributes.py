@@ -167,11 +167,12 @@ def write_attributes(
             )
     else:  # columns added to an index's table, or replaced where the names are taken
         for name, values in table.columns.items():
-            column = quote(name)
             old = have.get(name.lower())
             if old is not None:  # dropped, so that the column takes the new type
-                conn.execute(f"ALTER TABLE attributes DROP COLUMN {quote(old)}")
+                column = quote(old)
+                conn.execute(f"ALTER TABLE attributes DROP COLUMN {column}")
                 conn.execute("DELETE FROM attribute_columns WHERE name = ?", (old,))
+            column = quote(name)
             conn.execute(f"ALTER TABLE attributes ADD COLUMN {column} {declared[name]}")
             conn.executemany(
                 f"UPDATE attributes SET {column} = ? WHERE __sample__ = ?",

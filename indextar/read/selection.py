@@ -139,8 +139,9 @@ def _refuse_bare(
     named = ""
     for index in bare:
         with contextlib.closing(index.connect()) as conn:
+            sql = f"SELECT ({expression}) FROM ({_sample_view(conn, [])}) LIMIT 0"
             try:
-                conn.execute(f"SELECT ({expression}) FROM ({_sample_view(conn, [])}) LIMIT 0")
+                conn.execute(sql)  # the caller's SQL, on a read-only connection, as _run's
             except sqlite3.OperationalError as e:
                 found = _NO_SUCH_COLUMN.search(str(e))
                 if found is not None and found.group(1).lower() in folded:
