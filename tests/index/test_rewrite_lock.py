@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sqlite3
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,8 @@ from indextar.errors import IndextarError
 from indextar.index.attribute_import import import_attributes
 from indextar.index.manifest import append_to_manifest, read_manifest, write_manifest
 
-SHARDS = 12
-SAMPLES = 100
+SHARDS = 10
+SAMPLES = 50
 ROUNDS = 3
 
 
@@ -39,9 +42,9 @@ def _keys(n: int) -> list[str]:
     return [f"s{n:02d}_{i:04d}" for i in range(SAMPLES)]
 
 
-def _shards(folder: Path, *, meta: bool = False) -> list[str]:
+def _shards(folder: Path, *, meta: bool = False, count: int = SHARDS) -> list[str]:
     shards = []
-    for n in range(SHARDS):
+    for n in range(count):
         members: dict[str, bytes] = {}
         for key in _keys(n):
             members[f"{key}.txt"] = key.encode()
@@ -111,7 +114,7 @@ def test_a_build_racing_an_import_loses_neither(pool: tuple[Any, Any], tmp_path:
         folder.mkdir()
         shards = _shards(folder)
         built, imported = _race(
-            pool, (_build_all, shards), (import_attributes, shards, _table(folder, "x"))
+            pool, (_build_all, shards[::-1]), (import_attributes, shards, _table(folder, "x"))
         )
         for shard in shards:
             columns = _columns(shard)
@@ -144,3 +147,37 @@ def test_two_appends_to_a_manifest_keep_every_shard(pool: tuple[Any, Any], tmp_p
         assert errors == ["", ""]
         listed = sorted(shard.url for shard in read_manifest(manifest).shards)
         assert listed == sorted(shards)
+
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from indextar.atomic import rewrite_lock
+with rewrite_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_readers_pass_a_held_lock_and_a_killed_holder_releases_it(tmp_path: Path) -> None:
+    (shard,) = _shards(tmp_path, meta=True, count=1)
+    index = indextar.index_path(shard)
+    table = _table(tmp_path, "x")
+    done: list[object] = []
+    writer = threading.Thread(target=lambda: done.append(import_attributes([shard], table)))
+    command = [sys.executable, "-c", _HOLD, str(index)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+            writer.start()
+            writer.join(0.5)
+            assert writer.is_alive()  # waits for the holder
+            dataset = indextar.IndexedTarDataset([shard])  # readers do not wait
+            assert dataset[0]["txt"] == b"s00_0000"
+            assert len(dataset.where("a = 1", cache_dir=False)) == SAMPLES
+        finally:
+            holder.kill()  # SIGKILL: the kernel drops its lock
+    writer.join(30)
+    assert not writer.is_alive() and len(done) == 1
+    assert _columns(shard).get("x") == SAMPLES
+    assert not list(tmp_path.glob(".*"))  # the dead holder's lock file went with the lock
