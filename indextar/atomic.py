@@ -153,8 +153,11 @@ def _lock_file(lock: Path) -> int:
         try:
             # Read-write where it can: NFS emulates flock by locks that need write access.
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except PermissionError:  # left by another user's writer that died
-            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError as e:
+            try:  # left by another user's writer that died
+                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # none there: the folder is not writable
+                raise e from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
