@@ -13,8 +13,9 @@ changed there and renamed over the original (:func:`indextar.atomic.atomic_path`
 reader sees the old index or the new one, and a crash leaves the old one. A sidecar
 file would avoid the copy (indexes are small: about 100 bytes a sample), but every
 reader of attributes would then have to find, validate and join a second file; one
-file keeps a query a single SQLite statement. Imports into one index must not run
-concurrently with each other or with a rebuild (the last rename wins).
+file keeps a query a single SQLite statement. The copy is taken and renamed under the
+index's lock (:func:`indextar.index.tables.index_lock`), so imports into one index at
+once, or an import and a build, wait for each other and neither loses its columns.
 
 A key the table holds twice is an error (which row would win?), as is a NULL key. A
 sample the table has no row for gets NULL (or, with ``missing="fail"``, is an error);
@@ -30,7 +31,7 @@ import os
 import shutil
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,8 +48,9 @@ from .attributes import (
     sql_value,
     write_attributes,
 )
-from .meta import _read_meta
+from .meta import IndexMeta, _read_meta
 from .shard import PathLike, ShardIndex
+from .tables import index_lock
 
 __all__ = ["import_attributes", "ImportReport"]
 
@@ -273,9 +275,9 @@ def import_attributes(
 def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
     """Add ``attributes`` to a copy of the index and rename the copy over it."""
     try:
-        with atomic_path(index.path) as tmp:
-            shutil.copyfile(index.path, tmp)
-            if _read_meta(tmp) != index.meta:  # rebuilt since it was opened
+        with index_lock(index.path), atomic_path(index.path) as tmp:
+            shutil.copyfile(index.path, tmp)  # as the last writer left it
+            if not _same_build(_read_meta(tmp), index.meta):  # rebuilt since it was opened
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
                 write_attributes(conn, attributes, path=tmp)  # one transaction, or two
@@ -283,3 +285,10 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
         raise
     except (OSError, sqlite3.Error) as e:
         raise IndexWriteError(f"cannot rewrite the index {str(index.path)!r}: {e}") from e
+
+
+def _same_build(found: IndexMeta, opened: IndexMeta) -> bool:
+    """Whether the index as found describes the samples it had when opened: a rebuild of
+    the unchanged shard with the same options (only ``created`` differs) has them all, in
+    the same order, so the matched rows still fit."""
+    return replace(found, created=opened.created) == opened

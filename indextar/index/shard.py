@@ -36,7 +36,7 @@ from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
 from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .spans import spans_name_their_keys
-from .tables import write_index
+from .tables import index_lock, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -333,20 +333,11 @@ def build_index(
     if not stat.S_ISREG(st.st_mode):
         raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
     path = index_path(shard_path, index_dir=index_dir)
-    if not force and path.exists():
-        try:
-            existing = open_index_at(shard_path, path)
-            if meta is not None and not existing.has_attributes(meta):
-                refuse_to_drop_imports(
-                    existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
-                )
-                log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
-            elif ignore_zeros or not existing.meta.ignore_zeros:
-                return existing
-            else:
-                log.info("rebuilding %s: it was built with ignore_zeros=True", path)
-        except IndexFormatError as e:
-            log.warning("replacing unusable index: %s", e)
+    found = None if force else _file_state(path)
+    if found is not None:
+        existing = _reusable(shard_path, path, meta=meta, ignore_zeros=ignore_zeros)
+        if existing is not None:
+            return existing
     codec = _compression_of(shard_path)
     if meta is not None and codec is not None:  # before decompressing: offsets are uncompressed
         raise IndextarError(
@@ -387,5 +378,47 @@ def build_index(
         attributes = read_json_attributes(
             shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
         )
-    write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
+    with index_lock(path):
+        # Another writer may have replaced the index since it was judged (an import
+        # adding columns this build would drop, or a build like this one): judge again.
+        if not force and _file_state(path) != found:
+            existing = _reusable(shard_path, path, meta=meta, ignore_zeros=ignore_zeros)
+            if existing is not None:
+                return existing
+        write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
+
+
+def _file_state(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells one version of the file at ``path`` from the next; ``None`` if absent."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):  # as Path.exists() is false
+        return None
+    return st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size
+
+
+def _reusable(
+    shard: Path, path: Path, *, meta: str | None, ignore_zeros: bool
+) -> ShardIndex | None:
+    """The index at ``path`` if :func:`build_index` keeps it, ``None`` if it rebuilds it.
+
+    Raises what :func:`open_index_at` raises but :class:`IndexFormatError`, and
+    refuses a rebuild for ``meta`` that would drop imported columns."""
+    try:
+        existing = open_index_at(shard, path)
+    except MissingIndexError:  # removed since it was seen
+        return None
+    except IndexFormatError as e:
+        log.warning("replacing unusable index: %s", e)
+        return None
+    if meta is not None and not existing.has_attributes(meta):
+        refuse_to_drop_imports(
+            existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
+        )
+        log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
+        return None
+    if existing.meta.ignore_zeros and not ignore_zeros:
+        log.info("rebuilding %s: it was built with ignore_zeros=True", path)
+        return None
+    return existing
