@@ -16,6 +16,7 @@ from .errors import (
     IndextarError,
     IndexWriteError,
     ManifestError,
+    MissingAttributesError,
     MissingIndexError,
     PipeRefusedError,
     RemoteReadError,
@@ -109,6 +110,7 @@ __all__ = [
     "CacheFullError",
     "SampleAttributeError",
     "SelectionError",
+    "MissingAttributesError",
 ]
 
 

@@ -11,6 +11,13 @@ it holds an exclusive ``flock`` on its file, so :func:`remove_stale_temps` can t
 dead writer's leftover (unlocked, and older than a few minutes) from a live one, even
 one in another process on this machine, and removes only the former. Writers sweep
 before they write, listing each folder once per process.
+
+A rename replaces the file whole, so two writers that each read a file, change it and
+rename their copy over it would lose one change: the second rename carries the file as
+it was before the first. Such writers hold :func:`rewrite_lock`, an exclusive ``flock``
+on a hidden ``.<name>.lock`` beside the file, from their read to their rename. Readers
+take no lock (they see the old file or the new), the kernel drops a dead writer's
+lock, and the lock file is removed when the lock is released.
 """
 
 from __future__ import annotations
@@ -25,7 +32,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "create_temp", "write_atomic", "remove_stale_temps", "STALE_SECONDS"]
+__all__ = [
+    "atomic_path",
+    "create_temp",
+    "write_atomic",
+    "rewrite_lock",
+    "remove_stale_temps",
+    "STALE_SECONDS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +121,60 @@ def write_atomic(target: Path, data: bytes | str) -> None:
     """Write ``data`` (str as UTF-8) to ``target`` through :func:`atomic_path`."""
     with atomic_path(target) as tmp:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def rewrite_lock(target: Path) -> Iterator[None]:
+    """Hold ``target``'s writers' lock: no other process (or thread) holding it runs
+    the block at the same time.
+
+    Take it around a read of ``target`` and the rename of its new version, so that no
+    other writer's change lands in between. It is not reentrant: a second
+    ``rewrite_lock`` of the same target inside the block waits forever. Raises
+    ``OSError`` if the lock file cannot be created (a read-only folder), before the
+    block runs.
+    """
+    lock = target.with_name(f".{target.name}.lock")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = _lock_file(lock)
+    try:
+        yield
+    finally:
+        # Removed while held: a process waiting on this file finds it gone (or another
+        # in its place) once it gets the lock, and locks the file now at the path.
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        os.close(fd)
+
+
+def _lock_file(lock: Path) -> int:
+    """An fd holding the exclusive lock of the file now at ``lock`` (created if absent)."""
+    while True:
+        try:
+            # Read-write where it can: NFS emulates flock by locks that need write access.
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except PermissionError as e:
+            try:  # left by another user's writer that died
+                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # none there: the folder is not writable
+                raise e from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("waiting for %s, held by another writer", lock)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            now = os.stat(lock)
+        except FileNotFoundError:  # its holder removed it as we locked it
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if (held.st_ino, held.st_dev) == (now.st_ino, now.st_dev):
+            return fd
+        os.close(fd)  # a lock file already released: lock the one now at the path
 
 
 def remove_stale_temps(target: Path, *, older_than: float = STALE_SECONDS) -> int:

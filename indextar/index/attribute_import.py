@@ -4,15 +4,18 @@ LAION and its kin ship per-sample scores in a parquet file beside the shards, ke
 the sample's key. Each shard's samples are matched to the table's rows by key, in
 Arrow (``pyarrow.compute.index_in``), and the chosen columns are written into the
 shard index's ``attributes`` table (:mod:`indextar.index.attributes`), replacing
-columns of the same name.
+columns of the same name, which take the new values and their type. A name that
+differs from an index's column only in case is refused (SQLite would take it for the
+same column), as are the names a selection gives its own fields.
 
 An index is never modified in place: each is copied to a temporary file next to it,
 changed there and renamed over the original (:func:`indextar.atomic.atomic_path`), so a
 reader sees the old index or the new one, and a crash leaves the old one. A sidecar
 file would avoid the copy (indexes are small: about 100 bytes a sample), but every
 reader of attributes would then have to find, validate and join a second file; one
-file keeps a query a single SQLite statement. Imports into one index must not run
-concurrently with each other or with a rebuild (the last rename wins).
+file keeps a query a single SQLite statement. The copy is taken and renamed under the
+index's lock (:func:`indextar.index.tables.index_lock`), so imports into one index at
+once, or an import and a build, wait for each other and neither loses its columns.
 
 A key the table holds twice is an error (which row would win?), as is a NULL key. A
 sample the table has no row for gets NULL (or, with ``missing="fail"``, is an error);
@@ -28,7 +31,7 @@ import os
 import shutil
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,10 +39,18 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import IndexWriteError, SampleAttributeError
-from .attributes import AttributeTable, sql_value, write_attributes
-from .meta import _read_meta
+from .attributes import (
+    MAX_COLUMNS,
+    RESERVED_NAMES,
+    AttributeTable,
+    attribute_columns,
+    sql_value,
+    write_attributes,
+)
+from .meta import IndexMeta, _read_meta
 from .opener import open_shard_index
 from .shard import PathLike, ShardIndex
+from .tables import index_lock
 
 __all__ = ["import_attributes", "ImportReport"]
 
@@ -101,6 +112,7 @@ def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
         raise SampleAttributeError(
             f"the table {os.fspath(path)!r} has no columns {unknown}; it has {schema.names}"
         )
+    _check_names(path, wanted)
     table = pa.parquet.read_table(path, columns=[key, *wanted])
     keys = table.column(key)
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
@@ -120,6 +132,50 @@ def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
             f"(which should a sample take?): {shown}{', ...' if len(repeated) > _SHOWN else ''}"
         )
     return keys.combine_chunks(), {name: table.column(name) for name in wanted}
+
+
+def _check_names(table: PathLike, names: Sequence[str]) -> None:
+    """Refuse columns that would shadow a selection's own fields, or each other."""
+    reserved = [name for name in names if name.lower() in RESERVED_NAMES]
+    if reserved:
+        raise SampleAttributeError(
+            f"the table {os.fspath(table)!r} has columns named as a selection's own fields "
+            f"{reserved} (reserved: {sorted(RESERVED_NAMES)}); rename them, or leave them out "
+            "with columns="
+        )
+    folded: dict[str, str] = {}
+    for name in names:
+        other = folded.setdefault(name.lower(), name)
+        if other != name:
+            raise SampleAttributeError(
+                f"the table {os.fspath(table)!r} has the columns {other!r} and {name!r}, which "
+                "differ only in case (SQLite column names ignore it); import one of them"
+            )
+
+
+def _check_fits(index: ShardIndex, table: PathLike, names: Sequence[str]) -> None:
+    """Refuse columns whose names differ only in case from one the index has (one would
+    silently replace the other), or more columns than an index holds."""
+    with contextlib.closing(index.connect()) as conn:
+        have = {name.lower(): name for name in attribute_columns(conn)}
+    for name in names:
+        other = have.get(name.lower(), name)
+        if other != name:
+            raise SampleAttributeError(
+                f"the table {os.fspath(table)!r} has the column {name!r}, and the index "
+                f"{str(index.path)!r} has {other!r}: they differ only in case (SQLite column "
+                f"names ignore it), so the one would replace the other; rename the table's "
+                f"column, or to replace {other!r} name it so",
+                shard=index.shard,
+            )
+    total = len(have.keys() | {name.lower() for name in names})
+    if total > MAX_COLUMNS:
+        raise SampleAttributeError(
+            f"importing {len(names)} columns from {os.fspath(table)!r} would give the index "
+            f"{str(index.path)!r} {total:,} attribute columns; an index holds at most "
+            f"{MAX_COLUMNS:,}",
+            shard=index.shard,
+        )
 
 
 def import_attributes(
@@ -155,8 +211,11 @@ def import_attributes(
     Raises
     ------
     SampleAttributeError
-        A key on two rows or a NULL key, an unknown column, or (``missing="fail"``) a
-        sample without a row; nothing is written.
+        A key on two rows or a NULL key, an unknown column, a column named as a
+        selection's own fields (``__key__``, ``__shard__``, ``__index__``, ...), one whose
+        name differs only in case from another's or from a column of an index, more
+        columns than an index holds, or (``missing="fail"``) a sample without a row;
+        nothing is written.
     StaleIndexError, MissingIndexError
         As :func:`~indextar.index.opener.open_shard_index`.
     """
@@ -170,6 +229,7 @@ def import_attributes(
     total = matched = 0
     for shard in shards:  # every shard is matched before any index is written
         index = open_shard_index(shard, index_dir=index_dir)
+        _check_fits(index, table, list(values))
         shard_keys = index.keys()
         found = pa.compute.index_in(pa.array(shard_keys, pa.string()), value_set=keys)
         rows = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -215,9 +275,9 @@ def import_attributes(
 def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
     """Add ``attributes`` to a copy of the index and rename the copy over it."""
     try:
-        with atomic_path(index.path) as tmp:
-            shutil.copyfile(index.path, tmp)
-            if _read_meta(tmp) != index.meta:  # rebuilt since it was opened
+        with index_lock(index.path), atomic_path(index.path) as tmp:
+            shutil.copyfile(index.path, tmp)  # as the last writer left it
+            if not _same_build(_read_meta(tmp), index.meta):  # rebuilt since it was opened
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
                 write_attributes(conn, attributes, path=tmp)  # one transaction, or two
@@ -225,3 +285,10 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
         raise
     except (OSError, sqlite3.Error) as e:
         raise IndexWriteError(f"cannot rewrite the index {str(index.path)!r}: {e}") from e
+
+
+def _same_build(found: IndexMeta, opened: IndexMeta) -> bool:
+    """Whether the index as found describes the samples it had when opened: a rebuild of
+    the unchanged shard with the same options (only ``created`` differs) has them all, in
+    the same order, so the matched rows still fit."""
+    return replace(found, created=opened.created) == opened

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..atomic import atomic_path, write_atomic
+from ..atomic import atomic_path, rewrite_lock, write_atomic
 from ..errors import ManifestError
 from ..source.location import url_scheme
 from .shard import ShardIndex
@@ -129,7 +129,8 @@ def write_manifest(
         document["name"] = name
     head = json.dumps(document)[:-1] + ', "shardlist": ['
     lines = _entry_lines(indexes, folder)
-    write_atomic(target, head + (",".join(lines) + "\n" if lines else "") + _TRAILER)
+    with rewrite_lock(target):  # not between an append's read and its rename
+        write_atomic(target, head + (",".join(lines) + "\n" if lines else "") + _TRAILER)
     return target
 
 
@@ -160,7 +161,9 @@ def append_to_manifest(path: str | os.PathLike[str], indexes: Sequence[ShardInde
     The old entries are not read: their bytes are copied (by the kernel, where it
     can) into a temporary file, the new entries are written after them, and the
     file is renamed over the old one, so readers see the old manifest or the new,
-    never a part. A manifest not written by :func:`write_manifest` (wids' own) is
+    never a part. The read and the rename hold the manifest's lock
+    (:func:`~indextar.atomic.rewrite_lock`): appends at once from many processes all
+    land. A manifest not written by :func:`write_manifest` (wids' own) is
     read and rewritten whole. Shards already listed are not looked for: give only
     new ones.
 
@@ -173,7 +176,8 @@ def append_to_manifest(path: str | os.PathLike[str], indexes: Sequence[ShardInde
     """
     target = Path(path)
     folder = target.parent.absolute()
-    with open(target, "rb") as old:
+    target.stat()  # FileNotFoundError now, not after the lock made a missing folder
+    with rewrite_lock(target), open(target, "rb") as old:
         size = os.fstat(old.fileno()).st_size
         old.seek(max(0, size - 3))
         if old.read() != _TRAILER.encode() or size < 3:

@@ -35,7 +35,7 @@ from .naming import group_members
 from .remote_compressed import scan_compressed_object
 from .shard import INDEX_SUFFIX, ShardIndex, refuse_to_drop_imports
 from .spans import headers_name_their_keys
-from .tables import write_index
+from .tables import index_lock, write_index
 
 __all__ = [
     "RemoteBuild",
@@ -158,7 +158,8 @@ def _fetch_sidecar(url: str, local: Path, storage_options: Mapping[str, Any] | N
         )
     except FileNotFoundError:  # ShardNotFoundError from with_retries: no sidecar
         return False
-    write_atomic(local, data)
+    with index_lock(local):
+        write_atomic(local, data)
     log.info("fetched the index of %s from %s", url, url + INDEX_SUFFIX)
     return True
 
@@ -238,7 +239,8 @@ def scan_remote_shard(
         uncompressed_size=scanned.uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
     )
-    write_index(local, meta, scanned.scan, scanned.grouping, layout=layout)
+    with index_lock(local):
+        write_index(local, meta, scanned.scan, scanned.grouping, layout=layout)
     fetched = read.bytes_fetched
     log.info("indexed %s: %s scan, %d of %d bytes fetched", url, read.mode, fetched, stat.size)
     return RemoteBuild(ShardIndex(shard=url, path=local, meta=meta), read.mode, fetched)

@@ -33,7 +33,7 @@ from .localscan import scan_local_shard
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
 from .naming import from_sql, raw_name, sql_text
 from .options import BuildOptions
-from .tables import write_index
+from .tables import index_lock, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -145,6 +145,13 @@ class ShardIndex:
         with contextlib.closing(_connect_ro(self.path)) as conn:
             sources = set(attribute_sources(conn).values())
         return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
+
+    def json_members(self) -> list[str]:
+        """The extensions of the members whose fields are the index's attribute columns
+        (``build_index(..., meta="json")``): ``["json"]``, or ``[]`` for none."""
+        with contextlib.closing(_connect_ro(self.path)) as conn:
+            sources = set(attribute_sources(conn).values())
+        return sorted(s.removeprefix("json:") for s in sources if s.startswith("json:"))
 
     def keys(self) -> list[str]:
         """Every sample's key, in shard order."""
@@ -317,7 +324,8 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
     shard_path = Path(shard)
     st = _regular_file(shard_path)
     path = index_path(shard_path, index_dir=options.index_dir)
-    if not options.force and path.exists():
+    found = None if options.force else _file_state(path)
+    if found is not None:
         existing = _reusable(shard_path, path, options)
         if existing is not None:
             return existing
@@ -353,7 +361,14 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
         attributes = read_json_attributes(
             shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=options.on_error
         )
-    write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
+    with index_lock(path):
+        # Another writer may have replaced the index since it was judged (an import
+        # adding columns this build would drop, or a build like this one): judge again.
+        if not options.force and _file_state(path) != found:
+            existing = _reusable(shard_path, path, options)
+            if existing is not None:
+                return existing
+        write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
 
 
@@ -370,13 +385,26 @@ def _regular_file(shard: Path) -> os.stat_result:
     return st
 
 
+def _file_state(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells one version of the file at ``path`` from the next; ``None`` if absent."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):  # as Path.exists() is false
+        return None
+    return st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size
+
+
 def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | None:
-    """The existing index ``path`` of ``shard`` if a build with ``options`` keeps it;
-    ``None`` if it is to be rebuilt (logged). Raises as :func:`open_index_at` does, or
-    if a rebuild would drop imported columns."""
+    """The index at ``path`` if a build with ``options`` keeps it, ``None`` if it
+    rebuilds it (logged).
+
+    Raises what :func:`open_index_at` raises but :class:`IndexFormatError`, and
+    refuses a rebuild for ``meta`` that would drop imported columns."""
     meta = options.meta
     try:
         existing = open_index_at(shard, path)
+    except MissingIndexError:  # removed since it was seen
+        return None
     except IndexFormatError as e:
         log.warning("replacing unusable index: %s", e)
         return None
@@ -386,7 +414,7 @@ def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | No
         )
         log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
         return None
-    if options.ignore_zeros or not existing.meta.ignore_zeros:
-        return existing
-    log.info("rebuilding %s: it was built with ignore_zeros=True", path)
-    return None
+    if existing.meta.ignore_zeros and not options.ignore_zeros:
+        log.info("rebuilding %s: it was built with ignore_zeros=True", path)
+        return None
+    return existing

@@ -2,14 +2,19 @@
 
 The tables come from ``schema.sql``; their rows are inserted by ``_sqlitebulk.c`` when
 it is built, else through ``executemany`` (the reference), and the indexes are created
-after the bulk insert. The file is written to a temporary name and renamed into place.
+after the bulk insert. The file is written to a temporary name and renamed into place;
+writers that must not lose another's change (a build that decided on the index it
+found, an import that copies it) hold :func:`index_lock` from that decision to the
+rename.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import native
-from ..atomic import atomic_path
+from ..atomic import atomic_path, rewrite_lock
 from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
 from .arrays import ShardArrays, write_arrays
@@ -27,7 +32,20 @@ from .compressed import CompressedLayout
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 
-__all__ = ["write_index", "scan_arrays"]
+__all__ = ["write_index", "index_lock", "scan_arrays"]
+
+
+@contextlib.contextmanager
+def index_lock(path: Path) -> Iterator[None]:
+    """Hold the writers' lock of the index ``path`` (:func:`~indextar.atomic.rewrite_lock`).
+
+    Raises :class:`~indextar.errors.IndexWriteError` if its folder is not writable."""
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(rewrite_lock(path))
+        except OSError as e:
+            raise _unwritable(path, e) from e
+        yield
 
 
 def write_index(
@@ -54,11 +72,15 @@ def write_index(
         raise
     except (OSError, sqlite3.Error) as e:
         if not created:
-            raise IndexWriteError(
-                f"cannot write the index {str(path)!r} ({getattr(e, 'strerror', e)}); "
-                "choose a writable folder with index_dir="
-            ) from e
+            raise _unwritable(path, e) from e
         raise IndexWriteError(f"cannot write the index {str(path)!r}: {e}") from e
+
+
+def _unwritable(path: Path, e: OSError | sqlite3.Error) -> IndexWriteError:
+    return IndexWriteError(
+        f"cannot write the index {str(path)!r} ({getattr(e, 'strerror', e)}); "
+        "choose a writable folder with index_dir="
+    )
 
 
 @functools.cache

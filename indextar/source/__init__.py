@@ -3,8 +3,9 @@ remote objects.
 
 ``location`` decides once whether a shard is a local file or a remote object (by URL
 scheme, with the package each scheme needs), and knows its version, its raw bytes,
-where its index lives and its codec; ``base`` is the ``ByteSource`` primitives and what is built on them; ``local``
-memory-maps local shards and copies samples out of the map (``_mapread.c``);
+where its index lives and its codec; ``base`` is the ``ByteSource`` primitives and
+what is built on them; ``local`` memory-maps local shards and copies samples out of
+the map (``_mapread.c``);
 ``remote`` reads byte ranges of URLs with retries, through ``filesystems`` (fsspec by
 URL scheme) and ``conditional`` (object versions: reads conditional on the ETag an
 index recorded); ``stream`` reads an object front to back; ``forward`` reads one

@@ -11,6 +11,7 @@ offsets. :class:`ClosingWriter` is the ``with`` behaviour it shares with
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from ..index.meta import IndexMeta, _file_fingerprint
 from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.spans import headers_name_their_keys
-from ..index.tables import write_index
+from ..index.tables import index_lock, write_index
 from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
@@ -299,28 +300,31 @@ class TarWriter(ClosingWriter):
         if self._state == "failed":
             self.abort()
             raise WriterError("an earlier write failed; the shard was not written", shard=self.name)
-        try:
-            # grouped first: copied entries that do not form samples leave no shard
-            grouped = self._scan_and_group() if self._index else None
-            if self._compressor is None:
-                self._file.write(END_OF_ARCHIVE)
-            else:
-                self._write_frame(END_OF_ARCHIVE)
-            self._file.flush()
-            if self._tmp is None:
-                self._state = "closed"
-                return None
-            os.fsync(self._file.fileno())
-            self._file.close()
-            assert self._path is not None
-            os.replace(self._tmp, self._path)
-            self._tmp = None
-        except BaseException:
-            self.abort()
-            raise
-        self._state = "closed"
-        if grouped is not None:
-            self.index = self._write_index(self._path, *grouped)
+        with contextlib.ExitStack() as held:
+            try:
+                # grouped first: copied entries that do not form samples leave no shard
+                grouped = self._scan_and_group() if self._index else None
+                if self._compressor is None:
+                    self._file.write(END_OF_ARCHIVE)
+                else:
+                    self._write_frame(END_OF_ARCHIVE)
+                self._file.flush()
+                if self._tmp is None:
+                    self._state = "closed"
+                    return None
+                os.fsync(self._file.fileno())
+                self._file.close()
+                assert self._path is not None
+                if grouped is not None:  # the shard and its index replace the old pair at once
+                    held.enter_context(index_lock(index_path(self._path)))
+                os.replace(self._tmp, self._path)
+                self._tmp = None
+            except BaseException:
+                self.abort()
+                raise
+            self._state = "closed"
+            if grouped is not None:
+                self.index = self._write_index(self._path, *grouped)
         log.debug("wrote %s: %d samples, %d bytes", self._path, self.count, self._pos)
         return self.index
 

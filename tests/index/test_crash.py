@@ -3,7 +3,8 @@
 After every kill the shard has no index, or one that :func:`open_index` accepts and
 :func:`verify_index` confirms: never one that opens and is wrong. A killed build may
 leave its temporary file (``.<index name>.<random>.tmp``), which nothing takes for
-an index (the next build removes it: tests/test_atomic.py).
+an index (the next build removes it: tests/test_atomic.py), and its lock file
+(``.<index name>.lock``, unlocked by the kernel; the next writer removes it).
 
 The CLI's import time would dominate the run, so a server process imports
 ``indextar.cli.commands`` once and forks a child per run that calls the CLI's ``main`` (as
@@ -88,8 +89,11 @@ def state_after_kill(shard: Path) -> str:
     """What a kill left: ``none``, ``temp file``, ``index`` (checked valid), or both."""
     index = shard.with_name(shard.name + INDEX_SUFFIX)
     temps = sorted(p.name for p in shard.parent.glob(f".{index.name}.*.tmp"))
+    lock = index.with_name(f".{index.name}.lock")
     stray = [
-        p.name for p in shard.parent.iterdir() if p not in (shard, index) and p.name not in temps
+        p.name
+        for p in shard.parent.iterdir()
+        if p not in (shard, index, lock) and p.name not in temps
     ]
     assert not stray, f"unexpected files after a kill: {stray}"
     assert not any(Path(name).match(f"*{INDEX_SUFFIX}") for name in temps)
@@ -137,6 +141,8 @@ def test_sigkill_at_random_points_never_leaves_a_wrong_index(tmp_path: Path) -> 
             landed[f"{'killed' if killed else 'finished'}: {state_after_kill(shard)}"] += 1
             for temp in tmp_path.glob(".*.tmp"):
                 temp.unlink()
+        build_index(shard, force=True)  # takes the lock a killed build may have left
+        assert sorted(p.name for p in tmp_path.iterdir()) == [shard.name, index.name]
     finally:
         server.close()
     print(f"build {build_seconds * 1000:.0f} ms; where {KILLS} kills landed: {dict(landed)}")
