@@ -1,7 +1,7 @@
 """A dataset's shards as manifest entries, made from the shards' indexes.
 
 A dataset holds one :class:`~indextar.index.manifest.ManifestShard` per shard, read
-from a manifest or made here; :func:`~indextar.index.opener.open_shard` opens one
+from a manifest or made here; :func:`~indextar.index.opener.open_entry` opens one
 entry's shard again wherever it is needed (a DataLoader worker, ``indextar get``).
 """
 

@@ -1,9 +1,9 @@
 """Where a shard lives, decided once from its name: a local file or a remote object.
 
 A :class:`ShardLocation` is made from a path or URL once (:meth:`ShardLocation.of`);
-what follows asks it, never the string: whether it is remote, its version now
-(:meth:`~ShardLocation.stat`), its raw bytes (:meth:`~ShardLocation.open_raw`), where
-its index lives (:meth:`~ShardLocation.index_path`) and its codec
+what follows asks it, never the string: whether it is remote, its raw bytes checked
+against the version its index recorded (:meth:`~ShardLocation.open_raw`), where its
+index lives (:meth:`~ShardLocation.index_path`) and its codec
 (:meth:`~ShardLocation.codec`, from its first bytes).
 
 A name with a URL scheme (``s3://``, ``https://``, ...; not ``file://``) is remote and
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union
 
-from ..errors import ShardNotFoundError
 from ..patterns import is_url
 from ..tar.compress import sniff_codec
 from .base import ByteSource
@@ -119,22 +118,6 @@ class ShardLocation:
     @property
     def remote(self) -> bool:
         return bool(self.scheme)
-
-    def stat(self, storage_options: Mapping[str, Any] | None = None) -> FileVersion | RemoteStat:
-        """The shard's version now: a local file's size and mtime, an object's size and ETag.
-
-        Raises
-        ------
-        ShardNotFoundError
-            If there is no such shard.
-        """
-        if self.remote:
-            return RangeSource(self.name, storage_options=storage_options).stat()
-        try:
-            st = os.stat(self.name)
-        except FileNotFoundError:
-            raise ShardNotFoundError(f"shard {self.name!r} does not exist") from None
-        return FileVersion(st.st_size, st.st_mtime_ns)
 
     def open_raw(self, recorded: Recorded, options: SourceOptions | None = None) -> ByteSource:
         """The shard's bytes as they are stored (compressed ones compressed), every read
