@@ -214,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
         "archives (cat a.tar b.tar > c.tar); local shards only",
     )
     p.add_argument(
+        "--checksums",
+        nargs="?",
+        const="crc32",
+        default=False,
+        choices=("crc32", "xxh3_64"),
+        help="also record a hash of each sample, which every read then checks (default "
+        "crc32; xxh3_64 is faster and needs pip install indextar[checksums]); local shards "
+        "only (see docs/format.md)",
+    )
+    p.add_argument(
         "--upload",
         action="store_true",
         help="put each remote shard's index next to it as <url>.idx.sqlite",

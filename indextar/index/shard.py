@@ -31,12 +31,13 @@ from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
+from .checksums import ChecksumsArg, checksum_algorithm, span_checksums
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
 from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .spans import spans_name_their_keys
-from .tables import write_index
+from .tables import sample_spans, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -276,6 +277,7 @@ def build_index(
     meta: str | None = None,
     on_error: OnError = "fail",
     seek_spacing: int = DEFAULT_SEEK_SPACING,
+    checksums: ChecksumsArg = False,
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
@@ -305,6 +307,11 @@ def build_index(
         For a single-stream ``.tar.gz``: uncompressed bytes between seek points
         (default 128 KiB, at least 64 KiB; each costs a window of up to 32 KiB, sparse
         and compressed, in the index).
+    checksums
+        Also record a hash of each sample's bytes (its span: headers, data and
+        padding), which every read then checks (:mod:`indextar.index.checksums`):
+        ``True`` for ``"crc32"``, or ``"xxh3_64"`` (faster; needs the ``xxhash``
+        package). An index without checksums is rebuilt, not reused, by a call with them.
 
     Raises
     ------
@@ -326,6 +333,7 @@ def build_index(
     if not stat.S_ISREG(st.st_mode):
         raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
     path = index_path(shard_path, index_dir=index_dir)
+    checksum = checksum_algorithm(checksums)
     if not force and path.exists():
         try:
             existing = open_index_at(shard_path, path)
@@ -334,6 +342,9 @@ def build_index(
                     existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
                 )
                 log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
+            elif checksum and existing.meta.checksum != checksum:
+                refuse_to_drop_imports(existing, f"it has no {checksum} checksums")
+                log.info("rebuilding %s: it has no %s checksums", path, checksum)
             elif ignore_zeros or not existing.meta.ignore_zeros:
                 return existing
             else:
@@ -348,17 +359,24 @@ def build_index(
         )
     layout: CompressedLayout | None = None
     uncompressed_size = 0
+    sums = None
     if codec is None:
         scan, grouping, content_fingerprint, span_names = scan_shard_file(
             shard_path, ignore_zeros=ignore_zeros
         )
+        if checksum:
+            sums = _file_checksums(shard_path, scan, grouping, checksum)
     else:
         compressed = scan_compressed(
-            shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
+            shard_path,
+            codec,
+            ignore_zeros=ignore_zeros,
+            seek_spacing=seek_spacing,
+            checksum=checksum,
         )
         scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
         content_fingerprint, span_names = compressed.fingerprint, compressed.span_names
-        uncompressed_size = compressed.uncompressed_size
+        uncompressed_size, sums = compressed.uncompressed_size, compressed.checksums
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
@@ -374,11 +392,22 @@ def build_index(
         compression=codec or "",
         uncompressed_size=uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
+        checksum=checksum,
     )
     attributes = None
     if meta is not None:
         attributes = read_json_attributes(
             shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
         )
-    write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
+    write_index(
+        path, index_meta, scan, grouping, attributes=attributes, layout=layout, checksums=sums
+    )
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
+
+
+def _file_checksums(
+    shard: Path, scan: TarScan, grouping: Grouping, algorithm: str
+) -> npt.NDArray[np.uint64]:
+    """Each sample's checksum, hashed from a map of the local plain tar ``shard``."""
+    with mapped_file(shard) as (mm, _, _):
+        return span_checksums(mm, *sample_spans(scan, grouping), algorithm)
