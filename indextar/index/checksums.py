@@ -24,8 +24,7 @@ from __future__ import annotations
 import functools
 import importlib
 import zlib
-from collections.abc import Callable
-from typing import Union
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +38,7 @@ __all__ = [
     "checksum_algorithm",
     "hasher",
     "span_checksums",
+    "hash_parts",
     "mismatch_error",
 ]
 
@@ -46,10 +46,11 @@ ALGORITHMS = ("crc32", "xxh3_64")
 DEFAULT_ALGORITHM = "crc32"
 """What ``checksums=True`` records: the one that needs no package beyond Python."""
 
-ChecksumsArg = Union[bool, str]
+ChecksumsArg = bool | str
 """``False`` (none), ``True`` (:data:`DEFAULT_ALGORITHM`) or an algorithm's name."""
 
-Hasher = Callable[[bytes | memoryview], int]
+Buffer = bytes | bytearray | memoryview
+Hasher = Callable[[Buffer], int]
 
 
 def checksum_algorithm(checksums: ChecksumsArg) -> str:
@@ -106,6 +107,21 @@ def span_checksums(
         )
     finally:
         view.release()
+
+
+def hash_parts(parts: Sequence[Buffer], algorithm: str) -> int:
+    """The hash under ``algorithm`` of the concatenation of ``parts``, not joined."""
+    if algorithm == "crc32":
+        value = 0
+        for part in parts:
+            value = zlib.crc32(part, value)
+        return value
+    hasher(algorithm)  # refuses an unknown algorithm, or a missing package
+    state = importlib.import_module("xxhash").xxh3_64()
+    for part in parts:
+        state.update(part)
+    digest: int = state.intdigest()
+    return digest
 
 
 def mismatch_error(

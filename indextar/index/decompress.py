@@ -103,9 +103,7 @@ def scan_compressed(
     checksums = None
     if checksum:
         checksums = span_checksums(data, *sample_spans(scan, grouping), checksum)
-    return CompressedScan(
-        scan, grouping, content_fingerprint, named, layout, len(data), checksums
-    )
+    return CompressedScan(scan, grouping, content_fingerprint, named, layout, len(data), checksums)
 
 
 def decompress_shard(

@@ -4,9 +4,9 @@ A sample's members are contiguous in the tar, so a sample is one read of its spa
 ``[start_offset, end_offset)``, split into members by offsets relative to the span,
 after a check that the span still begins with the sample's own headers
 (:mod:`indextar.tar.spancheck`) and, where the index records checksums, that the span
-hashes to its sample's (:mod:`indextar.index.checksums`). Keys are one ``bytes`` blob of raw names plus offsets,
-not a list of ``str``: a DataLoader worker that reads them copies no per-sample
-Python objects.
+hashes to its sample's (:mod:`indextar.index.checksums`). Keys are one ``bytes`` blob
+of raw names plus offsets, not a list of ``str``: a DataLoader worker that reads them
+copies no per-sample Python objects.
 """
 
 from __future__ import annotations
@@ -135,9 +135,7 @@ class OpenShard:
             for span, members in zip(spans, read)
         ]
 
-    def _read_checked(
-        self, local: int, span: bytes | None
-    ) -> tuple[str, list[tuple[str, bytes]]]:
+    def _read_checked(self, local: int, span: bytes | None) -> tuple[str, list[tuple[str, bytes]]]:
         """:meth:`read` of a shard whose index records checksums: the span is read
         whole, hashed, then split."""
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
