@@ -159,7 +159,8 @@ class OpenShard:
         if got != expected and is_url(self.shard):
             log.warning(
                 "%s: sample %r at byte offset %d does not match its %s checksum; reading "
-                "it again", self.shard, key, start, self.checksum,
+                "it again", self.shard, key.decode("utf-8", "surrogateescape"), start,
+                self.checksum,
             )  # fmt: skip
             span = self.source.read(start, len(span))
             got = hash_(span)
