@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import mmap
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -91,7 +92,7 @@ def hasher(algorithm: str) -> Hasher:
 
 
 def span_checksums(
-    buf: bytes | memoryview,
+    buf: Buffer | mmap.mmap,
     starts: npt.NDArray[np.int64],
     ends: npt.NDArray[np.int64],
     algorithm: str,

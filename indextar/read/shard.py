@@ -118,9 +118,7 @@ class OpenShard:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
         if self.checksums is not None:
-            offsets, ends = self.samples[local, 0].tolist(), self.samples[local, 1].tolist()
-            read = self.source.read_many(offsets, [e - s for s, e in zip(offsets, ends)])
-            return [self._read_checked(n, span) for n, span in zip(local, read)]
+            return self._read_many_checked(local)
         key_blob = self.key_blob
         rows = self.samples[local].tolist()
         if not self.check_names:  # b"": the checksums only
@@ -134,6 +132,13 @@ class OpenShard:
             (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
             for span, members in zip(spans, read)
         ]
+
+    def _read_many_checked(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
+        """:meth:`read_many` of a shard whose index records checksums: one ``read_many``
+        of the spans, each then checked as :meth:`_read_checked` does."""
+        offsets, ends = self.samples[local, 0].tolist(), self.samples[local, 1].tolist()
+        spans = self.source.read_many(offsets, [e - s for s, e in zip(offsets, ends)])
+        return [self._read_checked(n, span) for n, span in zip(local, spans)]
 
     def _read_checked(self, local: int, span: bytes | None) -> tuple[str, list[tuple[str, bytes]]]:
         """:meth:`read` of a shard whose index records checksums: the span is read
