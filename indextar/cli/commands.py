@@ -75,6 +75,7 @@ def _info_one(shard: str, index_dir: str | None) -> Outcome:
             "scattered_keys": len(ix.scattered_keys()),
             "compression": ix.meta.compression or None,
             "uncompressed_bytes": ix.meta.uncompressed_size or ix.meta.shard_size,
+            "checksum": ix.meta.checksum or None,
         }
 
     return _guard(shard, work)
