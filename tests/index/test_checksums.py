@@ -3,12 +3,11 @@ by every read of a local shard and by verify_index."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tar_bytes
+from conftest import flip_bit, tar_bytes
 
 import indextar
 from indextar import ChecksumMismatchError, IndexedTarDataset, build_index
@@ -23,17 +22,6 @@ def _members(n: int = 40) -> dict[str, bytes]:
         for i in range(n)
         for ext in ("bin", "cls")
     }
-
-
-def _flip(shard: Path, offset: int) -> None:
-    """Flip one bit at ``offset`` in place, keeping the size and mtime (bit rot)."""
-    st = shard.stat()
-    with open(shard, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 1]))
-    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _payload_offset(shard: Path, key: str) -> tuple[int, int]:
@@ -55,7 +43,7 @@ def test_a_flipped_payload_byte_is_refused_naming_shard_key_and_offset(
     assert index.meta.checksum == ("crc32" if algorithm is True else algorithm)
     assert index.meta.format_version == 4
     start, payload = _payload_offset(shard, "k020")
-    _flip(shard, payload)
+    flip_bit(shard, payload)
     ds = IndexedTarDataset(str(shard))
     assert ds[19]["bin"] == bytes([19]) * 4096 + b"bin"  # the others still read
     for read in (lambda: ds[20], lambda: ds.__getitems__([18, 20, 21])):
@@ -77,7 +65,7 @@ def test_without_checksums_a_flipped_byte_reads_as_before(tmp_path: Path) -> Non
     assert index.meta.checksum == "" and index.meta.format_version == 3
     assert index.load_arrays().checksums is None
     _, payload = _payload_offset(shard, "k020")
-    _flip(shard, payload)
+    flip_bit(shard, payload)
     ds = IndexedTarDataset(str(shard))
     assert ds[20]["bin"][100] == 20 ^ 1  # served silently, as before: nothing to check
     assert verify_index(shard).ok

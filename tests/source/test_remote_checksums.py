@@ -3,15 +3,15 @@ read once more, then refused naming the shard, the key and the byte offset."""
 
 from __future__ import annotations
 
-import os
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import tar_bytes
+from conftest import flip_bit, tar_bytes
 
-from indextar import ChecksumMismatchError, IndexedTarDataset, build_index
+from indextar import ChecksumMismatchError, IndexedTarDataset, build_index, open_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from loopback_servers import HttpServer  # noqa: E402
@@ -35,25 +35,14 @@ def http(root: Path) -> Iterator[HttpServer]:
         yield server
 
 
-def _flip(shard: Path, offset: int) -> None:
-    """Flip one bit in place, keeping size and mtime: the server's ETag stays the same."""
-    st = shard.stat()
-    with open(shard, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 1]))
-    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def test_a_flipped_byte_is_read_again_once_then_refused(
     root: Path, http: HttpServer, tmp_path: Path
 ) -> None:
     url = http.url(NAME)
     ds = IndexedTarDataset([url], index_dir=tmp_path)
     assert ds[20]["bin"] == bytes([20]) * 4096
-    start, end = ds._shard(0).span(20)
-    _flip(root / NAME, start + 512 + 100)  # in k020.bin's data
+    start = int(open_index(root / NAME).load_samples().start_offset[20])
+    flip_bit(root / NAME, start + 512 + 100)  # in k020.bin's data
     try:
         # ds[i]: the read and one more; a batch of two: two reads and one more.
         for read, requests in ((lambda: ds[20], 2), (lambda: ds.__getitems__([19, 20]), 3)):
@@ -65,4 +54,37 @@ def test_a_flipped_byte_is_read_again_once_then_refused(
             assert http.stats()[NAME]["requests"] == requests
         assert ds[19]["bin"] == bytes([19]) * 4096
     finally:
-        _flip(root / NAME, start + 512 + 100)
+        flip_bit(root / NAME, start + 512 + 100)
+
+
+class _RestoreOnRetry(logging.Handler):
+    """Flips the bit back when the read logs that it will read the sample again: the
+    server's next answer is then the right one (a transient fault, deterministically)."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        super().__init__(logging.WARNING)
+        self.path, self.offset, self.retries = path, offset, 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "reading it again" in record.getMessage():
+            self.retries += 1
+            flip_bit(self.path, self.offset)
+
+
+def test_a_span_right_on_the_second_read_is_returned(
+    root: Path, http: HttpServer, tmp_path: Path
+) -> None:
+    url = http.url(NAME)
+    ds = IndexedTarDataset([url], index_dir=tmp_path)
+    start = int(open_index(root / NAME).load_samples().start_offset[7])
+    handler = _RestoreOnRetry(root / NAME, start + 512 + 5)
+    logging.getLogger("indextar.read.shard").addHandler(handler)
+    try:
+        for read in (lambda: ds[7], lambda: ds.__getitems__([6, 7])[-1]):
+            flip_bit(root / NAME, start + 512 + 5)
+            http.reset()
+            assert read()["bin"] == bytes([7]) * 4096
+            assert handler.retries == 1 and http.stats()[NAME]["requests"] >= 2
+            handler.retries = 0
+    finally:
+        logging.getLogger("indextar.read.shard").removeHandler(handler)
