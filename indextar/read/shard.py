@@ -23,6 +23,7 @@ from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..patterns import is_url
 from ..source.base import ByteSource, Span, split_members
+from ..source.local import LocalFileSource
 from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ class OpenShard:
         ``span``, if given, is the sample's bytes already fetched (remote batches).
         """
         if self.checksums is not None:
-            return self._read_checked(local, span)
+            if span is not None or not isinstance(self.source, LocalFileSource):
+                return self._read_checked(local, span)
+            self._check_mapped([local])  # then its members are copied as without checksums
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
@@ -125,7 +128,9 @@ class OpenShard:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
         if self.checksums is not None:
-            return self._read_many_checked(local)
+            if not isinstance(self.source, LocalFileSource):
+                return self._read_many_checked(local)
+            self._check_mapped(local)  # then their members are copied as without checksums
         key_blob = self.key_blob
         rows = self.samples[local].tolist()
         if not self.check_names:  # b"": the checksums only
@@ -140,6 +145,19 @@ class OpenShard:
             for span, members in zip(spans, read)
         ]
 
+    def _check_mapped(self, local: list[int]) -> None:
+        """Check samples ``local`` of a local file against their checksums, each span
+        hashed where the file's map holds it (no copy of it); a mismatch is refused at
+        once: the disk, or a cached copy, would answer the same bytes again."""
+        assert isinstance(self.source, LocalFileSource) and self.checksums is not None
+        rows = self.samples[local].tolist()
+        got = self.source.hash_ranges(
+            [row[0] for row in rows], [row[1] - row[0] for row in rows], hasher(self.checksum)
+        )
+        for n, row, value in zip(local, rows, got):
+            if value != int(self.checksums[n]):
+                raise self._mismatch(n, row[0], row[1] - row[0], value)
+
     def _read_many_checked(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """:meth:`read_many` of a shard whose index records checksums: one ``read_many``
         of the spans, each then checked as :meth:`_read_checked` does."""
@@ -148,8 +166,8 @@ class OpenShard:
         return [self._read_checked(n, span) for n, span in zip(local, spans)]
 
     def _read_checked(self, local: int, span: bytes | None) -> tuple[str, list[tuple[str, bytes]]]:
-        """:meth:`read` of a shard whose index records checksums: the span is read
-        whole, hashed, then split."""
+        """:meth:`read` of a sample whose bytes come whole (a remote or compressed
+        shard's span, or a span already fetched): hashed, then split."""
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         key = self.key_blob[key_start:key_end]
         if span is None:
@@ -185,13 +203,17 @@ class OpenShard:
             got = hash_(span)
         if got == expected:
             return span
-        raise mismatch_error(
+        raise self._mismatch(local, start, len(span), got)
+
+    def _mismatch(self, local: int, start: int, length: int, got: int) -> Exception:
+        key_start, key_end = self.samples[local, 4:6].tolist()
+        return mismatch_error(
             shard=self.shard,
-            key=key.decode("utf-8", "surrogateescape"),
+            key=self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape"),
             offset=start,
-            length=len(span),
+            length=length,
             algorithm=self.checksum,
-            expected=expected,
+            expected=int(self.checksums[local]),  # type: ignore[index]
             got=got,
         )
 
