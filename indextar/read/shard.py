@@ -23,7 +23,6 @@ from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..patterns import is_url
 from ..source.base import ByteSource, Span, split_members
-from ..source.local import LocalFileSource
 from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
@@ -107,9 +106,7 @@ class OpenShard:
         ``span``, if given, is the sample's bytes already fetched (remote batches).
         """
         if self.checksums is not None:
-            if span is not None or not isinstance(self.source, LocalFileSource):
-                return self._read_checked(local, span)
-            self._check_mapped([local])  # then its members are copied as without checksums
+            return self._read_checked(local, span)
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
@@ -128,9 +125,7 @@ class OpenShard:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
         if self.checksums is not None:
-            if not isinstance(self.source, LocalFileSource):
-                return self._read_many_checked(local)
-            self._check_mapped(local)  # then their members are copied as without checksums
+            return self._read_many_checked(local)
         key_blob = self.key_blob
         rows = self.samples[local].tolist()
         if not self.check_names:  # b"": the checksums only
@@ -145,19 +140,6 @@ class OpenShard:
             for span, members in zip(spans, read)
         ]
 
-    def _check_mapped(self, local: list[int]) -> None:
-        """Check samples ``local`` of a local file against their checksums, each span
-        hashed where the file's map holds it (no copy of it); a mismatch is refused at
-        once: the disk, or a cached copy, would answer the same bytes again."""
-        assert isinstance(self.source, LocalFileSource) and self.checksums is not None
-        rows = self.samples[local].tolist()
-        got = self.source.hash_ranges(
-            [row[0] for row in rows], [row[1] - row[0] for row in rows], hasher(self.checksum)
-        )
-        for n, row, value in zip(local, rows, got):
-            if value != int(self.checksums[n]):
-                raise self._mismatch(n, row[0], row[1] - row[0], value)
-
     def _read_many_checked(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """:meth:`read_many` of a shard whose index records checksums: one ``read_many``
         of the spans, each then checked as :meth:`_read_checked` does."""
@@ -166,8 +148,8 @@ class OpenShard:
         return [self._read_checked(n, span) for n, span in zip(local, spans)]
 
     def _read_checked(self, local: int, span: bytes | None) -> tuple[str, list[tuple[str, bytes]]]:
-        """:meth:`read` of a sample whose bytes come whole (a remote or compressed
-        shard's span, or a span already fetched): hashed, then split."""
+        """:meth:`read` of a shard whose index records checksums: the span is read
+        whole, hashed, then split."""
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         key = self.key_blob[key_start:key_end]
         if span is None:
@@ -203,17 +185,13 @@ class OpenShard:
             got = hash_(span)
         if got == expected:
             return span
-        raise self._mismatch(local, start, len(span), got)
-
-    def _mismatch(self, local: int, start: int, length: int, got: int) -> Exception:
-        key_start, key_end = self.samples[local, 4:6].tolist()
-        return mismatch_error(
+        raise mismatch_error(
             shard=self.shard,
-            key=self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape"),
+            key=key.decode("utf-8", "surrogateescape"),
             offset=start,
-            length=length,
+            length=len(span),
             algorithm=self.checksum,
-            expected=int(self.checksums[local]),  # type: ignore[index]
+            expected=expected,
             got=got,
         )
 

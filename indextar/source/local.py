@@ -226,21 +226,6 @@ class LocalFileSource(ByteSource):
             return [b""] * len(offsets)
         return [mapped[offset : offset + length] for offset, length in zip(offsets, lengths)]
 
-    def hash_ranges(
-        self, offsets: Sequence[int], lengths: Sequence[int], hash_: Callable[[memoryview], int]
-    ) -> list[int]:
-        """``hash_`` of each range, read in the map without a copy; the checks of
-        :meth:`read` (an ``fstat``) run once for all. What a read of an index with
-        checksums runs before copying the members out as :meth:`read_members` does."""
-        if not offsets:
-            return []
-        start = min(offsets)
-        mapped = self._checked_map(start, max(map(operator.add, offsets, lengths)) - start)
-        if mapped is None:
-            return [hash_(memoryview(b"")) for _ in offsets]
-        with memoryview(mapped) as view:
-            return [hash_(view[at : at + n]) for at, n in zip(offsets, lengths)]
-
     def check_unchanged(self) -> None:
         """The ``fstat`` check of every read (mapping the file first, as a read would)."""
         self._checked_map(0, 0)
