@@ -17,6 +17,7 @@ from .errors import (
     IndextarError,
     IndexWriteError,
     ManifestError,
+    MissingAttributesError,
     MissingIndexError,
     PipeRefusedError,
     RemoteReadError,
@@ -111,6 +112,7 @@ __all__ = [
     "CacheFullError",
     "SampleAttributeError",
     "SelectionError",
+    "MissingAttributesError",
 ]
 
 

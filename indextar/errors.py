@@ -39,6 +39,7 @@ __all__ = [
     "SampleAttributeError",
     "SelectionError",
     "ChecksumMismatchError",
+    "MissingAttributesError",
 ]
 
 
@@ -284,6 +285,28 @@ class SampleAttributeError(IndextarError, ValueError):
 class SelectionError(IndextarError, ValueError):
     """A ``where`` expression cannot be evaluated over a shard's index, or a value used
     for buckets is missing."""
+
+
+class MissingAttributesError(SelectionError):
+    """A ``where`` condition or a value names an attribute, and some shards' indexes have
+    no attributes at all (built without ``meta=``): their samples would all read as NULL.
+
+    Attributes
+    ----------
+    shards
+        The shards whose indexes have no attributes.
+    column
+        The attribute named, as the other indexes spell it.
+    source
+        Where the other indexes' column came from: ``"json:<ext>"`` (``build_index(...,
+        meta=ext)``) or ``"import:<file name>"`` (``import_attributes``).
+    """
+
+    def __init__(self, message: str, *, shards: tuple[str, ...], column: str, source: str):
+        self.shards = shards
+        self.column = column
+        self.source = source
+        super().__init__(message)
 
 
 def _located(message: str, *, shard: str | None, key: str | None, ext: str | None = None) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
+from ..errors import IndextarError, MissingAttributesError
 from ..index.attribute_import import import_attributes
 from ..patterns import expand_shards
 from ..read.dataset import IndexedTarDataset
@@ -28,7 +30,28 @@ def _blob_as_hex(value: object) -> str:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def _cli_hint(e: MissingAttributesError) -> IndextarError:
+    """``e`` with the command that adds the missing attributes, not the library call."""
+    shards = " ".join(shlex.quote(shard) for shard in e.shards[:5])
+    more = " ..." if len(e.shards) > 5 else ""
+    if e.source.startswith("import:"):
+        table = shlex.quote(e.source.removeprefix("import:"))
+        command = f"indextar meta import {table} {shards}{more}"
+    else:
+        ext = e.source.removeprefix("json:") or "json"
+        command = f"indextar index {shards}{more} --meta {shlex.quote(ext)} --force"
+    message = str(e).rsplit("; add them with ", 1)[0]
+    return IndextarError(f"{message}; add them with: {command}")
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
+    try:
+        return _query(args)
+    except MissingAttributesError as e:
+        raise _cli_hint(e) from e
+
+
+def _query(args: argparse.Namespace) -> int:
     ds = IndexedTarDataset(args.shards, index_dir=args.index_dir, build_missing=False)
     if args.json:
         for row in where_rows(ds, args.where):

@@ -4,7 +4,9 @@ LAION and its kin ship per-sample scores in a parquet file beside the shards, ke
 the sample's key. Each shard's samples are matched to the table's rows by key, in
 Arrow (``pyarrow.compute.index_in``), and the chosen columns are written into the
 shard index's ``attributes`` table (:mod:`indextar.index.attributes`), replacing
-columns of the same name.
+columns of the same name, which take the new values and their type. A name that
+differs from an index's column only in case is refused (SQLite would take it for the
+same column), as are the names a selection gives its own fields.
 
 An index is never modified in place: each is copied to a temporary file next to it,
 changed there and renamed over the original (:func:`indextar.atomic.atomic_path`), so a
@@ -37,7 +39,14 @@ import numpy as np
 from ..atomic import atomic_path
 from ..errors import IndexWriteError, SampleAttributeError
 from .anywhere import open_shard_index
-from .attributes import AttributeTable, sql_value, write_attributes
+from .attributes import (
+    MAX_COLUMNS,
+    RESERVED_NAMES,
+    AttributeTable,
+    attribute_columns,
+    sql_value,
+    write_attributes,
+)
 from .meta import _read_meta
 from .shard import PathLike, ShardIndex
 
@@ -101,6 +110,7 @@ def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
         raise SampleAttributeError(
             f"the table {os.fspath(path)!r} has no columns {unknown}; it has {schema.names}"
         )
+    _check_names(path, wanted)
     table = pa.parquet.read_table(path, columns=[key, *wanted])
     keys = table.column(key)
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
@@ -120,6 +130,50 @@ def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
             f"(which should a sample take?): {shown}{', ...' if len(repeated) > _SHOWN else ''}"
         )
     return keys.combine_chunks(), {name: table.column(name) for name in wanted}
+
+
+def _check_names(table: PathLike, names: Sequence[str]) -> None:
+    """Refuse columns that would shadow a selection's own fields, or each other."""
+    reserved = [name for name in names if name.lower() in RESERVED_NAMES]
+    if reserved:
+        raise SampleAttributeError(
+            f"the table {os.fspath(table)!r} has columns named as a selection's own fields "
+            f"{reserved} (reserved: {sorted(RESERVED_NAMES)}); rename them, or leave them out "
+            "with columns="
+        )
+    folded: dict[str, str] = {}
+    for name in names:
+        other = folded.setdefault(name.lower(), name)
+        if other != name:
+            raise SampleAttributeError(
+                f"the table {os.fspath(table)!r} has the columns {other!r} and {name!r}, which "
+                "differ only in case (SQLite column names ignore it); import one of them"
+            )
+
+
+def _check_fits(index: ShardIndex, table: PathLike, names: Sequence[str]) -> None:
+    """Refuse columns whose names differ only in case from one the index has (one would
+    silently replace the other), or more columns than an index holds."""
+    with contextlib.closing(index.connect()) as conn:
+        have = {name.lower(): name for name in attribute_columns(conn)}
+    for name in names:
+        other = have.get(name.lower(), name)
+        if other != name:
+            raise SampleAttributeError(
+                f"the table {os.fspath(table)!r} has the column {name!r}, and the index "
+                f"{str(index.path)!r} has {other!r}: they differ only in case (SQLite column "
+                f"names ignore it), so the one would replace the other; rename the table's "
+                f"column, or to replace {other!r} name it so",
+                shard=index.shard,
+            )
+    total = len(have.keys() | {name.lower() for name in names})
+    if total > MAX_COLUMNS:
+        raise SampleAttributeError(
+            f"importing {len(names)} columns from {os.fspath(table)!r} would give the index "
+            f"{str(index.path)!r} {total:,} attribute columns; an index holds at most "
+            f"{MAX_COLUMNS:,}",
+            shard=index.shard,
+        )
 
 
 def import_attributes(
@@ -155,8 +209,11 @@ def import_attributes(
     Raises
     ------
     SampleAttributeError
-        A key on two rows or a NULL key, an unknown column, or (``missing="fail"``) a
-        sample without a row; nothing is written.
+        A key on two rows or a NULL key, an unknown column, a column named as a
+        selection's own fields (``__key__``, ``__shard__``, ``__index__``, ...), one whose
+        name differs only in case from another's or from a column of an index, more
+        columns than an index holds, or (``missing="fail"``) a sample without a row;
+        nothing is written.
     StaleIndexError, MissingIndexError
         As :func:`~indextar.index.anywhere.open_shard_index`.
     """
@@ -170,6 +227,7 @@ def import_attributes(
     total = matched = 0
     for shard in shards:  # every shard is matched before any index is written
         index = open_shard_index(shard, index_dir=index_dir)
+        _check_fits(index, table, list(values))
         shard_keys = index.keys()
         found = pa.compute.index_in(pa.array(shard_keys, pa.string()), value_set=keys)
         rows = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)

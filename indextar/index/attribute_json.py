@@ -25,13 +25,19 @@ from typing import Literal
 import numpy as np
 
 from ..errors import SampleAttributeError
-from .attributes import AttributeTable, Value, json_source, sql_value
+from .attributes import (
+    MAX_COLUMNS,
+    RESERVED_NAMES,
+    AttributeTable,
+    Value,
+    json_source,
+    sql_value,
+)
 from .naming import Grouping
 
 __all__ = [
     "AttributeBuilder",
     "OnError",
-    "RESERVED_NAMES",
     "parse_attributes",
     "read_json_attributes",
 ]
@@ -40,8 +46,6 @@ log = logging.getLogger(__name__)
 
 OnError = Literal["fail", "skip"]
 
-RESERVED_NAMES = frozenset({"__sample__", "__key__", "__first__", "__count__"})
-"""Names a selection gives the index's own columns; no attribute may take one."""
 
 _SHOWN = 5  # errors named in a skip's log message
 
@@ -78,8 +82,8 @@ class AttributeBuilder:
         ext = self.ext
         if text is None:
             return None, f"has no {ext!r} member"
-        try:
-            string = text.decode("utf-8")
+        try:  # decoded as json.loads(bytes) decodes: a BOM, UTF-16 or UTF-32 too
+            string = text.decode(json.detect_encoding(text), "surrogatepass")
             try:
                 parsed, end = _scan_json(string, 0)
                 if end != len(string) and not string[end:].isspace():
@@ -157,10 +161,15 @@ class AttributeBuilder:
         folded = dict(self._folded)
         for name in names:
             known = folded.setdefault(name.lower(), name)
-            if name in RESERVED_NAMES:
+            if name.lower() in RESERVED_NAMES:
                 return f"{name!r}, whose name is reserved"
             if known != name:  # SQLite column names ignore ASCII case
                 return f"{name!r}, whose name differs from {known!r} only in case"
+            if len(folded) > MAX_COLUMNS:
+                return (
+                    f"{name!r}, which would be column {len(folded):,} of the shard's "
+                    f"attributes; an index holds at most {MAX_COLUMNS:,}"
+                )
         return None
 
     def table(self) -> AttributeTable:

@@ -28,6 +28,8 @@ from .. import native
 __all__ = [
     "AttributeTable",
     "ATTRIBUTES_TABLE",
+    "MAX_COLUMNS",
+    "RESERVED_NAMES",
     "sql_value",
     "write_attributes",
     "has_attribute_table",
@@ -56,6 +58,18 @@ CREATE TABLE IF NOT EXISTS attribute_errors (
 """
 
 Value = int | float | str | bytes | None
+
+RESERVED_NAMES = frozenset(
+    {"__sample__", "__key__", "__first__", "__count__", "__shard__", "__index__"}
+)
+"""Names a selection gives the index's own columns, or ``indextar query --json`` its
+own fields; no attribute may take one (in any case: SQLite column names ignore it)."""
+
+MAX_COLUMNS = 1996
+"""The most attribute columns an index holds: SQLite's default limit of 2,000 columns
+(a table's, and a query result's), less the 4 a selection's view of each sample adds
+(``__sample__``, ``__key__``, ``__first__``, ``__count__``). Not SQLite's compiled limit
+of this process: an index must open in any SQLite."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +134,11 @@ def write_attributes(
     """Create the attribute tables in an index being written and fill them.
 
     An index that already has attributes gets these columns added, or replaced where
-    the names are taken. ``conn`` may be inside the caller's write transaction; if it is
-    not, this call is one (or, for a fresh table and with ``path``, the index file's
-    path, two: its rows go in through ``_sqlitebulk.c``'s own connection, where built).
+    the names are taken (in any case, as SQLite compares them): a replaced column is
+    dropped and added again, so that it takes the new values' type and name. ``conn``
+    may be inside the caller's write transaction; if it is not, this call is one (or,
+    for a fresh table and with ``path``, the index file's path, two: its rows go in
+    through ``_sqlitebulk.c``'s own connection, where built).
     Field names reach the SQL only as quoted identifiers (:func:`quote`), types only
     from :func:`_declared_type`'s four; every value is a parameter.
     """
@@ -130,7 +146,7 @@ def write_attributes(
     if own:
         conn.execute("BEGIN")
     _run_ddl(conn)
-    have = {name.lower() for name in attribute_columns(conn)}
+    have = {name.lower(): name for name in attribute_columns(conn)}
     declared = {name: _declared_type(values) for name, values in table.columns.items()}
     if not _has_table(conn, ATTRIBUTES_TABLE):  # a fresh table: every row in one insert
         columns = "".join(f", {quote(name)} {declared[name]}" for name in table.columns)
@@ -151,9 +167,13 @@ def write_attributes(
             )
     else:  # columns added to an index's table, or replaced where the names are taken
         for name, values in table.columns.items():
+            old = have.get(name.lower())
+            if old is not None:  # dropped, so that the column takes the new type
+                column = quote(old)
+                conn.execute(f"ALTER TABLE attributes DROP COLUMN {column}")
+                conn.execute("DELETE FROM attribute_columns WHERE name = ?", (old,))
             column = quote(name)
-            if name.lower() not in have:
-                conn.execute(f"ALTER TABLE attributes ADD COLUMN {column} {declared[name]}")
+            conn.execute(f"ALTER TABLE attributes ADD COLUMN {column} {declared[name]}")
             conn.executemany(
                 f"UPDATE attributes SET {column} = ? WHERE __sample__ = ?",
                 ((value, row) for row, value in enumerate(values)),

@@ -140,6 +140,13 @@ class ShardIndex:
             sources = set(attribute_sources(conn).values())
         return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
 
+    def json_members(self) -> list[str]:
+        """The extensions of the members whose fields are the index's attribute columns
+        (``build_index(..., meta="json")``): ``["json"]``, or ``[]`` for none."""
+        with contextlib.closing(_connect_ro(self.path)) as conn:
+            sources = set(attribute_sources(conn).values())
+        return sorted(s.removeprefix("json:") for s in sources if s.startswith("json:"))
+
     def keys(self) -> list[str]:
         """Every sample's key, in shard order."""
         rows = self._query("SELECT key, raw_key FROM samples ORDER BY sample_id")

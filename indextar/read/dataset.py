@@ -66,7 +66,8 @@ class IndexedTarDataset:
         Folder of the indexes, when they are not next to their shards.
     build_missing
         Build missing indexes when the dataset is created (in parallel processes). If
-        false, a missing index raises :class:`~indextar.MissingIndexError`.
+        false, a missing index raises :class:`~indextar.MissingIndexError`. It gets the
+        other indexes' ``meta=``, if any (with ``on_error="skip"``; docs/metadata.md).
     max_open_shards
         Shards each process keeps open at once; older ones are closed.
     allow_unsafe
@@ -433,6 +434,8 @@ class IndexedTarDataset:
         ------
         SelectionError
             If the expression fails on a shard's index (the shard and SQLite's message).
+        MissingAttributesError
+            If it names an attribute that some shards' indexes have none of (named).
         StaleIndexError
             If a shard changed since it was indexed.
         """

@@ -136,12 +136,30 @@ def _open_local_indexes(
             f"{len(missing)} of {len(shards)} shards have no index: {listed}{more}; "
             "build them with build_index() or pass build_missing=True"
         )
-    built = {}
+    absent = set(missing)
+    opened = {
+        shard: open_index(shard, index_dir=index_dir) for shard in shards if shard not in absent
+    }
     if missing:
-        log.info("building %d missing indexes", len(missing))
-        indexes = build_indexes(missing, index_dir=index_dir, workers=workers, progress=progress)
-        built = dict(zip(missing, indexes))
-    return [
-        built[shard] if shard in built else open_index(shard, index_dir=index_dir)
-        for shard in shards
-    ]
+        meta = _json_member(list(opened.values()))
+        log.info("building %d missing indexes (meta=%r)", len(missing), meta)
+        indexes = build_indexes(
+            missing,
+            index_dir=index_dir,
+            workers=workers,
+            progress=progress,
+            meta=meta,
+            on_error="skip",
+        )
+        opened.update(zip(missing, indexes))
+    return [opened[shard] for shard in shards]
+
+
+def _json_member(indexes: list[ShardIndex]) -> str | None:
+    """The member the other shards' attributes were read from (``"json"``), if they
+    name exactly one: a missing index is built with the same, so that a ``where`` sees
+    its samples' attributes rather than none. ``None`` (a plain build) otherwise."""
+    members: set[str] = set()
+    for index in indexes:
+        members.update(index.json_members())
+    return members.pop() if len(members) == 1 else None

@@ -1,12 +1,16 @@
 """Selections by SQL over the shards' indexes: ``ds.where(...)`` and per-sample values.
 
 A ``where`` expression is SQL, evaluated per shard over a view of each sample: its
-attribute columns (:mod:`indextar.index.attributes`; NULL where a shard or sample has
-none), ``__key__``, and ``size(ext)``, the size of the sample's member with that
-extension (from the ``members`` table every index has). Shards are queried in
+attribute columns (:mod:`indextar.index.attributes`; NULL where a sample has none, or
+its shard's attributes have no such column), ``__key__``, and ``size(ext)``, the size
+of the sample's member with that extension (from the ``members`` table every index
+has). Shards are queried in
 parallel threads (SQLite releases the GIL while it steps); the result is one sorted
 int64 array of the dataset's indices, O(selected), which :class:`~indextar.KeySubset`
-holds as a view.
+holds as a view. An expression that names an attribute is refused
+(:class:`~indextar.errors.MissingAttributesError`) where some shards' indexes have no
+attributes at all (built without ``meta=``): it would read every one of their samples
+as NULL, which is not what those samples hold.
 
 The result is cached in a small ``.npy`` file keyed by the expression and every
 shard's index file (path, inode, size, mtime) and shard fingerprint: the same query on
@@ -32,8 +36,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..atomic import write_atomic
-from ..errors import SelectionError
-from ..index.attributes import attribute_columns, has_attribute_table, quote
+from ..errors import MissingAttributesError, SelectionError
+from ..index.attributes import attribute_columns, attribute_sources, has_attribute_table, quote
 from ..index.remote import default_cache_root
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..patterns import is_url
@@ -51,7 +55,7 @@ log = logging.getLogger(__name__)
 
 Array = npt.NDArray[np.int64]
 
-_CACHE_VERSION = b"indextar.selection.v1"
+_CACHE_VERSION = b"indextar.selection.v2"  # v1 read a shard without attributes as NULL
 _THREADS = 8
 
 # A string literal or quoted identifier (left alone), or a size(ext) call.
@@ -104,15 +108,61 @@ def _sample_view(conn: sqlite3.Connection, columns: Sequence[str]) -> str:
     return f"SELECT {', '.join(parts)} FROM samples AS s{join}"
 
 
-def _columns_of(indexes: Sequence[ShardIndex]) -> list[str]:
+def _columns_of(indexes: Sequence[ShardIndex]) -> tuple[dict[str, str], list[ShardIndex]]:
     """Every attribute column of any of the indexes, in first-seen order (ASCII case
-    folded, as SQLite compares column names)."""
-    seen: dict[str, str] = {}
+    folded, as SQLite compares column names), with where it came from; and the indexes
+    with no attributes at all."""
+    seen: dict[str, tuple[str, str]] = {}
+    bare = []
     for index in indexes:
         with contextlib.closing(index.connect()) as conn:
+            if not has_attribute_table(conn):
+                bare.append(index)
+                continue
+            sources = attribute_sources(conn)
             for name in attribute_columns(conn):
-                seen.setdefault(name.lower(), name)
-    return list(seen.values())
+                seen.setdefault(name.lower(), (name, sources.get(name, "")))
+    return dict(seen.values()), bare
+
+
+_NO_SUCH_COLUMN = re.compile(r"no such column: (.+)$")
+
+
+def _refuse_bare(
+    bare: Sequence[ShardIndex], columns: dict[str, str], expression: str, what: str, total: int
+) -> None:
+    """Raise if ``expression`` names an attribute that ``bare`` indexes (those with no
+    attributes) lack: their samples would all be NULL for it, silently. Each is asked to
+    compile the expression over its own columns only (``LIMIT 0``: no row is read)."""
+    folded = {name.lower(): name for name in columns}
+    lacking: list[str] = []
+    named = ""
+    for index in bare:
+        with contextlib.closing(index.connect()) as conn:
+            sql = f"SELECT ({expression}) FROM ({_sample_view(conn, [])}) LIMIT 0"
+            try:
+                conn.execute(sql)  # the caller's SQL, on a read-only connection, as _run's
+            except sqlite3.OperationalError as e:
+                found = _NO_SUCH_COLUMN.search(str(e))
+                if found is not None and found.group(1).lower() in folded:
+                    lacking.append(index.shard)
+                    named = folded[found.group(1).lower()]
+    if not lacking:
+        return
+    source = columns[named]
+    if source.startswith("import:"):
+        how = f"import_attributes(shards, {source.removeprefix('import:')!r})"
+    else:
+        how = f"build_index(shard, meta={source.removeprefix('json:') or 'json'!r}, force=True)"
+    listed = ", ".join(map(repr, lacking[:5])) + (" ..." if len(lacking) > 5 else "")
+    raise MissingAttributesError(
+        f"{what} names the attribute {named!r}, but the indexes of {len(lacking)} of {total} "
+        f"shards have no attributes (and would read it as NULL for every sample): {listed}; "
+        f"add them with {how}",
+        shards=tuple(lacking),
+        column=named,
+        source=source,
+    )
 
 
 def _run(index: ShardIndex, sql: str, what: str) -> list[Any]:
@@ -129,14 +179,21 @@ def _shard_rows(
     condition: str | None,
     what: str,
     *,
+    uses: str,
     parallel: bool = True,
 ) -> Iterator[tuple[ShardIndex, int, list[str], list[Any]]]:
     """``SELECT fields(columns) FROM <each sample> [WHERE condition]`` on every
     non-empty shard's index, in sample order: ``(index, first dataset index, columns,
-    rows)`` shard by shard. ``parallel``: the shards queried in threads (SQLite
-    releases the GIL while it steps), else one at a time as they are consumed."""
+    rows)`` shard by shard. ``uses``: the caller's expression (the condition, or the
+    value), which may not name an attribute that a shard without attributes lacks
+    (:class:`~indextar.errors.MissingAttributesError`). ``parallel``: the shards queried
+    in threads (SQLite releases the GIL while it steps), else one at a time as they are
+    consumed."""
     _, indexes, starts = _shards(dataset)
-    columns = _columns_of(indexes)
+    sources, bare = _columns_of(indexes)
+    if sources and bare:
+        _refuse_bare(bare, sources, _expand_sizes(uses), what, len(indexes))
+    columns = list(sources)
     chosen = fields(columns)
     where = "" if condition is None else f" WHERE ({_expand_sizes(condition)})"
 
@@ -219,7 +276,9 @@ def where_indices(
             if cached.dtype == np.int64 and cached.ndim == 1:
                 log.debug("selection %r from the cache %s", expression, cache_file)
                 return cached
-    shards = _shard_rows(dataset, lambda _: "__sample__", expression, f"where={expression!r}")
+    shards = _shard_rows(
+        dataset, lambda _: "__sample__", expression, f"where={expression!r}", uses=expression
+    )
     parts = [
         start + np.fromiter((r[0] for r in rows), np.int64, len(rows))
         for _, start, _, rows in shards
@@ -249,6 +308,7 @@ def where_rows(dataset: Any, expression: str) -> Iterator[dict[str, Any]]:
         lambda columns: ", ".join(["__sample__", "__key__", *map(quote, columns)]),
         expression,
         f"where={expression!r}",
+        uses=expression,
         parallel=False,  # one shard's rows at a time
     )
     for index, start, columns, rows in shards:
@@ -265,7 +325,9 @@ def attribute_values(dataset: Any, expression: str) -> npt.NDArray[np.float64]:
     for example ``"width * 1.0 / height"``.
     """
     value = f"({_expand_sizes(expression)})"
-    shards = _shard_rows(dataset, lambda _: value, None, f"the value {expression!r}")
+    shards = _shard_rows(
+        dataset, lambda _: value, None, f"the value {expression!r}", uses=expression
+    )
     out = np.empty(len(dataset), np.float64)
     at = 0
     for _, _, _, found in shards:

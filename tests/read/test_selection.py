@@ -37,13 +37,14 @@ def _shard_records(seed: int, n: int, *, fields: tuple[str, ...]) -> list[Record
 
 @pytest.fixture
 def corpus(make_tar: Callable[..., Path]) -> tuple[list[str], list[Record], list[int]]:
-    """Three shards: two with attributes (the second without ``height``), one without
-    any; records per sample in dataset order, and each sample's jpg size."""
+    """Three shards: two with attributes (the second without ``height``), one whose
+    samples' JSON has no fields (an index with attributes but no column: every one
+    NULL); records per sample in dataset order, and each sample's jpg size."""
     all_fields = ("aesthetic", "width", "height", "lang", "tags")
     plans = [
         ("a.tar", _shard_records(1, 30, fields=all_fields), "json"),
         ("b.tar", _shard_records(2, 25, fields=all_fields[:2] + all_fields[3:]), "json"),
-        ("c.tar", _shard_records(3, 10, fields=()), None),
+        ("c.tar", _shard_records(3, 10, fields=()), "json"),
     ]
     shards, records, sizes = [], [], []
     for name, recs, meta in plans:
@@ -55,7 +56,7 @@ def corpus(make_tar: Callable[..., Path]) -> tuple[list[str], list[Record], list
         path = make_tar(members, name=name)
         indextar.build_index(path, meta=meta)
         shards.append(str(path))
-        records += recs if meta else [{} for _ in recs]
+        records += recs
     return shards, records, sizes
 
 
@@ -103,7 +104,7 @@ def test_where_is_cached_and_recomputed_when_an_index_changes(
     first = ds.where("aesthetic > 5", cache_dir=cache)
     assert len(list(cache.glob("*.npy"))) == 1
 
-    def no_query(*args: object) -> None:
+    def no_query(*args: object, **kwargs: object) -> None:
         raise AssertionError("the cached selection was queried again")
 
     with monkeypatch.context() as patch:
@@ -231,3 +232,52 @@ def test_bucket_ids_and_values(corpus: Any) -> None:
     assert buckets.tolist() == [0 if x < 0.9 else 1 if x < 1.1 else 2 for x in ratios]
     by_size = bucket_ids(ds, "size(jpg)", [100, 200])
     assert by_size.tolist() == [int(s >= 100) + int(s >= 200) for s in sizes]
+
+
+def _plain_beside_meta(make_tar: Callable[..., Path], *, build_first: bool) -> list[str]:
+    """Two shards of JSON ``{"a": i}``: the first indexed with meta="json", the second
+    indexed plain (``build_first``) or not at all."""
+    shards = []
+    for s in range(2):
+        members = {f"s{s}k{i}.json": json.dumps({"a": i}).encode() for i in range(10)}
+        shards.append(str(make_tar(members, name=f"s{s}.tar")))
+    indextar.build_index(shards[0], meta="json")
+    if build_first:
+        indextar.build_index(shards[1])
+    return shards
+
+
+def test_a_missing_index_is_built_with_the_others_attributes(
+    make_tar: Callable[..., Path],
+) -> None:
+    shards = _plain_beside_meta(make_tar, build_first=False)
+    ds = indextar.IndexedTarDataset(shards)  # builds the second index: with meta="json"
+    assert indextar.open_index(shards[1]).has_attributes("json")
+    assert len(ds.where("a >= 0", cache_dir=False)) == 20
+    assert len(ds.where("a IS NULL", cache_dir=False)) == 0
+
+
+def test_a_shard_indexed_without_attributes_is_refused_not_null(
+    make_tar: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from indextar.cli import main
+
+    shards = _plain_beside_meta(make_tar, build_first=True)
+    ds = indextar.IndexedTarDataset(shards)
+    for call in (
+        lambda: ds.where("a >= 0", cache_dir=False),
+        lambda: ds.where("a IS NULL", cache_dir=False),
+        lambda: list(selection_module.where_rows(ds, "A > 3")),
+        lambda: bucket_ids(ds, "a * 2", [3.0]),
+    ):
+        with pytest.raises(indextar.MissingAttributesError, match="build_index") as info:
+            call()
+        assert info.value.shards == (shards[1],) and info.value.column == "a"
+        assert repr(shards[1]) in str(info.value) and "meta='json'" in str(info.value)
+    # Conditions that name no attribute still select over every shard.
+    assert len(ds.where("__key__ LIKE 's1%' AND size(json) > 0", cache_dir=False)) == 10
+    assert main(["query", *shards, "--where", "a >= 0", "--count", "--no-cache"]) == 1
+    err = capsys.readouterr().err
+    assert f"indextar index {shards[1]} --meta json --force" in err and "build_index" not in err
+    indextar.build_index(shards[1], meta="json", force=True)  # what the message says
+    assert len(ds.where("a >= 0", cache_dir=False)) == 20
