@@ -38,6 +38,7 @@ __all__ = [
     "ExportError",
     "SampleAttributeError",
     "SelectionError",
+    "ChecksumMismatchError",
     "MissingAttributesError",
 ]
 
@@ -66,6 +67,34 @@ class ShardFormatError(IndextarError, ValueError):
         if offset is not None:
             where.append(f"at byte offset {offset}")
         super().__init__(f"{' '.join(where)}: {message}" if where else message)
+
+
+class ChecksumMismatchError(ShardFormatError):
+    """A sample's bytes do not hash to the checksum its index recorded (bit rot, a
+    corrupted copy, a server that answered other bytes): nothing is returned.
+
+    Attributes
+    ----------
+    shard, offset
+        As :class:`ShardFormatError`'s: the sample's span starts at ``offset``.
+    key
+        The sample's ``__key__``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: str | None = None,
+        offset: int | None = None,
+        key: str | None = None,
+    ):
+        self.key = key
+        super().__init__(
+            f"sample {key!r}: {message}" if key is not None else message,
+            shard=shard,
+            offset=offset,
+        )
 
 
 class TruncatedShardError(ShardFormatError):

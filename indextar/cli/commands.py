@@ -75,6 +75,7 @@ def _info_one(shard: str, index_dir: str | None) -> Outcome:
             "scattered_keys": len(ix.scattered_keys()),
             "compression": ix.meta.compression or None,
             "uncompressed_bytes": ix.meta.uncompressed_size or ix.meta.shard_size,
+            "checksum": ix.meta.checksum or None,
         }
 
     return _guard(shard, work)
@@ -212,6 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read on past zero blocks, as GNU tar -i: index every member of concatenated "
         "archives (cat a.tar b.tar > c.tar); local shards only",
+    )
+    p.add_argument(
+        "--checksums",
+        nargs="?",
+        const="crc32",
+        default=False,
+        choices=("crc32", "xxh3_64"),
+        help="also record a hash of each sample, which every read then checks (default "
+        "crc32; xxh3_64 is faster and needs pip install indextar[checksums]); local shards "
+        "only (see docs/format.md)",
     )
     p.add_argument(
         "--upload",

@@ -87,6 +87,7 @@ def run_index(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         upload=args.upload,
         seek_spacing=args.seek_spacing,
+        checksums=args.checksums,
     )
     if args.dry_run:
         return _dry_run(shards, options, args)

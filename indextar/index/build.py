@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from .. import errors
 from ..errors import IndextarError
 from .attribute_json import OnError
+from .checksums import ChecksumsArg
 from .fresh import fresh_by_listing, fresh_on_stat
 from .jobs import BuildOptions, ShardOutcome, build_shard, build_shards
 from .shard import PathLike, ShardIndex
@@ -49,6 +50,7 @@ def build_indexes(
     on_error: OnError = "fail",
     executor: Executor | None = None,
     storage_options: dict[str, Any] | None = None,
+    checksums: ChecksumsArg = False,
 ) -> list[ShardIndex]:
     """Build (or open, where valid) the index of every shard; return them in order.
 
@@ -74,6 +76,8 @@ def build_indexes(
         the shards and ``index_dir`` (shared storage or URLs).
     storage_options
         fsspec options for remote shards (endpoint, credentials), sent to each job.
+    checksums
+        As :func:`~indextar.build_index`: record a hash of each sample (local shards).
 
     Raises
     ------
@@ -87,6 +91,7 @@ def build_indexes(
         meta=meta,
         on_error=on_error,
         storage_options=storage_options,
+        checksums=checksums,
     )
     log.info("building %d shard indexes", len(shards))
     bar = _progress_bar(len(shards)) if progress else None

@@ -24,6 +24,7 @@ from ..errors import IndexFormatError
 from ..patterns import is_url
 from ..source.conditional import RemoteStat
 from ..source.filesystems import filesystem
+from .checksums import checksum_algorithm
 from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
 from .remote import expected_stat, remote_index_path
 from .shard import INDEX_SUFFIX, ShardIndex, index_path
@@ -91,6 +92,8 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
         return None
     if meta.ignore_zeros and not options.ignore_zeros:
         return None  # build_index rebuilds it
+    if options.checksums and meta.checksum != checksum_algorithm(options.checksums):
+        return None  # build_index rebuilds it with them
     index = ShardIndex(shard=shard, path=Path(path), meta=meta)
     if options.meta is not None:
         try:
@@ -124,7 +127,7 @@ def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, Sh
     """
     if options.force or options.index_dir is None:
         return {}
-    if options.meta is not None or options.ignore_zeros:
+    if options.meta is not None or options.ignore_zeros or options.checksums:
         return {}  # options each job refuses for a remote shard: no listing vouches
     folders: dict[str, list[str]] = defaultdict(list)
     for url in urls:

@@ -21,6 +21,7 @@ from ..errors import IndexFormatError, IndextarError, MissingIndexError, StaleIn
 from ..patterns import is_url
 from ..source.forward import ScanMode
 from .attribute_json import OnError
+from .checksums import ChecksumsArg
 from .decompress import DEFAULT_SEEK_SPACING
 from .fresh import cache_meta
 from .remote import (
@@ -56,6 +57,7 @@ class BuildOptions:
     storage_options: dict[str, Any] | None = None
     remote_mode: ScanMode = "auto"
     seek_spacing: int = DEFAULT_SEEK_SPACING
+    checksums: ChecksumsArg = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,7 @@ def _build_local(shard: str, options: BuildOptions) -> ShardOutcome:
         meta=options.meta,
         on_error=options.on_error,
         seek_spacing=options.seek_spacing,
+        checksums=options.checksums,
     )
     # A rebuilt index is a new file (renamed into place), so a new inode.
     built = before is None or before != _identity(index.path)
@@ -169,6 +172,12 @@ def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
         raise IndextarError(f"ignore_zeros is for local shards; {url!r} is remote")
     if options.meta is not None:
         raise IndextarError(f"meta is for local shards; {url!r} is remote")
+    if options.checksums:
+        raise IndextarError(
+            f"checksums are recorded from local shards; {url!r} is remote (index a local "
+            "copy with build_index(..., checksums=True) and serve its index next to the "
+            "shard, or write it with TarWriter(..., checksums=True))"
+        )
     if options.index_dir is None:
         raise IndextarError(f"a remote shard needs index_dir= for its index; {url!r} is remote")
     folder = Path(options.index_dir)

@@ -31,12 +31,13 @@ from ..tar.scan import TarScan, scan_tar
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
+from .checksums import ChecksumsArg, checksum_algorithm, span_checksums
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
 from .naming import Grouping, from_sql, group_members, raw_name, sql_text
 from .spans import spans_name_their_keys
-from .tables import index_lock, write_index
+from .tables import index_lock, sample_spans, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -283,6 +284,7 @@ def build_index(
     meta: str | None = None,
     on_error: OnError = "fail",
     seek_spacing: int = DEFAULT_SEEK_SPACING,
+    checksums: ChecksumsArg = False,
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
@@ -312,6 +314,11 @@ def build_index(
         For a single-stream ``.tar.gz``: uncompressed bytes between seek points
         (default 128 KiB, at least 64 KiB; each costs a window of up to 32 KiB, sparse
         and compressed, in the index).
+    checksums
+        Also record a hash of each sample's bytes (its span: headers, data and
+        padding), which every read then checks (:mod:`indextar.index.checksums`):
+        ``True`` for ``"crc32"``, or ``"xxh3_64"`` (faster; needs the ``xxhash``
+        package). An index without checksums is rebuilt, not reused, by a call with them.
 
     Raises
     ------
@@ -333,9 +340,12 @@ def build_index(
     if not stat.S_ISREG(st.st_mode):
         raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
     path = index_path(shard_path, index_dir=index_dir)
+    checksum = checksum_algorithm(checksums)
     found = None if force else _file_state(path)
     if found is not None:
-        existing = _reusable(shard_path, path, meta=meta, ignore_zeros=ignore_zeros)
+        existing = _reusable(
+            shard_path, path, meta=meta, ignore_zeros=ignore_zeros, checksum=checksum
+        )
         if existing is not None:
             return existing
     codec = _compression_of(shard_path)
@@ -346,17 +356,24 @@ def build_index(
         )
     layout: CompressedLayout | None = None
     uncompressed_size = 0
+    sums = None
     if codec is None:
         scan, grouping, content_fingerprint, span_names = scan_shard_file(
             shard_path, ignore_zeros=ignore_zeros
         )
+        if checksum:
+            sums = _file_checksums(shard_path, scan, grouping, checksum)
     else:
         compressed = scan_compressed(
-            shard_path, codec, ignore_zeros=ignore_zeros, seek_spacing=seek_spacing
+            shard_path,
+            codec,
+            ignore_zeros=ignore_zeros,
+            seek_spacing=seek_spacing,
+            checksum=checksum,
         )
         scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
         content_fingerprint, span_names = compressed.fingerprint, compressed.span_names
-        uncompressed_size = compressed.uncompressed_size
+        uncompressed_size, sums = compressed.uncompressed_size, compressed.checksums
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
@@ -372,6 +389,7 @@ def build_index(
         compression=codec or "",
         uncompressed_size=uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
+        checksum=checksum,
     )
     attributes = None
     if meta is not None:
@@ -382,10 +400,14 @@ def build_index(
         # Another writer may have replaced the index since it was judged (an import
         # adding columns this build would drop, or a build like this one): judge again.
         if not force and _file_state(path) != found:
-            existing = _reusable(shard_path, path, meta=meta, ignore_zeros=ignore_zeros)
+            existing = _reusable(
+                shard_path, path, meta=meta, ignore_zeros=ignore_zeros, checksum=checksum
+            )
             if existing is not None:
                 return existing
-        write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
+        write_index(
+            path, index_meta, scan, grouping, attributes=attributes, layout=layout, checksums=sums
+        )
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
 
 
@@ -399,7 +421,7 @@ def _file_state(path: Path) -> tuple[int, int, int, int] | None:
 
 
 def _reusable(
-    shard: Path, path: Path, *, meta: str | None, ignore_zeros: bool
+    shard: Path, path: Path, *, meta: str | None, ignore_zeros: bool, checksum: str
 ) -> ShardIndex | None:
     """The index at ``path`` if :func:`build_index` keeps it, ``None`` if it rebuilds it.
 
@@ -418,7 +440,19 @@ def _reusable(
         )
         log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
         return None
+    if checksum and existing.meta.checksum != checksum:
+        refuse_to_drop_imports(existing, f"it has no {checksum} checksums")
+        log.info("rebuilding %s: it has no %s checksums", path, checksum)
+        return None
     if existing.meta.ignore_zeros and not ignore_zeros:
         log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         return None
     return existing
+
+
+def _file_checksums(
+    shard: Path, scan: TarScan, grouping: Grouping, algorithm: str
+) -> npt.NDArray[np.uint64]:
+    """Each sample's checksum, hashed from a map of the local plain tar ``shard``."""
+    with mapped_file(shard) as (mm, _, _):
+        return span_checksums(mm, *sample_spans(scan, grouping), algorithm)

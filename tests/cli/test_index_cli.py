@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import sample_members, tar_bytes
+from conftest import flip_bit, sample_members, tar_bytes
 
 from indextar.cli.commands import main
 
@@ -58,3 +58,24 @@ def test_append_adds_new_shards_to_a_manifest(
     assert [s["url"] for s in json.loads((tmp_path / "m.json").read_text())["shardlist"]] == [
         "s-2.tar"
     ]
+
+
+def test_index_checksums_and_verify_finds_a_flipped_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    members = {f"k{i:03d}.bin": bytes([i]) * 8192 for i in range(40)}  # 360 KiB
+    shard = tmp_path / "s.tar"
+    shard.write_bytes(tar_bytes(members))
+    assert main(["index", "s.tar", "--checksums", "-q"]) == 0
+    assert main(["info", "s.tar", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["checksum"] == "crc32"
+    assert main(["verify", "s.tar", "-q"]) == 0
+    flip_bit(shard, 20 * 8704 + 512 + 3)  # k020.bin: its header at 20 * 8704, then its data
+    capsys.readouterr()
+    assert main(["verify", "s.tar", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 40 samples do not match their crc32 checksum" in err
+    assert f"'k020' at byte offset {20 * 8704}" in err
+    assert main(["index", "s.tar", "--checksums", "xxh3_64", "--force", "-q"]) == 0
+    assert main(["verify", "s.tar", "-q"]) == 0
