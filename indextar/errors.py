@@ -11,6 +11,8 @@ and the byte offset wherever they are known.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "IndextarError",
     "ShardFormatError",
@@ -122,7 +124,30 @@ class StaleIndexError(IndextarError):
 
 
 class MissingIndexError(IndextarError, FileNotFoundError):
-    """A shard has no index and building one was not allowed."""
+    """A shard has no index and building one was not allowed.
+
+    Attributes
+    ----------
+    problem
+        The message without the remedy it ends with. The remedy names library calls
+        (``build_index()``); the command line names its own command instead.
+    shards
+        Every shard without an index (the message may list only the first few).
+    remedy
+        What to call to build the indexes.
+    """
+
+    def __init__(
+        self, problem: str, shards: Sequence[str] = (), remedy: str = "build it with build_index()"
+    ):
+        self.problem = problem
+        self.shards = tuple(shards)
+        self.remedy = remedy
+        super().__init__(f"{problem}; {remedy}")
+
+    def __reduce__(self) -> tuple[type[MissingIndexError], tuple[str, tuple[str, ...], str]]:
+        # The default rebuilds from the whole message and would add the remedy twice.
+        return type(self), (self.problem, self.shards, self.remedy)
 
 
 class ShardNotFoundError(IndextarError, FileNotFoundError):

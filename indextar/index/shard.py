@@ -227,8 +227,8 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
     if not path.exists():
         _stat_shard(shard_path)
         raise MissingIndexError(
-            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r}); "
-            "build it with build_index()"
+            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r})",
+            [str(shard_path)],
         )
     meta = _read_meta(path)
     _check_fresh(shard_path, meta, path)
