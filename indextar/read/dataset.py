@@ -363,6 +363,7 @@ class IndexedTarDataset:
                 [offset for offset, _ in spans],
                 [length for _, length in spans],
                 max_in_flight=self._remote.max_in_flight,
+                keys=[shard.key(local) for shard, (_, local) in zip(shards, wanted)],
             )
         )
         return [next(fetched) if is_url(self.shards[n]) else None for n in shard_nos]

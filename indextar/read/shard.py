@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import RemoteReadError, StaleIndexError
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource, Span, split_members
 
@@ -73,21 +74,35 @@ class OpenShard:
     def read(self, local: int, span: bytes | None = None) -> tuple[str, list[tuple[str, bytes]]]:
         """Sample ``local``'s key and ``(extension, data)`` members, in one read.
 
-        ``span``, if given, is the sample's bytes already fetched (remote batches).
+        ``span``, if given, is the sample's bytes already fetched (remote batches); if
+        its headers are not the sample's, the source reads it again (a remote source
+        retries a wrong answer and refuses a changed object).
         """
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
         checked = key if self.check_names else b""  # b"": the checksums only
-        if span is None:
+        try:
+            if span is not None:
+                try:
+                    members = split_members(
+                        span, self.members, first, count, names, checked,
+                        shard=self.shard, offset=start,
+                    )  # fmt: skip
+                    return key.decode("utf-8", "surrogateescape"), members
+                except StaleIndexError:
+                    pass  # read again: the source tells a changed shard from a wrong answer
             members = self.source.read_members(
                 start, end - start, self.members, first, count, names, checked
             )
-        else:
-            members = split_members(
-                span, self.members, first, count, names, checked, shard=self.shard, offset=start
-            )
+        except RemoteReadError as e:
+            raise e.for_sample(key.decode("utf-8", "surrogateescape")) from e
         return key.decode("utf-8", "surrogateescape"), members
+
+    def key(self, local: int) -> str:
+        """Sample ``local``'s key."""
+        key_start, key_end = self.samples[local, 4:6].tolist()
+        return self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape")
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """What :meth:`read` returns for each of the samples ``local``, with one
