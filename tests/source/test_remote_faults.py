@@ -176,3 +176,31 @@ def test_a_read_whose_retries_are_spent_names_url_range_key_attempts_and_status(
     assert "of sample 'k0007'" in message and error.key == "k0007"
     assert "after 5 attempts, last status 503" in message
     assert (error.status, error.attempts, error.offset) == (503, 5, offset)
+
+
+# -- a storm of every fault at once, through DataLoader workers -------------------------
+
+STORM = FaultPlan(
+    busy=0.1, retry_after="0", reset=0.05, short=0.05, wrong_range=0.1, whole=0.05,
+    shifts=(None, CLS_BLOCKS, 512), per_range=3, seed=26,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("batch_size", [8, None], ids=["__getitems__", "ds[i]"])
+def test_a_fault_storm_through_two_dataloader_workers_serves_no_wrong_byte(
+    dataset: IndexedTarDataset, server: HttpServer, batch_size: int | None
+) -> None:
+    from torch.utils.data import DataLoader
+
+    order = [(i * 37 + 11) % SAMPLES for i in range(SAMPLES)]  # each sample once, shuffled
+    server.set_faults(STORM)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, sampler=order, num_workers=2, collate_fn=lambda b: b
+    )
+    read = [s for got in loader for s in (got if batch_size else [got])]
+    wrong = [s["__key__"] for s in read if _members_of(s) != _expected(int(s["__key__"][1:]))]
+    assert len(read) == len(order) and [s["__index__"] for s in read] == order
+    assert wrong == []
+    counts = _counts(server)
+    assert all(counts.get(fault, 0) > 0 for fault in ("busy", "reset", "short", "wrong_range"))
+    assert counts.get("whole", 0) > 0 and counts["ok"] >= len(order)
