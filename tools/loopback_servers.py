@@ -366,9 +366,11 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
             answer["Content-Range"] = f"bytes {first}-{int(first) + len(data) - 1}/{stat.st_size}"
             return web.Response(status=206, headers=answer, body=data)
         status, answered, body = await forward(request, headers)
-        dropped = ("transfer-encoding", "content-length", "content-encoding", "connection")
+        dropped = ["transfer-encoding", "content-encoding", "connection"]
+        if request.method != "HEAD":  # a HEAD answer keeps the object's length
+            dropped.append("content-length")
         kept = {k: v for k, v in answered.items() if k.lower() not in dropped}
-        return web.Response(status=status, headers=kept, body=body)
+        return web.Response(status=status, headers=kept, body=body or None)
 
     async def faulty(request: web.Request) -> web.StreamResponse:
         path = local(request) if upstream == "" or "path" in request.match_info else None

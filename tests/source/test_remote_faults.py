@@ -20,7 +20,7 @@ from indextar.errors import RemoteReadError
 from indextar.source.remote import RangeSource, RetryPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import FaultPlan, HttpServer  # noqa: E402
+from loopback_servers import FaultPlan, HttpServer, SeaweedServer  # noqa: E402
 
 SAMPLES = 64
 CLS_BLOCKS = 512 + 512  # a sample's .cls header and its one block of data
@@ -204,3 +204,46 @@ def test_a_fault_storm_through_two_dataloader_workers_serves_no_wrong_byte(
     counts = _counts(server)
     assert all(counts.get(fault, 0) > 0 for fault in ("busy", "reset", "short", "wrong_range"))
     assert counts.get("whole", 0) > 0 and counts["ok"] >= len(order)
+
+
+# -- the same faults from an S3 endpoint: a proxy in front of SeaweedFS ------------------
+
+
+@pytest.fixture(scope="module")
+def s3_files(served: Path) -> list[Path]:
+    return [served / "data.tar"]
+
+
+@pytest.fixture(scope="module")
+def s3_proxy(s3: SeaweedServer, served: Path) -> Iterator[HttpServer]:
+    with HttpServer(served, upstream=f"http://127.0.0.1:{s3.port}") as proxy:
+        yield proxy
+
+
+def _through(proxy: HttpServer, s3: SeaweedServer) -> dict[str, object]:
+    return {**s3.storage_options(), "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+
+
+def test_s3_retry_after_is_honoured_by_indextar_not_hidden_in_botocore(
+    s3: SeaweedServer, s3_proxy: HttpServer
+) -> None:
+    s3_proxy.set_faults(FaultPlan(busy=1, retry_after="1", per_range=1))
+    raw = (s3_proxy.root / "data.tar").read_bytes()
+    options = _through(s3_proxy, s3)
+    source = RangeSource("s3://shards/data.tar", storage_options=options, retry=FAST)
+    assert source.read(1024, 5000) == raw[1024:6024]
+    (busy, _, _, first), (ok, _, _, second) = s3_proxy.faults()
+    assert (first, second) == ("busy", "ok") and 1.0 <= ok - busy < 1.5
+
+
+def test_s3_fault_storm_serves_no_wrong_byte(
+    s3: SeaweedServer, s3_proxy: HttpServer, tmp_path: Path
+) -> None:
+    s3_proxy.set_faults(FaultPlan())
+    options = _through(s3_proxy, s3)
+    dataset = IndexedTarDataset(
+        ["s3://shards/data.tar"], index_dir=tmp_path, storage_options=options
+    )
+    _read_both_ways(dataset, s3_proxy, STORM)
+    counts = _counts(s3_proxy)
+    assert all(counts.get(fault, 0) > 0 for fault in ("busy", "wrong_range", "whole"))
