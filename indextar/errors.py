@@ -35,6 +35,7 @@ __all__ = [
     "WriterError",
     "EncodeError",
     "RemoteReadError",
+    "WrongRangeError",
     "PipeRefusedError",
     "CacheFullError",
     "ExportError",
@@ -257,6 +258,10 @@ class RemoteReadError(IndextarError, OSError):
         The byte range asked for; ``None`` for a whole-object request.
     attempts
         How many times it was tried.
+    key
+        The sample whose bytes these were, where a sample was read.
+    status
+        The last HTTP status answered, where there was one.
     """
 
     def __init__(
@@ -267,16 +272,56 @@ class RemoteReadError(IndextarError, OSError):
         offset: int | None = None,
         length: int | None = None,
         attempts: int = 1,
+        key: str | None = None,
+        status: int | None = None,
     ):
         self.url = url
         self.offset = offset
         self.length = length
         self.attempts = attempts
+        self.key = key
+        self.status = status
+        self.reason = message
         where = repr(url)
         if offset is not None and length is not None:
             where += f" bytes {offset}-{offset + length - 1} ({length} bytes)"
-        tries = f" after {attempts} attempts" if attempts > 1 else ""
-        super().__init__(f"reading {where} failed{tries}: {message}")
+        if key is not None:
+            where += f" of sample {key!r}"
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        last = f", last status {status}" if status is not None else ""
+        super().__init__(f"reading {where} failed after {tries}{last}: {message}")
+
+    def for_sample(self, key: str) -> RemoteReadError:
+        """This error, naming the sample ``key`` whose bytes were read."""
+        if self.key is not None:
+            return self
+        return RemoteReadError(
+            self.reason, url=self.url, offset=self.offset, length=self.length,
+            attempts=self.attempts, key=key, status=self.status,
+        )  # fmt: skip
+
+
+class WrongRangeError(IndextarError, OSError):
+    """A server answered a ranged read with other bytes than those asked for: another
+    ``Content-Range``, a status other than 206, the whole object, or a body of another
+    length. Transient: the read is retried, and the answer is never served.
+
+    Attributes
+    ----------
+    url, offset, length
+        The object and the byte range asked for.
+    status
+        The status answered.
+    """
+
+    def __init__(self, message: str, *, url: str, offset: int, length: int, status: int | None):
+        self.url = url
+        self.offset = offset
+        self.length = length
+        self.status = status
+        super().__init__(
+            f"{url!r} answered a read of bytes {offset}-{offset + length - 1} with {message}"
+        )
 
 
 class PipeRefusedError(IndextarError, PermissionError):

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import native
-from ..errors import IndexFormatError
+from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..patterns import is_url
@@ -103,23 +103,40 @@ class OpenShard:
     def read(self, local: int, span: bytes | None = None) -> tuple[str, list[tuple[str, bytes]]]:
         """Sample ``local``'s key and ``(extension, data)`` members, in one read.
 
-        ``span``, if given, is the sample's bytes already fetched (remote batches).
+        ``span``, if given, is the sample's bytes already fetched (remote batches); if
+        its headers are not the sample's, the source reads it again (a remote source
+        retries a wrong answer and refuses a changed object).
         """
         if self.checksums is not None:
-            return self._read_checked(local, span)
+            try:
+                return self._read_checked(local, span)
+            except RemoteReadError as e:
+                raise e.for_sample(self.key(local)) from e
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
         checked = key if self.check_names else b""  # b"": the checksums only
-        if span is None:
+        try:
+            if span is not None:
+                try:
+                    members = split_members(
+                        span, self.members, first, count, names, checked,
+                        shard=self.shard, offset=start,
+                    )  # fmt: skip
+                    return key.decode("utf-8", "surrogateescape"), members
+                except StaleIndexError:
+                    pass  # read again: the source tells a changed shard from a wrong answer
             members = self.source.read_members(
                 start, end - start, self.members, first, count, names, checked
             )
-        else:
-            members = split_members(
-                span, self.members, first, count, names, checked, shard=self.shard, offset=start
-            )
+        except RemoteReadError as e:
+            raise e.for_sample(key.decode("utf-8", "surrogateescape")) from e
         return key.decode("utf-8", "surrogateescape"), members
+
+    def key(self, local: int) -> str:
+        """Sample ``local``'s key."""
+        key_start, key_end = self.samples[local, 4:6].tolist()
+        return self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape")
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """What :meth:`read` returns for each of the samples ``local``, with one
