@@ -7,6 +7,7 @@ a map-style dataset then reads any sample with one seek.
 from ._version import __version__
 from .errors import (
     CacheFullError,
+    ChecksumMismatchError,
     CompressedShardError,
     DecodeError,
     DecodeSpecError,
@@ -87,6 +88,7 @@ __all__ = [
     "IndextarError",
     "ShardFormatError",
     "TruncatedShardError",
+    "ChecksumMismatchError",
     "CompressedShardError",
     "UnsupportedMemberError",
     "SampleFormatError",

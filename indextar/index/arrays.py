@@ -67,12 +67,16 @@ class ShardArrays:
         ``.decode("utf-8", "surrogateescape")`` of them.
     ext_names
         Extension of each ``ext_code``, sorted.
+    checksums
+        Each sample's checksum (:mod:`indextar.index.checksums`), where the index
+        recorded them; else ``None``.
     """
 
     samples: npt.NDArray[np.int64]
     members: npt.NDArray[np.int64]
     key_blob: bytes
     ext_names: tuple[str, ...]
+    checksums: npt.NDArray[np.uint64] | None = None
 
     @classmethod
     def make(
@@ -87,6 +91,7 @@ class ShardArrays:
         size: npt.NDArray[np.int64],
         ext_code: npt.NDArray[np.int64],
         ext_names: Sequence[str],
+        checksums: npt.NDArray[np.uint64] | None = None,
     ) -> ShardArrays:
         """Pack per-sample and per-member columns; ``ext_code`` indexes the sorted ``ext_names``."""
         # Raw bytes: a key read from a name that is not UTF-8 keeps its bytes (docs/format.md).
@@ -107,7 +112,13 @@ class ShardArrays:
         members[:, 0] = data_offset - np.repeat(samples[:, 0], samples[:, 3])
         members[:, 1] = size
         members[:, 2] = ext_code
-        return cls(samples=samples, members=members, key_blob=key_blob, ext_names=tuple(ext_names))
+        return cls(
+            samples=samples,
+            members=members,
+            key_blob=key_blob,
+            ext_names=tuple(ext_names),
+            checksums=checksums,
+        )
 
     def equals(self, other: ShardArrays) -> bool:
         """Whether both hold the same values (``==`` on arrays is elementwise)."""
@@ -126,6 +137,8 @@ _LAYOUT = {
     "keys": ("utf-8", ""),
     "exts": ("json", ""),
 }
+# An optional row: each sample's checksum, where the index recorded them.
+_CHECKSUMS = ("checksums", "<u8", "")
 
 
 def write_arrays(conn: sqlite3.Connection, arrays: ShardArrays) -> None:
@@ -140,6 +153,11 @@ def write_arrays(conn: sqlite3.Connection, arrays: ShardArrays) -> None:
         "INSERT INTO arrays VALUES (?, ?, ?, ?)",
         ((name, dtype, columns, data[name]) for name, (dtype, columns) in _LAYOUT.items()),
     )
+    if arrays.checksums is not None:
+        conn.execute(
+            "INSERT INTO arrays VALUES (?, ?, ?, ?)",
+            (*_CHECKSUMS, arrays.checksums.astype(_CHECKSUMS[1], copy=False).tobytes()),
+        )
 
 
 def read_arrays(
@@ -176,7 +194,24 @@ def read_arrays(
         members=members.reshape(num_members, len(MEMBER_COLUMNS)).astype(np.int64, copy=False),
         key_blob=bytes(stored["keys"][2]),
         ext_names=tuple(json.loads(stored["exts"][2])),
+        checksums=_stored_checksums(stored, path, num_samples),
     )
+
+
+def _stored_checksums(
+    stored: dict[str, tuple[str, str, bytes]], path: Path, num_samples: int
+) -> npt.NDArray[np.uint64] | None:
+    """The ``checksums`` row, if the index has one."""
+    name, dtype, _ = _CHECKSUMS
+    if name not in stored:
+        return None
+    if stored[name][0] != dtype or len(stored[name][2]) != 8 * num_samples:
+        raise IndexFormatError(
+            f"index {str(path)!r} has a checksums array of {len(stored[name][2])} bytes of "
+            f"{stored[name][0]!r}; its meta says {num_samples} samples "
+            "(rebuild it with build_index(shard, force=True))"
+        )
+    return np.frombuffer(stored[name][2], dtype).astype(np.uint64, copy=False)
 
 
 def arrays_from_tables(conn: sqlite3.Connection) -> ShardArrays:

@@ -23,6 +23,7 @@ from .. import errors
 from ..errors import IndextarError
 from ..source.location import remote_shards
 from .attribute_json import OnError
+from .checksums import ChecksumsArg
 from .decompress import DEFAULT_SEEK_SPACING
 from .fresh import fresh_by_listing, fresh_on_stat
 from .jobs import ShardOutcome, build_shard, build_shards
@@ -52,6 +53,7 @@ def build_indexes(
     on_error: OnError = "fail",
     executor: Executor | None = None,
     storage_options: dict[str, Any] | None = None,
+    checksums: ChecksumsArg = False,
     force: bool = False,
     seek_spacing: int = DEFAULT_SEEK_SPACING,
     options: BuildOptions | None = None,
@@ -80,6 +82,8 @@ def build_indexes(
         the shards and ``index_dir`` (shared storage or URLs).
     storage_options
         fsspec options for remote shards (endpoint, credentials), sent to each job.
+    checksums
+        As :func:`~indextar.build_index`: record a hash of each sample (local shards).
     force, seek_spacing
         As :func:`~indextar.build_index`: rebuild valid indexes too; the spacing of a
         ``.tar.gz``'s seek points.
@@ -102,6 +106,7 @@ def build_indexes(
         on_error=on_error,
         storage_options=storage_options,
         seek_spacing=seek_spacing,
+        checksums=checksums,
     )
     if options is None:
         options = given

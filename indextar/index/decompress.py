@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import native
 from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
@@ -38,10 +39,12 @@ from ..source.local import mapped_file
 from ..source.seekpoints import MIN_SPACING, SeekPoints, build_seek_points
 from ..tar.compress import zstd_frame_spans
 from ..tar.scan import TarScan, scan_tar
+from .checksums import span_checksums
 from .compressed import CompressedLayout
 from .meta import fingerprint
 from .naming import Grouping, group_members
 from .spans import spans_name_their_keys
+from .tables import sample_spans
 
 __all__ = ["DEFAULT_SEEK_SPACING", "CompressedScan", "decompress_shard", "scan_compressed"]
 
@@ -72,10 +75,12 @@ class CompressedScan:
     layout: CompressedLayout | None
     uncompressed_size: int
     """The decompressed tar's size."""
+    checksums: npt.NDArray[np.uint64] | None = None
+    """Each sample's checksum of its uncompressed span, where the scan was asked for them."""
 
 
 def scan_compressed(
-    shard: Path, codec: str, *, ignore_zeros: bool, seek_spacing: int
+    shard: Path, codec: str, *, ignore_zeros: bool, seek_spacing: int, checksum: str = ""
 ) -> CompressedScan:
     """What ``build_index`` needs of a compressed shard: the tar's scan and grouping, the
     file's fingerprint, whether spans name their keys, the layout and the tar's size.
@@ -95,7 +100,10 @@ def scan_compressed(
         raise
     # a bytearray reads as bytes do; cast rather than copy the whole tar
     named = spans_name_their_keys(cast(bytes, data), scan, grouping, shard=str(shard))
-    return CompressedScan(scan, grouping, content_fingerprint, named, layout, len(data))
+    checksums = None
+    if checksum:
+        checksums = span_checksums(data, *sample_spans(scan, grouping), checksum)
+    return CompressedScan(scan, grouping, content_fingerprint, named, layout, len(data), checksums)
 
 
 def decompress_shard(

@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import IndexFormatError
 from ..source.conditional import RemoteStat
 from ..source.filesystems import filesystem
+from .checksums import checksum_algorithm
 from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
 from .options import BuildOptions
 from .remote import expected_stat, remote_index_path
@@ -88,6 +89,8 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
         return None
     if meta.ignore_zeros and not options.ignore_zeros:
         return None  # build_index rebuilds it
+    if options.checksums and meta.checksum != checksum_algorithm(options.checksums):
+        return None  # build_index rebuilds it with them
     index = ShardIndex(shard=shard, path=Path(path), meta=meta)
     if options.meta is not None:
         try:
@@ -121,7 +124,7 @@ def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, Sh
     """
     if options.force or options.index_dir is None:
         return {}
-    if options.meta is not None or options.ignore_zeros:
+    if options.meta is not None or options.ignore_zeros or options.checksums:
         return {}  # options each job refuses for a remote shard: no listing vouches
     folders: dict[str, list[str]] = defaultdict(list)
     for url in urls:

@@ -137,6 +137,12 @@ def _build_remote(url: str, options: BuildOptions) -> ShardOutcome:
         raise IndextarError(f"ignore_zeros is for local shards; {url!r} is remote")
     if options.meta is not None:
         raise IndextarError(f"meta is for local shards; {url!r} is remote")
+    if options.checksums:
+        raise IndextarError(
+            f"checksums are recorded from local shards; {url!r} is remote (index a local "
+            "copy with build_index(..., checksums=True) and serve its index next to the "
+            "shard, or write it with TarWriter(..., checksums=True))"
+        )
     if options.index_dir is None:
         raise IndextarError(f"a remote shard needs index_dir= for its index; {url!r} is remote")
     folder = Path(options.index_dir)

@@ -19,7 +19,7 @@ from .localscan import scan_shard_file
 from .meta import _connect_ro
 from .naming import from_sql, split_name
 from .shard import ShardIndex
-from .tables import _sample_spans
+from .tables import sample_spans
 
 __all__ = ["MemberTable", "load_members", "scan_members"]
 
@@ -105,7 +105,7 @@ def scan_members(shard: str | Path) -> MemberTable:
     header_offsets = scan.header_offsets[rows]
     data_offsets = scan.data_offsets[rows]
     sizes = scan.sizes[rows]
-    start, end = _sample_spans(scan, grouping)
+    start, end = sample_spans(scan, grouping)
     return MemberTable(
         shard=str(shard),
         keys=grouping.keys,

@@ -24,10 +24,20 @@ from ..errors import IndexFormatError, ShardNotFoundError, StaleIndexError
 from ..tar.scan import TarScan
 from .naming import Grouping
 
-__all__ = ["FORMAT_VERSION", "IndexMeta", "fingerprint", "fingerprint_parts"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CHECKSUM_FORMAT_VERSION",
+    "IndexMeta",
+    "fingerprint",
+    "fingerprint_parts",
+]
 
 FORMAT_VERSION = 3  # 2: raw_name and raw_key columns (names not UTF-8); 3: compressed shards
-READABLE_VERSIONS = (2, 3)  # a version-2 index describes a plain tar, as version 3 does
+# 4: per-sample checksums. Only an index that records them is version 4, so that an
+# older indextar refuses it rather than reading it without checking them; any other
+# index stays version 3, which every indextar since compressed shards reads.
+CHECKSUM_FORMAT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)  # a version-2 index describes a plain tar, as version 3 does
 NAMING = "webdataset-1"
 _FINGERPRINT_SPAN = 64 * 1024
 
@@ -61,6 +71,9 @@ class IndexMeta:
     """The decompressed tar's size (0 for a plain tar)."""
     seek_spacing: int = 0
     """Bytes between seek points of a single-stream gzip shard; 0 when read by frames."""
+    checksum: str = ""
+    """The algorithm of the per-sample checksums (:mod:`indextar.index.checksums`), or
+    ``""`` if the index records none."""
 
     @classmethod
     def describe(
@@ -78,10 +91,11 @@ class IndexMeta:
         compression: str = "",
         uncompressed_size: int = 0,
         seek_spacing: int = 0,
+        checksum: str = "",
     ) -> IndexMeta:
         """The metadata of an index built now from ``scan`` and ``grouping``."""
         return cls(
-            format_version=FORMAT_VERSION,
+            format_version=CHECKSUM_FORMAT_VERSION if checksum else FORMAT_VERSION,
             indextar_version=__version__,
             shard_name=shard_name,
             shard_size=shard_size,
@@ -99,6 +113,7 @@ class IndexMeta:
             compression=compression,
             uncompressed_size=uncompressed_size,
             seek_spacing=seek_spacing,
+            checksum=checksum,
         )
 
     @classmethod
@@ -124,6 +139,7 @@ class IndexMeta:
                 compression=rows.get("compression", ""),
                 uncompressed_size=int(rows.get("uncompressed_size", "0")),
                 seek_spacing=int(rows.get("seek_spacing", "0")),
+                checksum=rows.get("checksum", ""),
             )
         except (KeyError, ValueError) as e:
             raise IndexFormatError(f"index {str(path)!r} has incomplete metadata ({e!r})") from e
@@ -188,7 +204,7 @@ def _read_meta(path: Path) -> IndexMeta:
             f"{rows['format_version']!r}, not a number)"
         ) from None
     if version not in READABLE_VERSIONS:
-        newer = "a newer" if version > FORMAT_VERSION else "an older"
+        newer = "a newer" if version > max(READABLE_VERSIONS) else "an older"
         raise IndexFormatError(
             f"index {str(path)!r} has format version {version}, written by {newer} indextar; "
             f"indextar {__version__} reads formats "

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..source.forward import ScanMode
 from .attribute_json import OnError
+from .checksums import ChecksumsArg
 from .decompress import DEFAULT_SEEK_SPACING
 
 __all__ = ["BuildOptions"]
@@ -33,3 +34,4 @@ class BuildOptions:
     storage_options: dict[str, Any] | None = None
     remote_mode: ScanMode = "auto"
     seek_spacing: int = DEFAULT_SEEK_SPACING
+    checksums: ChecksumsArg = False

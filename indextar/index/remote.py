@@ -127,8 +127,9 @@ def open_remote_index(
     if not build_missing:
         raise MissingIndexError(
             f"remote shard {url!r} has no index (looked in {str(local)!r} and at "
-            f"{url + INDEX_SUFFIX!r}); "
-            f"build it with build_missing=True or `indextar index {url}`"
+            f"{url + INDEX_SUFFIX!r})",
+            [url],
+            "build it with build_indexes() or build_missing=True",
         )
     return build_remote_index(url, index_dir=index_dir, storage_options=storage_options)
 

@@ -1,4 +1,4 @@
--- indextar shard index, format version 3.
+-- indextar shard index, format version 3 (4 where it records per-sample checksums).
 --
 -- One SQLite file per shard, named <shard>.idx.sqlite. It is written to a temporary
 -- file and renamed into place, so it is either absent or complete, and it is never
@@ -13,7 +13,10 @@
 -- Key/value facts about the shard and how the index was built (all values are TEXT):
 --   format_version      this schema's version, "3" (2 added the raw_* columns, 3 the
 --                       compressed shards: compression, uncompressed_size, seek_spacing,
---                       and the frames and seek_points tables); version 2 is still read
+--                       and the frames and seek_points tables); version 2 is still read.
+--                       "4" for an index that records checksums (the checksum fact and
+--                       the checksums array), which older readers refuse rather than
+--                       read unchecked; every other index is still written as "3"
 --   indextar_version    version of indextar that wrote the file
 --   shard_name          the shard's file name (base name)
 --   shard_size          shard size in bytes when indexed
@@ -34,6 +37,8 @@
 --   uncompressed_size   size of the decompressed tar (a plain tar: 0, its size is shard_size)
 --   seek_spacing        uncompressed bytes between seek points of a single-stream gzip
 --                       shard (seek_points); 0 when the shard is read by frames
+--   checksum            the algorithm of the per-sample checksums ("crc32" or "xxh3_64",
+--                       indextar/index/checksums.py), or "" (or absent) for none
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -89,6 +94,9 @@ CREATE TABLE IF NOT EXISTS skipped (
 --            unless the name was not (key.encode("utf-8", "surrogateescape"))
 --   exts     dtype json: the distinct extensions, sorted, as a JSON list (ASCII; a
 --            surrogate escaped as \udcXX)
+--   checksums  dtype <u8, (num_samples,): only where meta.checksum names an algorithm:
+--            each sample's hash of its bytes [start_offset, end_offset) (of a compressed
+--            shard: its uncompressed bytes), which reads check
 CREATE TABLE IF NOT EXISTS arrays (
     name    TEXT PRIMARY KEY,
     dtype   TEXT NOT NULL,     -- numpy dtype of packed numbers ("<i8"), or "utf-8" / "json"

@@ -28,6 +28,7 @@ from ..source.location import INDEX_SUFFIX, ShardLocation
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
+from .checksums import ChecksumsArg, checksum_algorithm
 from .decompress import DEFAULT_SEEK_SPACING
 from .localscan import scan_local_shard
 from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
@@ -229,8 +230,8 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
     if not path.exists():
         _stat_shard(shard_path)
         raise MissingIndexError(
-            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r}); "
-            "build it with build_index()"
+            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r})",
+            [str(shard_path)],
         )
     meta = _read_meta(path)
     _check_fresh(shard_path, meta, path)
@@ -267,6 +268,7 @@ def build_index(
     meta: str | None = None,
     on_error: OnError = "fail",
     seek_spacing: int = DEFAULT_SEEK_SPACING,
+    checksums: ChecksumsArg = False,
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
@@ -296,6 +298,11 @@ def build_index(
         For a single-stream ``.tar.gz``: uncompressed bytes between seek points
         (default 128 KiB, at least 64 KiB; each costs a window of up to 32 KiB, sparse
         and compressed, in the index).
+    checksums
+        Also record a hash of each sample's bytes (its span: headers, data and
+        padding), which every read then checks (:mod:`indextar.index.checksums`):
+        ``True`` for ``"crc32"``, or ``"xxh3_64"`` (faster; needs the ``xxhash``
+        package). An index without checksums is rebuilt, not reused, by a call with them.
 
     Raises
     ------
@@ -314,6 +321,7 @@ def build_index(
         meta=meta,
         on_error=on_error,
         seek_spacing=seek_spacing,
+        checksums=checksums,
     )
     return build_index_as(shard, options)
 
@@ -324,6 +332,7 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
     shard_path = Path(shard)
     st = _regular_file(shard_path)
     path = index_path(shard_path, index_dir=options.index_dir)
+    checksum = checksum_algorithm(options.checksums)
     found = None if options.force else _file_state(path)
     if found is not None:
         existing = _reusable(shard_path, path, options)
@@ -337,7 +346,11 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
             "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
         )
     scanned = scan_local_shard(
-        shard_path, codec, ignore_zeros=options.ignore_zeros, seek_spacing=options.seek_spacing
+        shard_path,
+        codec,
+        ignore_zeros=options.ignore_zeros,
+        seek_spacing=options.seek_spacing,
+        checksum=checksum,
     )
     scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
     after = _stat_shard(shard_path)
@@ -355,6 +368,7 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
         compression=codec or "",
         uncompressed_size=scanned.uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
+        checksum=checksum,
     )
     attributes = None
     if meta is not None:
@@ -368,7 +382,15 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
             existing = _reusable(shard_path, path, options)
             if existing is not None:
                 return existing
-        write_index(path, index_meta, scan, grouping, attributes=attributes, layout=layout)
+        write_index(
+            path,
+            index_meta,
+            scan,
+            grouping,
+            attributes=attributes,
+            layout=layout,
+            checksums=scanned.checksums,
+        )
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
 
 
@@ -413,6 +435,11 @@ def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | No
             existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
         )
         log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
+        return None
+    checksum = checksum_algorithm(options.checksums)
+    if checksum and existing.meta.checksum != checksum:
+        refuse_to_drop_imports(existing, f"it has no {checksum} checksums")
+        log.info("rebuilding %s: it has no %s checksums", path, checksum)
         return None
     if existing.meta.ignore_zeros and not options.ignore_zeros:
         log.info("rebuilding %s: it was built with ignore_zeros=True", path)

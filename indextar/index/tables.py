@@ -32,7 +32,7 @@ from .compressed import CompressedLayout
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 
-__all__ = ["write_index", "index_lock", "scan_arrays"]
+__all__ = ["write_index", "index_lock", "scan_arrays", "sample_spans"]
 
 
 @contextlib.contextmanager
@@ -56,10 +56,14 @@ def write_index(
     *,
     attributes: AttributeTable | None = None,
     layout: CompressedLayout | None = None,
+    checksums: npt.NDArray[np.uint64] | None = None,
 ) -> None:
     """Write an index file atomically: to a temporary file, then renamed into place.
 
     ``layout``: a compressed shard's frames or seek points (:mod:`.compressed`).
+
+    ``checksums``: each sample's checksum (:mod:`.checksums`), under the algorithm
+    ``meta.checksum`` names.
 
     ``attributes``: the optional per-sample attribute tables (:mod:`.attributes`),
     written in the same transaction."""
@@ -67,7 +71,7 @@ def write_index(
     try:
         with atomic_path(path) as tmp:  # renamed into place, or deleted on any error
             created = True
-            _write_tables(tmp, meta, scan, grouping, attributes, layout)
+            _write_tables(tmp, meta, scan, grouping, attributes, layout, checksums)
     except IndextarError:
         raise
     except (OSError, sqlite3.Error) as e:
@@ -122,7 +126,7 @@ def _insert_rows_python(
 def scan_arrays(scan: TarScan, grouping: Grouping) -> ShardArrays:
     """The reader's arrays of a scanned and grouped shard, as its index stores them."""
     entries = grouping.entries
-    start, end = _sample_spans(scan, grouping)
+    start, end = sample_spans(scan, grouping)
     return _arrays(grouping, scan.data_offsets[entries], scan.sizes[entries], start, end)
 
 
@@ -132,6 +136,7 @@ def _arrays(
     sizes: npt.NDArray[np.int64],
     start: npt.NDArray[np.int64],
     end: npt.NDArray[np.int64],
+    checksums: npt.NDArray[np.uint64] | None = None,
 ) -> ShardArrays:
     return ShardArrays.make(
         start_offset=start,
@@ -143,10 +148,11 @@ def _arrays(
         size=sizes,
         ext_code=grouping.ext_codes,
         ext_names=grouping.ext_names,
+        checksums=checksums,
     )
 
 
-def _sample_spans(
+def sample_spans(
     scan: TarScan, grouping: Grouping
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Each sample's byte span: its first header to its last member's block-aligned end."""
@@ -166,7 +172,16 @@ def _write_tables(
     grouping: Grouping,
     attributes: AttributeTable | None = None,
     layout: CompressedLayout | None = None,
+    checksums: npt.NDArray[np.uint64] | None = None,
 ) -> None:
+    if (checksums is not None) != bool(meta.checksum) or (
+        checksums is not None and len(checksums) != len(grouping.keys)
+    ):
+        raise IndextarError(
+            f"index {str(tmp)!r}: meta.checksum is {meta.checksum!r} but "
+            f"{'no' if checksums is None else len(checksums)} checksums were given "
+            f"for {len(grouping.keys)} samples"
+        )
     tables, indexes = _schema()
     entries = grouping.entries
     header_offsets = scan.header_offsets[entries]
@@ -174,7 +189,7 @@ def _write_tables(
     sizes = scan.sizes[entries]
     names = scan.names
     first = grouping.first_member
-    start, end = _sample_spans(scan, grouping)
+    start, end = sample_spans(scan, grouping)
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
         # 16 KiB pages: a bulk insert touches a quarter of the pages it would at the
@@ -227,7 +242,7 @@ def _write_tables(
             "INSERT INTO meta VALUES (?, ?)",
             ((field, _meta_text(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
-        write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end))
+        write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end, checksums))
         if layout is not None:
             layout.write(conn)
         conn.executescript(indexes)  # commits

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IndexFormatError
+from ..source.location import SourceOptions
 from ..tar.scan import TarScan
 from .arrays import ShardArrays, read_arrays
+from .checksums import hasher
 from .compressed import CompressedLayout, read_layout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
 from .localscan import scan_local_shard
 from .meta import IndexMeta, _connect_ro
 from .naming import Grouping, from_sql, sql_text
-from .opener import open_shard_index
+from .opener import open_shard_index, shard_source
 from .remote import expected_stat, scan_object
 from .shard import PathLike, ShardIndex
 from .tables import scan_arrays
@@ -83,6 +85,8 @@ def verify_index(
                 problems += _compare(what, got, expected)
             if not problems:  # the tables are the scan's: the arrays must be the scan's too
                 problems += _check_arrays(conn, ix.path, arrays, ix.meta, warnings)
+            if not problems and ix.meta.checksum:
+                problems += _check_checksums(ix, conn, storage_options)
     except sqlite3.DatabaseError as e:
         problems.append(f"index cannot be read: {e}")
     if layout is not None and not problems:
@@ -214,6 +218,38 @@ def _check_arrays(
     if stored.equals(expected):
         return []
     return ["arrays: the packed arrays disagree with the samples and members tables"]
+
+
+def _check_checksums(
+    ix: ShardIndex, conn: sqlite3.Connection, storage_options: Mapping[str, Any] | None
+) -> list[str]:
+    """Problems with the samples' checksums: every span read again (its uncompressed
+    bytes, a batch of samples at a time) and hashed."""
+    stored = read_arrays(conn, ix.path, ix.meta.num_samples, ix.meta.num_members)
+    if stored is None or stored.checksums is None:
+        return [f"checksums: the index says {ix.meta.checksum} but has none"]
+    hash_ = hasher(ix.meta.checksum)
+    starts, ends = stored.samples[:, 0].tolist(), stored.samples[:, 1].tolist()
+    bad: list[int] = []
+    with shard_source(ix, SourceOptions(dict(storage_options or {}))) as source:
+        for at in range(0, len(starts), _CHECK_BATCH):
+            offsets = starts[at : at + _CHECK_BATCH]
+            lengths = [e - s for s, e in zip(offsets, ends[at : at + _CHECK_BATCH])]
+            for n, span in enumerate(source.read_many(offsets, lengths), at):
+                if hash_(span) != int(stored.checksums[n]):
+                    bad.append(n)
+    if not bad:
+        return []
+    first = bad[0]
+    key = stored.key_blob[stored.samples[first, 4] : stored.samples[first, 5]]
+    return [
+        f"checksums: {len(bad)} of {len(starts)} samples do not match their {ix.meta.checksum}"
+        f" checksum, the first {key.decode('utf-8', 'surrogateescape')!r} at byte offset "
+        f"{starts[first]}"
+    ]
+
+
+_CHECK_BATCH = 256
 
 
 def _compare_layout(stored: CompressedLayout, scanned: CompressedLayout) -> list[str]:

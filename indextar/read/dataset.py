@@ -351,9 +351,9 @@ class IndexedTarDataset:
         fetched = iter(
             fetch_spans(  # compressed shards: their frames, or from their seek points
                 [shard.source for shard in shards],
-                [offset for offset, _ in spans],
-                [length for _, length in spans],
+                *zip(*spans),  # the offsets, then the lengths (wanted is never empty)
                 max_in_flight=self._options.source.max_in_flight,
+                keys=[shard.key(local) for shard, (_, local) in zip(shards, wanted)],
             )
         )
         return [next(fetched) if n in ranged else None for n in shard_nos]

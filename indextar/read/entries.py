@@ -78,8 +78,9 @@ def _open_local_indexes(
         listed = ", ".join(repr(shard) for shard in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise MissingIndexError(
-            f"{len(missing)} of {len(shards)} shards have no index: {listed}{more}; "
-            "build them with build_index() or pass build_missing=True"
+            f"{len(missing)} of {len(shards)} shards have no index: {listed}{more}",
+            [str(shard) for shard in missing],
+            "build them with build_index() or pass build_missing=True",
         )
     absent = set(missing)
     opened = {

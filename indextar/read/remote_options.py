@@ -54,13 +54,18 @@ def fetch_spans(
     lengths: Sequence[int],
     *,
     max_in_flight: int = 64,
+    keys: Sequence[str] | None = None,
 ) -> list[bytes]:
     """What :func:`fetch_ranges` gives, where some sources are compressed shards' sources
     of uncompressed bytes: a per-sample shard's ranges become the ranges of its frames,
     all in flight together and then decompressed; a ``.tar.gz`` read through seek points
-    fetches from the point before each range, one range after another."""
+    fetches from the point before each range, one range after another. ``keys[i]``, if
+    given, names the sample of range ``i`` in errors."""
     if all(isinstance(source, RangeSource) for source in sources):
-        return fetch_ranges(sources, offsets, lengths, max_in_flight=max_in_flight)  # type: ignore[arg-type]
+        return fetch_ranges(
+            sources,  # type: ignore[arg-type]
+            offsets, lengths, max_in_flight=max_in_flight, keys=keys,
+        )  # fmt: skip
     results: list[bytes | None] = [None] * len(sources)
     batched: list[tuple[int, RangeSource, int, int]] = []  # (position, raw, offset, length)
     framed: dict[int, tuple[FramedSource, tuple[int, int, int, int]]] = {}
@@ -78,6 +83,7 @@ def fetch_spans(
         [offset for _, _, offset, _ in batched],
         [length for _, _, _, length in batched],
         max_in_flight=max_in_flight,
+        keys=None if keys is None else [keys[i] for i, _, _, _ in batched],
     )
     for (i, _, _, _), data in zip(batched, fetched):
         if i in framed:

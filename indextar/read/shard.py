@@ -3,20 +3,34 @@
 A sample's members are contiguous in the tar, so a sample is one read of its span
 ``[start_offset, end_offset)``, split into members by offsets relative to the span,
 after a check that the span still begins with the sample's own headers
-(:mod:`indextar.tar.spancheck`). Keys are one ``bytes`` blob of raw names plus offsets,
-not a list of ``str``: a DataLoader worker that reads them copies no per-sample
-Python objects.
+(:mod:`indextar.tar.spancheck`) and, where the index records checksums, that the span
+hashes to its sample's (:mod:`indextar.index.checksums`). Keys are one ``bytes`` blob
+of raw names plus offsets, not a list of ``str``: a DataLoader worker that reads them
+copies no per-sample Python objects.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from .. import native
+from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
+from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource, Span, split_members
+from ..source.location import url_scheme
+from ..tar.spancheck import stale_error
+
+log = logging.getLogger(__name__)
+
+# A checked span is split by _mapread's copy where it is built: its header check in C
+# (the Python one is most of a small sample's read); else by split_members.
+_MAPREAD = native.mapread()
+_MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
 
 __all__ = ["OpenShard"]
 
@@ -38,6 +52,11 @@ class OpenShard:
         Whether a read checks that the span's headers name the sample's key, or (where
         the index found a global PAX header naming members, ``IndexMeta.span_names``)
         only their checksums.
+    checksums, checksum
+        Each sample's checksum and their algorithm, where the index records them: a
+        read then hashes the sample's span before splitting it, and refuses a span that
+        does not match (:class:`~indextar.ChecksumMismatchError`). ``None`` and ``""``
+        where it records none.
     """
 
     shard: str
@@ -47,11 +66,20 @@ class OpenShard:
     key_blob: bytes
     ext_names: tuple[str, ...]
     check_names: bool = True
+    checksums: npt.NDArray[np.uint64] | None = None
+    checksum: str = ""
 
     @classmethod
     def load(cls, index: ShardIndex, source: ByteSource) -> OpenShard:
         """Load the arrays of an opened index: one query and ``np.frombuffer``."""
         arrays = index.load_arrays()
+        if index.meta.checksum and arrays.checksums is None:
+            raise IndexFormatError(
+                f"index {str(index.path)!r} says it records {index.meta.checksum} checksums "
+                "but has none; rebuild it with build_index(shard, force=True, checksums=True)"
+            )
+        if index.meta.checksum:
+            hasher(index.meta.checksum)  # its package is there, or an error says which
         return cls(
             shard=index.shard,
             source=source,
@@ -60,6 +88,8 @@ class OpenShard:
             key_blob=arrays.key_blob,
             ext_names=arrays.ext_names,
             check_names=index.meta.span_names,
+            checksums=arrays.checksums if index.meta.checksum else None,
+            checksum=index.meta.checksum,
         )
 
     def __len__(self) -> int:
@@ -73,25 +103,46 @@ class OpenShard:
     def read(self, local: int, span: bytes | None = None) -> tuple[str, list[tuple[str, bytes]]]:
         """Sample ``local``'s key and ``(extension, data)`` members, in one read.
 
-        ``span``, if given, is the sample's bytes already fetched (remote batches).
+        ``span``, if given, is the sample's bytes already fetched (remote batches); if
+        its headers are not the sample's, the source reads it again (a remote source
+        retries a wrong answer and refuses a changed object).
         """
+        if self.checksums is not None:
+            try:
+                return self._read_checked(local, span)
+            except RemoteReadError as e:
+                raise e.for_sample(self.key(local)) from e
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
         checked = key if self.check_names else b""  # b"": the checksums only
-        if span is None:
+        try:
+            if span is not None:
+                try:
+                    members = split_members(
+                        span, self.members, first, count, names, checked,
+                        shard=self.shard, offset=start,
+                    )  # fmt: skip
+                    return key.decode("utf-8", "surrogateescape"), members
+                except StaleIndexError:
+                    pass  # read again: the source tells a changed shard from a wrong answer
             members = self.source.read_members(
                 start, end - start, self.members, first, count, names, checked
             )
-        else:
-            members = split_members(
-                span, self.members, first, count, names, checked, shard=self.shard, offset=start
-            )
+        except RemoteReadError as e:
+            raise e.for_sample(key.decode("utf-8", "surrogateescape")) from e
         return key.decode("utf-8", "surrogateescape"), members
+
+    def key(self, local: int) -> str:
+        """Sample ``local``'s key."""
+        key_start, key_end = self.samples[local, 4:6].tolist()
+        return self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape")
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
+        if self.checksums is not None:
+            return self._read_many_checked(local)
         key_blob = self.key_blob
         rows = self.samples[local].tolist()
         if not self.check_names:  # b"": the checksums only
@@ -105,6 +156,61 @@ class OpenShard:
             (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
             for span, members in zip(spans, read)
         ]
+
+    def _read_many_checked(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
+        """:meth:`read_many` of a shard whose index records checksums: one ``read_many``
+        of the spans, each then checked as :meth:`_read_checked` does."""
+        offsets, ends = self.samples[local, 0].tolist(), self.samples[local, 1].tolist()
+        spans = self.source.read_many(offsets, [e - s for s, e in zip(offsets, ends)])
+        return [self._read_checked(n, span) for n, span in zip(local, spans)]
+
+    def _read_checked(self, local: int, span: bytes | None) -> tuple[str, list[tuple[str, bytes]]]:
+        """:meth:`read` of a shard whose index records checksums: the span is read
+        whole, hashed, then split."""
+        start, end, first, count, key_start, key_end = self.samples[local].tolist()
+        key = self.key_blob[key_start:key_end]
+        if span is None:
+            span = self.source.read(start, end - start)
+        span = self._verified(local, start, span, key)
+        checked = key if self.check_names else b""
+        if count <= _MAX_C_MEMBERS:  # the span's bytes as the map, at base 0
+            got = _MAPREAD.members(span, 0, self.members, first, count, self.ext_names, checked)  # type: ignore[union-attr]
+            if type(got) is not list:
+                headers = span[: int(self.members[first, 0])]
+                raise stale_error(got, shard=self.shard, offset=start, key=key, headers=headers)
+            return key.decode("utf-8", "surrogateescape"), got
+        members = split_members(
+            span, self.members, first, count, self.ext_names, checked,
+            shard=self.shard, offset=start,
+        )  # fmt: skip
+        return key.decode("utf-8", "surrogateescape"), members
+
+    def _verified(self, local: int, start: int, span: bytes, key: bytes) -> bytes:
+        """``span`` if it hashes to sample ``local``'s checksum. A remote shard's span
+        that does not is read once more (a server may answer another range, or a
+        transfer be damaged past TCP's checksum); a local one is refused at once."""
+        hash_ = hasher(self.checksum)
+        expected = int(self.checksums[local])  # type: ignore[index]
+        got = hash_(span)
+        if got != expected and url_scheme(self.shard):
+            log.warning(
+                "%s: sample %r at byte offset %d does not match its %s checksum; reading "
+                "it again", self.shard, key.decode("utf-8", "surrogateescape"), start,
+                self.checksum,
+            )  # fmt: skip
+            span = self.source.read(start, len(span))
+            got = hash_(span)
+        if got == expected:
+            return span
+        raise mismatch_error(
+            shard=self.shard,
+            key=key.decode("utf-8", "surrogateescape"),
+            offset=start,
+            length=len(span),
+            algorithm=self.checksum,
+            expected=expected,
+            got=got,
+        )
 
     def close(self) -> None:
         """Close the byte source."""

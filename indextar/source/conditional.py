@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RemoteReadError, StaleIndexError
+from ..errors import RemoteReadError, StaleIndexError, WrongRangeError
 
 __all__ = ["RemoteStat", "check_version", "get_ranges"]
 
@@ -84,7 +84,7 @@ def _stale(url: str, etag: str, what: str) -> StaleIndexError:
 def _answered_etag(url: str, etag: str, answered: str | None) -> None:
     """Refuse a response whose ETag is another version's."""
     got = (answered or "").removeprefix("W/").strip('"')
-    if got and got != etag:
+    if etag and got and got != etag:
         raise _stale(url, etag, f"the server answered a ranged read with ETag {got!r}")
 
 
@@ -104,10 +104,38 @@ def _precondition_failed(error: BaseException) -> bool:
     return False
 
 
+def _check_answer(
+    url: str, start: int, end: int, status: int, content_range: str | None, data: bytes
+) -> bytes:
+    """``data`` if it is the answer to a read of bytes ``start .. end``: a 206 whose
+    ``Content-Range`` is that range, with a body of its length (or a 200 with the whole
+    object when the range was all of it). Else :class:`WrongRangeError`, transient."""
+    length = end - start
+    if status == 206:
+        answered = (content_range or "").strip().partition("/")[0]
+        if answered != f"bytes {start}-{end - 1}":
+            what = f"Content-Range {content_range!r}" if content_range else "no Content-Range"
+            raise WrongRangeError(
+                f"{what} (status 206, {len(data)} bytes)",
+                url=url, offset=start, length=length, status=status,
+            )  # fmt: skip
+    elif not (status == 200 and start == 0):
+        raise WrongRangeError(
+            f"status {status} ({len(data)} bytes; the server ignored Range?)",
+            url=url, offset=start, length=length, status=status,
+        )  # fmt: skip
+    if len(data) != length:
+        raise WrongRangeError(
+            f"{len(data)} bytes (status {status}, Content-Range {content_range!r})",
+            url=url, offset=start, length=length, status=status,
+        )  # fmt: skip
+    return data
+
+
 async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
     kwargs = dict(fs.kwargs)
     headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
-    if not etag.startswith("W/"):  # If-Match compares strongly: a weak tag never matches
+    if etag and not etag.startswith("W/"):  # If-Match compares strongly: a weak tag never matches
         headers["If-Match"] = f'"{etag}"'
     session = await fs.set_session()
     async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
@@ -116,30 +144,53 @@ async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: 
         fs._raise_not_found_for_status(response, path)
         _answered_etag(url, etag, response.headers.get("ETag"))
         data: bytes = await response.read()
-        return data
+        return _check_answer(
+            url, start, end, response.status, response.headers.get("Content-Range"), data
+        )
 
 
 async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    """One GET, straight to the botocore client: s3fs's own retries (and botocore's,
+    off in the client :func:`~indextar.source.filesystems.filesystem` gives ranged
+    reads) would hide each failure, its status and its ``Retry-After`` from
+    :mod:`~indextar.source.remote`'s one loop."""
+    from s3fs.errors import translate_boto_error
+
     bucket, key, version = fs.split_path(path)
     request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
-    request["IfMatch"] = f'"{etag}"'
+    if etag:
+        request["IfMatch"] = f'"{etag}"'
     if version:
         request["VersionId"] = version
+    await fs.set_session()
+    client = await fs.get_s3(bucket)
     try:
-        response = await fs._call_s3("get_object", **request)
+        response = await client.get_object(**fs._get_s3_method_kwargs(client.get_object, **request))
     except Exception as e:
         if _precondition_failed(e):
             raise _stale(url, etag, "the server answered 412 Precondition Failed") from e
-        raise
+        if _status(e) in (None, 408, 429) or (_status(e) or 0) >= 500:
+            raise  # transient, or not an answer: the caller's loop decides
+        raise translate_boto_error(e) from e  # 403, 404, ...: FileNotFoundError and the like
     try:
         _answered_etag(url, etag, response.get("ETag"))
         data: bytes = await response["Body"].read()
-        return data
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
+        return _check_answer(url, start, end, status, response.get("ContentRange"), data)
     finally:
         response["Body"].close()
 
 
-# protocol -> a ranged GET that carries If-Match and checks the answered ETag
+def _status(error: BaseException) -> int | None:
+    """The HTTP status a botocore ``ClientError`` carries, if any."""
+    response = getattr(error, "response", None)
+    if isinstance(response, Mapping):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status if isinstance(status, int) else None
+    return None
+
+
+# protocol -> a ranged GET that carries If-Match and checks the answered ETag and range
 _CONDITIONAL_GETS = {
     "http": _http_range,
     "https": _http_range,
@@ -150,10 +201,13 @@ _CONDITIONAL_GETS = {
 
 async def _get_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
     """Bytes ``start .. end`` of ``path``: conditional on ``etag`` where the protocol
-    allows it (HTTP, S3), plain elsewhere (the span check still guards those)."""
+    allows it (HTTP, S3) and the answer's range checked; plain elsewhere (the length
+    and the span check still guard those)."""
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     conditional = _CONDITIONAL_GETS.get(protocol)
-    if conditional is None or not etag:
+    if end <= start:
+        return b""
+    if conditional is None:
         data: bytes = await fs._cat_file(path, start=start, end=end)
         return data
     return await conditional(fs, path, start, end, etag, url)

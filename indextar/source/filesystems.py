@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["filesystem"]
+__all__ = ["filesystem", "without_client_retries"]
 
 _USED_CLASSES: set[type] = set()
 _INHERITED: list[Any] = []
@@ -58,3 +58,20 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
         ) from e
     _USED_CLASSES.add(type(fs))
     return fs, path
+
+
+def without_client_retries(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_options`` with botocore's own retries off for an ``s3://`` URL, unless
+    the caller chose them (``config_kwargs={"retries": ...}``).
+
+    Ranged reads retry in one loop of their own
+    (:func:`~indextar.source.remote.with_retries`), which checks each answer's range,
+    honours ``Retry-After`` and names the sample; botocore's loop inside it would
+    multiply the attempts and sleep without ``Retry-After``, unseen.
+    """
+    options = dict(storage_options)
+    if url.partition("://")[0] in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})
+        options["config_kwargs"] = config
+    return options

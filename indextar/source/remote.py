@@ -8,27 +8,35 @@ them. Every read is conditional on the version the shard's index recorded
 (:mod:`~indextar.source.conditional`); :class:`~indextar.source.stream.RemoteStream`
 reads an object front to back.
 
-Transient failures (connection resets, 5xx, timeouts, truncated bodies) are retried
-with bounded exponential backoff, by one loop for single requests
+Transient failures (connection resets, 5xx, timeouts, truncated bodies, answers with
+another range than the one asked for) are retried with bounded exponential backoff
+and ``Retry-After`` (:mod:`~indextar.source.retry`), by one loop for single requests
 (:func:`with_retries`) and batches (:func:`fetch_ranges`); a read that still fails
-raises :class:`~indextar.errors.RemoteReadError` naming the URL and the byte range.
+raises :class:`~indextar.errors.RemoteReadError` naming the URL, the byte range, the
+sample and the last status.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from ..errors import PipeRefusedError, RemoteReadError, ShardNotFoundError, StaleIndexError
-from .base import ByteSource, fork_generation
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import (
+    PipeRefusedError,
+    StaleIndexError,
+    WrongRangeError,
+)
+from .base import ByteSource, Span, fork_generation, split_members
 from .conditional import RemoteStat, check_version, get_ranges
-from .filesystems import filesystem
+from .filesystems import filesystem, without_client_retries
+from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 
 __all__ = [
     "ALLOW_PIPE_ENV",
@@ -45,8 +53,6 @@ log = logging.getLogger(__name__)
 ALLOW_PIPE_ENV = "INDEXTAR_ALLOW_PIPE"
 """Set to ``1`` to allow ``pipe:`` shards everywhere, as ``allow_pipe=True`` does."""
 
-T = TypeVar("T")
-
 
 def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
     """Refuse a ``pipe:CMD`` shard unless the caller or the environment allows it."""
@@ -55,101 +61,6 @@ def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
             f"refusing the shard {url[:60]!r}: a pipe: shard runs a shell command; pass "
             f"allow_pipe=True or set the environment variable {ALLOW_PIPE_ENV}=1 if you trust it"
         )
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how long to retry a transient failure.
-
-    Attempt ``n`` (from 1) waits ``min(max_delay, initial_delay * 2**(n-1))`` times a
-    random factor in ``[0.5, 1]`` before the next try.
-    """
-
-    attempts: int = 5
-    initial_delay: float = 0.1
-    max_delay: float = 2.0
-
-    def delay(self, attempt: int) -> float:
-        backoff: float = min(self.max_delay, self.initial_delay * 2.0 ** (attempt - 1))
-        return backoff * random.uniform(0.5, 1.0)
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether retrying might help: not for missing objects, refusals or bad arguments."""
-    if isinstance(
-        error, (FileNotFoundError, PermissionError, IsADirectoryError, ValueError, TypeError)
-    ):
-        return False
-    status = getattr(error, "status", None)  # aiohttp.ClientResponseError
-    if isinstance(status, int):
-        return status >= 500 or status in (408, 429)
-    return isinstance(error, (OSError, TimeoutError)) or type(error).__module__.startswith(
-        ("aiohttp", "botocore", "aiobotocore")
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    """An attempt that failed: its errors, the first one's request, and a note such as
-    how many of the attempt's requests failed."""
-
-    errors: list[BaseException]
-    url: str
-    offset: int | None
-    length: int | None
-    note: str = ""
-
-
-def _retrying(attempt: Callable[[], T | _Failed], policy: RetryPolicy) -> T:
-    """``attempt()`` until it returns a result, with backoff while its failures are all
-    transient; a changed object (:class:`StaleIndexError`) is never retried. Then
-    :class:`ShardNotFoundError` or :class:`RemoteReadError` for the first failure."""
-    for number in range(1, policy.attempts + 1):
-        outcome = attempt()
-        if not isinstance(outcome, _Failed):
-            return outcome
-        for error in outcome.errors:
-            if isinstance(error, StaleIndexError):
-                raise error
-        error, url = outcome.errors[0], outcome.url
-        if not all(map(is_transient, outcome.errors)) or number == policy.attempts:
-            if isinstance(error, FileNotFoundError):
-                missing = f"remote shard {url!r} does not exist ({error})"
-                raise ShardNotFoundError(missing) from error
-            raise RemoteReadError(
-                f"{type(error).__name__}: {error}{outcome.note}",
-                url=url,
-                offset=outcome.offset,
-                length=outcome.length,
-                attempts=number,
-            ) from error
-        wait = policy.delay(number)
-        log.warning(
-            "reading %s bytes %s+%s failed (%s: %s)%s; retry %d/%d in %.2fs",
-            url, outcome.offset, outcome.length, type(error).__name__, error, outcome.note,
-            number, policy.attempts - 1, wait,
-        )  # fmt: skip
-        time.sleep(wait)
-    raise AssertionError("unreachable")
-
-
-def with_retries(
-    call: Callable[[], T], policy: RetryPolicy, *, url: str, offset: int | None, length: int | None
-) -> T:
-    """``call()``, retried on transient errors; then :class:`RemoteReadError`."""
-
-    def attempt() -> T | _Failed:
-        try:
-            return call()
-        except (StaleIndexError, RemoteReadError):
-            raise  # final already: a changed object, a short read, a nested read's verdict
-        except Exception as e:
-            return _Failed([e], url, offset, length)
-
-    return _retrying(attempt, policy)
-
-
-DEFAULT_RETRY = RetryPolicy()
 
 
 class RangeSource(ByteSource):
@@ -207,7 +118,8 @@ class RangeSource(ByteSource):
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._generation != fork_generation():  # first use, or a forked child
-            self._fs, self._path = filesystem(self.url, self.storage_options)
+            options = without_client_retries(self.url, self.storage_options)
+            self._fs, self._path = filesystem(self.url, options)
             self._stat = None
             self._generation = fork_generation()
             try:
@@ -237,13 +149,11 @@ class RangeSource(ByteSource):
 
     def _checked(self, data: bytes, offset: int, length: int) -> bytes:
         if len(data) != length:
-            raise RemoteReadError(
-                f"got {len(data)} bytes, not {length} (the object is shorter than its index "
-                "says, or the server ignores Range)",
-                url=self.url,
-                offset=offset,
-                length=length,
-            )
+            raise WrongRangeError(
+                f"{len(data)} bytes (the object is shorter than its index says, or the "
+                "server ignores Range)",
+                url=self.url, offset=offset, length=length, status=None,
+            )  # fmt: skip
         return data
 
     @property
@@ -254,19 +164,102 @@ class RangeSource(ByteSource):
             return self.expected.etag
         return self._stat.etag if self._stat is not None else ""
 
-    def read(self, offset: int, length: int) -> bytes:
+    def _read_once(self, offset: int, length: int) -> bytes:
+        """One request for the range, its answer checked; no retries."""
         fs, path = self._filesystem()
+        if getattr(fs, "async_impl", False):
+            (got,) = get_ranges(fs, [(path, offset, offset + length, self.etag, self.url)], 1)
+            if isinstance(got, BaseException):
+                raise got
+        else:
+            got = fs.cat_file(path, start=offset, end=offset + length)
+        return self._checked(got, offset, length)
 
-        def call() -> bytes:
-            if getattr(fs, "async_impl", False):
-                (got,) = get_ranges(fs, [(path, offset, offset + length, self.etag, self.url)], 1)
-                if isinstance(got, BaseException):
-                    raise got
-            else:
-                got = fs.cat_file(path, start=offset, end=offset + length)
-            return self._checked(got, offset, length)
+    def read(self, offset: int, length: int) -> bytes:
+        self._filesystem()
+        return with_retries(
+            lambda: self._read_once(offset, length),
+            self.retry, url=self.url, offset=offset, length=length,
+        )  # fmt: skip
 
-        return with_retries(call, self.retry, url=self.url, offset=offset, length=length)
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        """A sample's members, read and checked in one loop of retries: a span whose
+        headers are not the sample's, from an object whose ETag is unchanged, was a
+        wrong answer (:meth:`wrong_or_stale`) and is read again."""
+        self._filesystem()
+
+        def call() -> list[tuple[str, bytes]]:
+            span = self._read_once(offset, length)
+            try:
+                return split_members(
+                    span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+                )
+            except StaleIndexError as e:
+                raise self.wrong_or_stale(e, offset, length) from e
+
+        name = None if not key else key.decode("utf-8", "surrogateescape")
+        return with_retries(call, self.retry, url=self.url, offset=offset, length=length, key=name)
+
+    def read_members_many(
+        self,
+        spans: Sequence[Span],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+    ) -> list[list[tuple[str, bytes]]]:
+        """:meth:`read_members` of each span, all fetched at once; a span whose headers
+        are not its sample's is read again alone, by :meth:`read_members`."""
+        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
+        out = []
+        for (offset, length, first, count, key), data in zip(spans, datas):
+            try:
+                members = split_members(
+                    data, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+                )
+            except StaleIndexError:
+                members = self.read_members(
+                    offset, length, member_rows, first, count, ext_names, key
+                )
+            out.append(members)
+        return out
+
+    def wrong_or_stale(self, error: StaleIndexError, offset: int, length: int) -> Exception:
+        """What a failed header check of bytes read from this object means.
+
+        Where the index recorded an ETag and the object still has it (asked again,
+        past any cache), the object is unchanged and the answer was wrong: a transient
+        :class:`~indextar.errors.WrongRangeError` to retry. Else ``error`` stands, or
+        the :class:`StaleIndexError` naming what changed. Without ETags nothing can
+        tell the two apart, so ``error`` stands.
+        """
+        if self.expected is None or not self.expected.etag:
+            return error
+        fs, path = self._filesystem()
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(path)
+        info = with_retries(
+            lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
+        )
+        now = RemoteStat.from_info(info, self.url)
+        try:
+            check_version(self.url, self.expected, now)
+        except StaleIndexError as changed:
+            return changed
+        if not now.etag:
+            return error
+        return WrongRangeError(
+            f"bytes that are not the sample's ({error}); its ETag {now.etag!r} is unchanged, "
+            "so the answer was wrong, not the object",
+            url=self.url, offset=offset, length=length, status=None,
+        )  # fmt: skip
 
     def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
@@ -302,29 +295,29 @@ def fetch_ranges(
     lengths: Sequence[int],
     *,
     max_in_flight: int = 64,
+    keys: Sequence[str] | None = None,
 ) -> list[bytes]:
     """Range ``i`` of ``sources[i]`` for every ``i``, concurrently, even across shards.
 
     Requests to one filesystem go out together (fsspec's ``cat_ranges`` on one event
     loop), at most ``max_in_flight`` at once; failed ones are retried with the first
-    source's policy, and the short reads are errors.
+    source's policy, and the short reads are errors. ``keys[i]``, if given, names the
+    sample of range ``i`` in errors.
     """
     results: list[bytes | None] = [None] * len(sources)
     pending = list(range(len(sources)))
 
-    def attempt() -> list[bytes] | _Failed:
+    def attempt() -> list[bytes] | Failed:
         nonlocal pending
         failed: list[tuple[int, BaseException]] = []
         for i, outcome in zip(pending, _fetch(sources, offsets, lengths, pending, max_in_flight)):
             if isinstance(outcome, BaseException):
                 failed.append((i, outcome))
             elif len(outcome) != lengths[i]:
-                short = RemoteReadError(
-                    f"got {len(outcome)} bytes",
-                    url=sources[i].url,
-                    offset=offsets[i],
-                    length=lengths[i],
-                )
+                short = WrongRangeError(
+                    f"{len(outcome)} bytes",
+                    url=sources[i].url, offset=offsets[i], length=lengths[i], status=None,
+                )  # fmt: skip
                 failed.append((i, short))
             else:
                 results[i] = outcome
@@ -332,12 +325,12 @@ def fetch_ranges(
             return [r for r in results if r is not None]
         asked, pending = len(pending), [i for i, _ in failed]
         first = failed[0][0]
-        return _Failed(
+        return Failed(
             [error for _, error in failed], sources[first].url, offsets[first], lengths[first],
-            f" ({len(failed)} of {asked} ranges failed)",
+            f" ({len(failed)} of {asked} ranges failed)", None if keys is None else keys[first],
         )  # fmt: skip
 
-    return _retrying(attempt, sources[0].retry if sources else DEFAULT_RETRY)
+    return retrying(attempt, sources[0].retry if sources else DEFAULT_RETRY)
 
 
 def _fetch(

@@ -13,16 +13,24 @@ process ``p`` takes global batches ``p, p + P, ...``), so every process draws th
 same global order: build the sampler with ``num_replicas=1, rank=0``.
 :func:`prepare_loader` checks that, prepares the loader, checks that Accelerate kept
 the sampler, and registers the loader's position for ``save_state`` / ``load_state``.
-Needs the ``accelerate`` extra.
+
+When the epoch is not a whole number of rounds (``P`` batches), Accelerate's default
+``even_batches=True`` pads the last round with the first batches *of the pass*: in a
+resumed pass those follow the resume point, not the epoch's start. The prepared
+loader's pass is therefore padded here, before Accelerate sees it, with the epoch's
+first positions, as an uninterrupted pass is padded; Accelerate then has nothing left
+to pad. Needs the ``accelerate`` extra.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from accelerate import Accelerator
-from torch.utils.data import DataLoader
+from accelerate.data_loader import BatchSamplerShard
+from torch.utils.data import BatchSampler, DataLoader
 
 from ..order.sampler import ResumableSampler
 from .progress import PassProgress
@@ -78,9 +86,67 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoader[Any]) -> Resumab
             f"through {[type(inner).__name__ for inner in drawn_through]}, so its order "
             f"would not be indextar's"
         )
+    _pad_from_the_epochs_start(prepared, sampler)
     resumable = ResumableLoader(prepared, sampler)
     accelerator.register_for_checkpointing(resumable)
     return resumable
+
+
+def _pad_from_the_epochs_start(prepared: Any, sampler: ResumableSampler) -> None:
+    """Make each pass of ``prepared`` whole global batches before its
+    ``BatchSamplerShard`` would pad it from the pass's own first batches."""
+    shard = getattr(prepared, "batch_sampler", None)
+    if not isinstance(shard, BatchSamplerShard) or not shard.even_batches or shard.drop_last:
+        return  # no padding: one process, even_batches=False, or drop_last=True
+    shard.batch_sampler = BatchSampler(
+        _EpochPaddedPass(sampler, int(prepared.total_batch_size)),
+        batch_size=shard.batch_sampler.batch_size,
+        drop_last=False,
+    )
+
+
+class _EpochPaddedPass:
+    """A sampler's pass, padded to whole global batches with the epoch's first positions.
+
+    Accelerate pads an epoch of ``N`` positions that is not whole global batches of
+    ``G`` with positions ``N, N + 1, ...`` wrapped around: the epoch's first ones. A pass
+    resumed at position ``c`` (whole global batches before it, on as many processes) is
+    padded to the same positions here; one resumed on another number of processes is
+    padded to whole global batches of its own, also from the epoch's first positions.
+
+    Parameters
+    ----------
+    sampler
+        The pass to pad: a :class:`~indextar.ResumableSampler` with one replica.
+    global_batch
+        Positions of the epoch one training step uses over all processes.
+    """
+
+    def __init__(self, sampler: ResumableSampler, global_batch: int) -> None:
+        if global_batch < 1:
+            raise ValueError(f"global_batch must be >= 1; got {global_batch}")
+        self.sampler = sampler
+        self.global_batch = global_batch
+
+    def _padding(self, count: int) -> int:
+        return -count % self.global_batch
+
+    def __len__(self) -> int:
+        count = len(self.sampler)
+        return count + self._padding(count)
+
+    def __iter__(self) -> Iterator[int]:
+        # chain, not a generator over the pass: the sampler's indices stay in C.
+        return itertools.chain(self.sampler, self._padding_after_the_pass())
+
+    def _padding_after_the_pass(self) -> Iterator[int]:
+        count = len(self.sampler)  # once drawn, the pass's own count
+        end = self.sampler.num_samples
+        yield from self.sampler.indices(end, end + self._padding(count)).tolist()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The sampler's ``set_epoch`` (Accelerate calls it on its loader's sampler)."""
+        self.sampler.set_epoch(epoch)
 
 
 class ResumableLoader:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import WriterError
 from ..index.attribute_json import OnError
+from ..index.checksums import ChecksumsArg, checksum_algorithm
 from ..index.manifest import write_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import END_OF_ARCHIVE
@@ -76,6 +77,9 @@ class ShardWriter(ClosingWriter):
     meta, on_error
         As for :class:`TarWriter`: store each sample's JSON attributes in its shard's
         index as it is written (``meta="json"``); needs ``index=True``.
+    checksums
+        As for :class:`TarWriter`: record each sample's checksum in its shard's index;
+        needs ``index=True``.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class ShardWriter(ClosingWriter):
         compress: str | None = None,
         meta: str | None = None,
         on_error: OnError = "fail",
+        checksums: ChecksumsArg = False,
     ):
         if meta is not None and not index:
             raise WriterError("meta= stores attributes in the shards' indexes; it needs index=True")
@@ -110,6 +115,9 @@ class ShardWriter(ClosingWriter):
             )
         if manifest is not None and not index:
             raise WriterError("manifest= lists indexed shards; it needs index=True")
+        if checksums and not index:
+            raise WriterError("checksums= are stored in the shards' indexes; it needs index=True")
+        self.checksum = checksum_algorithm(checksums)
         self.pattern = pattern
         self.maxcount = maxcount
         self.maxsize = maxsize
@@ -149,6 +157,7 @@ class ShardWriter(ClosingWriter):
                 compress=self.compress,
                 meta=self.meta,
                 on_error=self.on_error,
+                checksums=self.checksum or False,
             )
             self._next_shard += 1
         return writer.append(sample)

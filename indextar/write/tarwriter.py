@@ -20,16 +20,18 @@ from types import TracebackType
 from typing import IO, Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from ..atomic import create_temp
 from ..errors import WriterError
 from ..index.attribute_json import AttributeBuilder, OnError
+from ..index.checksums import ChecksumsArg, checksum_algorithm, hash_parts
 from ..index.compressed import CompressedLayout
 from ..index.meta import IndexMeta, _file_fingerprint
 from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.spans import headers_name_their_keys
-from ..index.tables import index_lock, write_index
+from ..index.tables import index_lock, sample_spans, write_index
 from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
@@ -114,6 +116,11 @@ class TarWriter(ClosingWriter):
         ``meta`` member. A sample whose member is missing or not a JSON object raises
         :class:`~indextar.SampleAttributeError` before it is written (``"fail"``), or is
         recorded in the index's ``attribute_errors`` (``"skip"``).
+    checksums
+        Record each sample's checksum in the index, as ``build_index(...,
+        checksums=...)`` does, from the bytes being written (its uncompressed span, as
+        reads check it): ``True`` for ``"crc32"``, or ``"xxh3_64"``. For samples given to
+        :meth:`write` or :meth:`append`, not copied entries.
 
     Examples
     --------
@@ -130,10 +137,14 @@ class TarWriter(ClosingWriter):
         compress: str | None = None,
         meta: str | None = None,
         on_error: OnError = "fail",
+        checksums: ChecksumsArg = False,
     ):
         self.encoder = encoder
         self.compress = compress
         self.meta = meta
+        self.checksum = checksum_algorithm(checksums)
+        # Of each appended sample, in order: its checksum, and where its bytes start and end.
+        self._checksums: list[tuple[int, int, int]] = []
         self._compressor = compressor_for(compress)
         self._frames: list[tuple[int, int, int, int]] = []  # compressed and uncompressed spans
         self._compressed_pos = 0
@@ -214,8 +225,12 @@ class TarWriter(ClosingWriter):
             )
         if self._attributes is not None:  # refuses a bad sample before writing it
             self._attributes.add(_member_bytes(sample, self._attributes.ext), sample.key)
+        if self.checksum:
+            checksum = hash_parts(sample.parts, self.checksum)
         self._write_parts(sample.parts)
         base = self._pos
+        if self.checksum:
+            self._checksums.append((checksum, base, base + sample.nbytes))
         self._keys.add(sample.key)
         self._names += sample.names
         self._header_offsets += [base + offset for offset in sample.header_offsets]
@@ -238,6 +253,12 @@ class TarWriter(ClosingWriter):
         if self._attributes is not None:
             raise WriterError(
                 "meta= reads the samples given to write() or append(), not copied entries",
+                shard=self.name,
+            )
+        if self.checksum:
+            raise WriterError(
+                "checksums= hashes the samples given to write() or append(), not copied "
+                "entries (index the shard with build_index(..., checksums=True) instead)",
                 shard=self.name,
             )
         if not entries:
@@ -380,6 +401,7 @@ class TarWriter(ClosingWriter):
             compression=self.compress or "",
             uncompressed_size=self._pos + len(END_OF_ARCHIVE) if self.compress else 0,
             span_names=self._span_names(scan, grouping),
+            checksum=self.checksum,
         )
         layout = None
         if self.compress is not None:
@@ -387,8 +409,24 @@ class TarWriter(ClosingWriter):
             layout = CompressedLayout(self.compress, frames=frames)
         target = index_path(path)
         attributes = None if self._attributes is None else self._attributes.table()
-        write_index(target, meta, scan, grouping, attributes=attributes, layout=layout)
+        sums = self._sample_checksums(scan, grouping)
+        write_index(
+            target, meta, scan, grouping, attributes=attributes, layout=layout, checksums=sums
+        )
         return ShardIndex(shard=str(path), path=target, meta=meta)
+
+    def _sample_checksums(self, scan: TarScan, grouping: Grouping) -> npt.NDArray[np.uint64] | None:
+        """The appended samples' checksums, once their spans are the index's samples'."""
+        if not self.checksum:
+            return None
+        starts, ends = sample_spans(scan, grouping)
+        written = np.array([span for _, *span in self._checksums], np.int64).reshape(-1, 2)
+        if not (np.array_equal(starts, written[:, 0]) and np.array_equal(ends, written[:, 1])):
+            raise WriterError(  # each appended sample is one sample: not expected
+                "the index's samples are not the samples written; cannot record checksums",
+                shard=self.name,
+            )
+        return np.array([checksum for checksum, _, _ in self._checksums], np.uint64)
 
 
 def _member_bytes(sample: TarSample, ext: str) -> bytes | None:

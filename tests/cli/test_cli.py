@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import sample_members, tar_bytes
 
+from indextar import MissingIndexError, open_index
 from indextar.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,3 +196,34 @@ def test_no_manifest_when_a_shard_fails(shards: Path) -> None:
     assert result.returncode == 1
     assert "not writing dataset.json: some shards failed" in result.stderr
     assert not (shards / "dataset.json").exists()
+
+
+def test_an_unindexed_shard_is_told_the_command_that_indexes_it(
+    shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The library's MissingIndexError names build_index(); the command line names the
+    `indextar index` command line that builds what is missing, with the same --index-dir,
+    and that command works."""
+    monkeypatch.chdir(shards)
+    with pytest.raises(MissingIndexError, match=r"build it with build_index\(\)$") as raised:
+        open_index("x-000000.tar")
+    assert raised.value.shards == ("x-000000.tar",)
+    assert str(pickle.loads(pickle.dumps(raised.value))) == str(raised.value)
+
+    assert main(["info", "x-000000.tar"]) == 1
+    err = capsys.readouterr().err
+    assert "shard 'x-000000.tar' has no index (looked for 'x-000000.tar.idx.sqlite')" in err
+    assert err.endswith("; build it with `indextar index x-000000.tar`\n")
+    assert "build_index" not in err
+
+    assert main(["query", "x-00000[0-2].tar", "--where", "1", "--count"]) == 1
+    err = capsys.readouterr().err
+    assert "3 of 3 shards have no index" in err and "build_" not in err
+    assert "build them with `indextar index x-000000.tar x-000001.tar x-000002.tar`" in err
+
+    assert main(["info", "x-000001.tar", "--index-dir", "my indexes"]) == 1
+    command = capsys.readouterr().err.split("`")[1]
+    assert command == "indextar index --index-dir 'my indexes' x-000001.tar"
+    assert main([*shlex.split(command)[1:], "-q"]) == 0
+    assert main(["info", "x-000001.tar", "--index-dir", "my indexes"]) == 0
+    assert "50 samples" in capsys.readouterr().out

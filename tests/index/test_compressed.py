@@ -257,8 +257,8 @@ def test_an_index_of_an_unknown_version_is_refused(make_tar) -> None:  # type: i
     shard = make_tar(members(2))
     index = indextar.build_index(shard)
     with contextlib.closing(sqlite3.connect(index.path)) as conn, conn:
-        conn.execute("UPDATE meta SET value = '4' WHERE key = 'format_version'")
-    with pytest.raises(indextar.IndexFormatError, match="reads formats 2, 3"):
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'format_version'")
+    with pytest.raises(indextar.IndexFormatError, match="reads formats 2, 3, 4"):
         indextar.open_index(shard)
 
 

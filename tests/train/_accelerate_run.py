@@ -1,8 +1,9 @@
 """One Accelerate training run over indexed shards, for tests/train/test_accelerate_resume.py.
 
 ``[torchrun --nproc-per-node 2] _accelerate_run.py RUN PATTERN [--workers 1]
-[--kill-at-step S] [--no-glue]``: trains a tiny model, ``accelerator.save_state``
-every 4 steps into ``RUN/state`` and ``load_state`` from it first if it exists. Logs
+[--kill-at-step S] [--save-at 4,6] [--no-glue]``: trains a tiny model,
+``accelerator.save_state`` every 4 steps (or after the steps ``--save-at`` lists) into
+``RUN/state`` and ``load_state`` from it first if it exists. Logs
 every trained key (see trainruns.py). ``--no-glue`` prepares the loader with
 ``accelerator.prepare`` alone, as Accelerate's docs do without ``skip_first_batches``.
 """
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("pattern")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--kill-at-step", type=int, default=-1)
+    parser.add_argument("--save-at", type=lambda text: {int(s) for s in text.split(",")})
     parser.add_argument("--no-glue", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -62,7 +64,7 @@ def main() -> None:
             accelerator.backward(nn.functional.mse_loss(model(x), x))
             optimiser.step()
             step += 1
-            if step % EVERY == 0:
+            if step in args.save_at if args.save_at else step % EVERY == 0:
                 accelerator.save_state(state)
                 if accelerator.is_main_process:
                     (args.run / "step").write_text(str(step))

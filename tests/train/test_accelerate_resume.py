@@ -16,7 +16,7 @@ import pytest
 import torch
 import trainruns
 from torch.utils.data import DataLoader
-from trainruns import global_order, keep_before, run, seen, torchrun
+from trainruns import global_order, keep_before, make_shards, run, seen, torchrun
 
 import indextar
 
@@ -97,6 +97,46 @@ def test_two_processes_resume_on_two_and_on_one(
     after = [line for line in seen(elastic, 1)[0] if line[0] >= 4]
     assert global_order(before, chunk=BATCH) + [key for _, key in after] == order
     assert [step for step, _ in after] == [s for s in range(4, 20) for _ in range(BATCH)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("processes", "middle", "last_round"), [(2, 4, 6), (3, 2, 4)])
+def test_a_resumed_epoch_is_padded_as_the_uninterrupted_one(
+    tmp_path: Path, processes: int, middle: int, last_round: int
+) -> None:
+    """50 samples in batches of 4 are 13 batches, not whole rounds on 2 or 3 processes:
+    Accelerate (``even_batches=True``) pads the last round of each epoch with the epoch's
+    first positions. Killed after a step in the middle of epoch 0, then after its last
+    round, each time resumed from the save before, every rank trains on the keys of the
+    uninterrupted run step for step, the padding included."""
+    samples, launch = 50, torchrun(processes)
+    pattern = make_shards(tmp_path / "data", per_shard=samples // 2)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir()
+    run(SCRIPT, str(straight), pattern, launcher=launch)
+    expected = seen(straight, processes)
+    steps = -(-samples // (BATCH * processes))
+    epoch0 = global_order([log[: steps * BATCH] for log in expected], chunk=BATCH)
+    assert len(set(epoch0)) == samples and epoch0[samples:] == epoch0[: len(epoch0) - samples]
+
+    resumed.mkdir()
+    save_at = f"--save-at={middle},{last_round}"
+    for saved in (middle, last_round):
+        run(
+            SCRIPT,
+            str(resumed),
+            pattern,
+            save_at,
+            f"--kill-at-step={saved + 1}",
+            "--workers=1",
+            launcher=launch,
+            expect_kill=True,
+        )
+        assert (resumed / "step").read_text() == str(saved)
+        keep_before(resumed, processes, saved)
+    run(SCRIPT, str(resumed), pattern, save_at, launcher=launch)
+    assert seen(resumed, processes) == expected
 
 
 def loader(sampler: indextar.ResumableSampler) -> DataLoader[int]:

@@ -21,12 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARDS, PER_SHARD = 2, 24  # 48 samples: whole global batches for 1 or 2 ranks of 4 or 8
 
 
-def make_shards(run: Path) -> str:
-    """Two shards of samples ``s<shard>-<i>`` with a ``cls`` member; their pattern."""
+def make_shards(run: Path, per_shard: int = PER_SHARD) -> str:
+    """Two shards of ``per_shard`` samples ``s<shard>-<i>`` with a ``cls`` member; their
+    pattern."""
     run.mkdir(parents=True, exist_ok=True)
     for shard in range(SHARDS):
         with tarfile.open(run / f"train-{shard}.tar", "w") as tf:
-            for i in range(PER_SHARD):
+            for i in range(per_shard):
                 payload = b"%d" % (i % 3)
                 info = tarfile.TarInfo(f"s{shard}-{i:02d}.cls")
                 info.size, info.mtime = len(payload), 0
