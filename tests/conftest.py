@@ -5,9 +5,11 @@ module, as are the other ``tools/`` helpers: ``fuzz``, ``procstats``, ``gen_cli_
 from __future__ import annotations
 
 import io
+import multiprocessing
 import sys
 import tarfile
 from collections.abc import Callable, Iterator, Mapping
+from multiprocessing.pool import Pool
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,12 @@ def http(http_root: Path) -> Iterator[HttpServer]:
     last test."""
     with HttpServer(http_root) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def spawn_pool() -> Iterator[Pool]:
+    """One spawned worker process for the session: a spawn costs seconds (the child
+    imports numpy, indextar and fsspec afresh), so the tests that send something to a
+    spawned process share it."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        yield pool
