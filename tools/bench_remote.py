@@ -374,9 +374,9 @@ def table(rows: list[Row], span_bytes: int) -> str:
     return "\n".join(lines + ["| " + " | ".join(row.cells(span_bytes)) + " |" for row in rows])
 
 
-def write_doc(text: str) -> None:
-    """Replace what lies between the ``bench_remote`` markers of the doc (or append)."""
-    begin, end = "<!-- bench_remote: begin -->", "<!-- bench_remote: end -->"
+def write_doc(text: str, marker: str = "bench_remote") -> None:
+    """Replace what lies between the doc's ``marker`` comments (or append them)."""
+    begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
     doc = DOC.read_text() if DOC.exists() else "# Remote shards: benchmark\n"
     block = f"{begin}\n{text}\n{end}"
     if begin in doc:

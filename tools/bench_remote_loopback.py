@@ -10,8 +10,9 @@ Measures, on shards it writes itself:
 * bytes fetched per shard by a remote index build: streamed (small members), and
   the ranged header scan of a shard of 256 KiB members (target: under 1%).
 
-Prints a Markdown table and writes it to docs/benchmarks-remote.md (``--no-write``
-to skip). Run: ``.venv/bin/python tools/bench_remote.py``.
+Prints a Markdown table and writes it into docs/benchmarks-remote.md between the
+``bench_remote_loopback`` markers (``--no-write`` to skip). Run:
+``python tools/bench_remote.py --loopback``.
 """
 
 from __future__ import annotations
@@ -29,24 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_remote import write_doc, write_shards  # noqa: E402
 from loopback_servers import HttpServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_shards(folder: Path, shards: int, per_shard: int, size: int) -> list[Path]:
-    rng = random.Random(0)
-    paths = []
-    for s in range(shards):
-        path = folder / f"bench-{s:03d}.tar"
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
-            for i in range(per_shard):
-                for ext, data in (("jpg", rng.randbytes(size)), ("cls", str(i % 10).encode())):
-                    info = tarfile.TarInfo(f"s{s:03d}_{i:06d}.{ext}")
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
-        paths.append(path)
-    return paths
 
 
 def rate(count: int, run: Callable[[], int]) -> float:
@@ -216,18 +203,15 @@ def main() -> None:
     print(table)
     if not args.no_write:
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-        text = f"""# Remote shards: benchmark
-
-Measured by `tools/bench_remote.py` against aiohttp servers on 127.0.0.1
-({args.shards} shards x {args.per_shard} samples of {args.size:,} + 1 bytes; {machine}).
-Loopback has no latency, so the last two rows add 20 ms to every response.
+        text = f"""Measured by `tools/bench_remote.py --loopback` against aiohttp servers on
+127.0.0.1 ({args.shards} shards x {args.per_shard} samples of {args.size:,} + 1 bytes;
+{machine}). Loopback has no latency, so the last two rows add 20 ms to every response.
 
 {table}
 
 Targets: streaming at least 1.5x webdataset's; with 20 ms delay, 64 ranges in flight at
-least 20x one at a time; `cache` after warm-up within 10% of local files.
-"""
-        (ROOT / "docs" / "benchmarks-remote.md").write_text(text)
+least 20x one at a time; `cache` after warm-up within 10% of local files."""
+        write_doc(text, "bench_remote_loopback")
 
 
 if __name__ == "__main__":

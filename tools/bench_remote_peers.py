@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import multiprocessing
 import os
 import sys
 import tarfile
@@ -85,6 +86,7 @@ def prepare_peers(folder: Path, paths: list[Path], seaweed: Any) -> None:
         _upload(seaweed, folder / MOSAIC, MOSAIC)
     except ImportError as e:
         log.warning("Mosaic streaming is not installed (%s): its row is skipped", e)
+    start_method = multiprocessing.get_start_method(allow_none=True)
     try:
         from litdata import optimize
 
@@ -92,6 +94,9 @@ def prepare_peers(folder: Path, paths: list[Path], seaweed: Any) -> None:
             fn=_litdata_sample, inputs=list(_samples(paths)), output_dir=str(folder / LITDATA),
             chunk_bytes=shard_bytes, num_workers=1, mode="overwrite",
         )  # fmt: skip
+        # optimize() sets the start method to spawn for the whole process; the other
+        # rows' DataLoader workers are measured under the platform's default (fork)
+        multiprocessing.set_start_method(start_method, force=True)
         _upload(seaweed, folder / LITDATA, LITDATA)
     except ImportError as e:
         log.warning("LitData is not installed (%s): its row is skipped", e)

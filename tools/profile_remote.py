@@ -1,0 +1,310 @@
+"""Where a remote ranged read's client CPU goes (issue 25): clients side by side.
+
+One shard of ``--samples`` samples of 100 KB goes into SeaweedFS's S3 gateway and an
+aiohttp file server, each behind ``DelayProxy`` (``--delay-ms``, default 0 and 20).
+Each client then fetches the same spans in one random order, ``--in-flight`` (64, a
+batch) at once, and we report wall time and the process's CPU per request (all its
+threads: s3fs runs its own event loop thread):
+
+* aiohttp GETs, unsigned; with S3 SigV4 headers from botocore's ``S3SigV4Auth``; with
+  SigV4 computed by the small signer below (the signing key cached per day);
+* obstore ``get_range_async`` (Rust, signs itself);
+* s3fs ``cat_ranges`` and fsspec HTTP ``cat_ranges`` (fsspec's own batching);
+* indextar's path today: ``RangeSource.read_many`` (fsspec's loop, a conditional
+  ``get_object`` per span through aiobotocore for S3, ``session.get`` for HTTP).
+
+Signing alone is timed without I/O (10,000 requests each). ``--py-spy FILE`` instead
+profiles ``IndexedTarDataset.__getitems__`` (0 workers, batches of 64, S3) under
+``py-spy record --format raw`` and prints the share of samples per library.
+
+Run: ``python tools/profile_remote.py [--delay-ms 0 20] [--py-spy /tmp/iid.txt]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import hashlib
+import hmac
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_remote import BUCKET, sample_spans, write_shards  # noqa: E402
+from loopback_servers import DelayProxy, HttpServer, SeaweedServer  # noqa: E402
+
+KEY, SECRET, REGION = "indextar-test", "indextar-test", "us-east-1"
+Spans = list[tuple[int, int]]
+
+
+class SigV4:
+    """S3 SigV4 headers for a GET with an unsigned payload; the day's key is cached."""
+
+    def __init__(self, key: str, secret: str, region: str):
+        self.key, self.secret, self.region = key, secret, region
+        self._day = ""
+        self._signing_key = b""
+
+    def headers(
+        self, host: str, path: str, extra: dict[str, str], *,
+        payload: str = "UNSIGNED-PAYLOAD", now: datetime.datetime | None = None,
+    ) -> dict[str, str]:  # fmt: skip
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        if day != self._day:
+            k = hmac.digest(b"AWS4" + self.secret.encode(), day.encode(), "sha256")
+            for part in (self.region, "s3", "aws4_request"):
+                k = hmac.digest(k, part.encode(), "sha256")
+            self._day, self._signing_key = day, k
+        headers = {
+            "host": host, "x-amz-content-sha256": payload, "x-amz-date": stamp,
+            **{k.lower(): v for k, v in extra.items()},
+        }  # fmt: skip
+        names = sorted(headers)
+        canonical = "\n".join(
+            ["GET", path, "", *(f"{n}:{headers[n]}" for n in names), "", ";".join(names),
+             payload]
+        )  # fmt: skip
+        scope = f"{day}/{self.region}/s3/aws4_request"
+        to_sign = (
+            f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n" + hashlib.sha256(canonical.encode()).hexdigest()
+        )
+        signature = hmac.new(self._signing_key, to_sign.encode(), "sha256").hexdigest()
+        headers["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={self.key}/{scope}, "
+            f"SignedHeaders={';'.join(names)}, Signature={signature}"
+        )
+        del headers["host"]
+        return headers
+
+
+def botocore_headers(url: str, extra: dict[str, str]) -> dict[str, str]:
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    request = AWSRequest("GET", url, headers=dict(extra))
+    S3SigV4Auth(Credentials(KEY, SECRET), "s3", REGION).add_auth(request)
+    return dict(request.headers.items())
+
+
+def aiohttp_client(sign: str) -> Callable[[str, str, Spans, int], int]:
+    def run(base: str, name: str, spans: Spans, in_flight: int) -> int:
+        import aiohttp
+
+        signer = SigV4(KEY, SECRET, REGION)
+        host, path = base.split("//")[1].split("/")[0], f"/{BUCKET}/{name}"
+
+        async def go() -> int:
+            limit = asyncio.Semaphore(in_flight)
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=in_flight)
+            ) as session:
+
+                async def one(offset: int, length: int) -> int:
+                    headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+                    url = f"{base}/{name}"
+                    if sign == "botocore":
+                        headers = botocore_headers(url, headers)
+                    elif sign == "hand":
+                        headers = signer.headers(host, path, headers)
+                    async with limit, session.get(url, headers=headers) as r:
+                        r.raise_for_status()
+                        return len(await r.read())
+
+                return sum(await asyncio.gather(*(one(o, n) for o, n in spans)))
+
+        return asyncio.run(go())
+
+    return run
+
+
+def obstore_client(base: str, name: str, spans: Spans, in_flight: int) -> int:
+    import obstore
+    from obstore.store import S3Store
+
+    endpoint = base.rsplit("/", 1)[0]
+    store = S3Store(
+        BUCKET, endpoint=endpoint, access_key_id=KEY, secret_access_key=SECRET, region=REGION,
+        virtual_hosted_style_request=False, client_options={"allow_http": True},
+    )  # fmt: skip
+
+    async def go() -> int:
+        limit = asyncio.Semaphore(in_flight)
+
+        async def one(offset: int, length: int) -> int:
+            async with limit:
+                return len(await obstore.get_range_async(store, name, start=offset, length=length))
+
+        return sum(await asyncio.gather(*(one(o, n) for o, n in spans)))
+
+    return asyncio.run(go())
+
+
+def _options(base: str) -> dict[str, Any]:
+    return {
+        "key": KEY, "secret": SECRET, "endpoint_url": base.rsplit("/", 1)[0],
+        "client_kwargs": {"region_name": REGION}, "skip_instance_cache": True,
+    }  # fmt: skip
+
+
+def fsspec_cat_ranges(base: str, name: str, spans: Spans, in_flight: int) -> int:
+    import fsspec
+
+    if base.endswith(BUCKET):
+        fs, path = fsspec.filesystem("s3", **_options(base)), f"{BUCKET}/{name}"
+    else:
+        fs, path = fsspec.filesystem("http", skip_instance_cache=True), f"{base}/{name}"
+    got = fs.cat_ranges(
+        [path] * len(spans), [o for o, _ in spans], [o + n for o, n in spans],
+        batch_size=in_flight,
+    )  # fmt: skip
+    return sum(map(len, got))
+
+
+def indextar_read_many(base: str, name: str, spans: Spans, in_flight: int) -> int:
+    from indextar.source.remote import RangeSource
+
+    if base.endswith(BUCKET):
+        url, options = f"s3://{BUCKET}/{name}", _options(base)
+        options.pop("skip_instance_cache")
+    else:
+        url, options = f"{base}/{name}", None
+    source = RangeSource(url, storage_options=options, max_in_flight=in_flight)
+    source.stat()  # the per-process HEAD, as a dataset's first read pays it
+    total = 0
+    for i in range(0, len(spans), in_flight):  # one batch at a time, as today
+        batch = spans[i : i + in_flight]
+        total += sum(map(len, source.read_many([o for o, _ in batch], [n for _, n in batch])))
+    return total
+
+
+CLIENTS: dict[str, tuple[str, Callable[[str, str, Spans, int], int]]] = {
+    "aiohttp, unsigned": ("s3", aiohttp_client("none")),
+    "aiohttp + SigV4 by hand": ("s3", aiohttp_client("hand")),
+    "aiohttp + botocore S3SigV4Auth": ("s3", aiohttp_client("botocore")),
+    "obstore get_range_async": ("s3", obstore_client),
+    "s3fs cat_ranges": ("s3", fsspec_cat_ranges),
+    "indextar RangeSource.read_many (S3)": ("s3", indextar_read_many),
+    "aiohttp (HTTP server)": ("http", aiohttp_client("none")),
+    "fsspec HTTP cat_ranges": ("http", fsspec_cat_ranges),
+    "indextar RangeSource.read_many (HTTP)": ("http", indextar_read_many),
+}
+
+
+def signing_cost() -> list[str]:
+    signer, n = SigV4(KEY, SECRET, REGION), 10_000
+    extra = {"Range": "bytes=0-99999", "If-Match": '"abc"'}
+    rows = []
+    for what, sign in (
+        ("SigV4 by hand", lambda: signer.headers("127.0.0.1:1", "/b/k", extra)),
+        ("botocore S3SigV4Auth", lambda: botocore_headers("http://127.0.0.1:1/b/k", extra)),
+    ):
+        start = time.process_time()
+        for _ in range(n):
+            sign()
+        cost = (time.process_time() - start) / n * 1e6
+        rows.append(f"| signing alone: {what} | | {cost:.0f} us |")
+    return rows
+
+
+def py_spy(out: Path, s3: str, names: list[str], per_shard: int, index_dir: Path) -> None:
+    """py-spy every thread of a 0-worker i.i.d. read (batches of 64) into ``out``."""
+    script = f"""
+import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
+from profile_remote import _options
+from indextar import IndexedTarDataset, ResumableSampler
+options = _options({s3!r}); options.pop("skip_instance_cache")
+ds = IndexedTarDataset({[f"s3://{BUCKET}/{n}" for n in names]!r}, index_dir={str(index_dir)!r},
+                       storage_options=options)
+order = list(ResumableSampler(ds, seed=0))
+for i in range(0, len(order), 64):
+    ds.__getitems__(order[i:i + 64])
+"""
+    subprocess.run(
+        ["py-spy", "record", "-r", "250", "-f", "raw", "-o", str(out), "--", sys.executable,
+         "-c", script], check=True, capture_output=True,
+    )  # fmt: skip
+    shares(out)
+
+
+def shares(out: Path) -> None:
+    """Print the share of samples whose stack holds each library (a sample counts once
+    for every library on its stack), and the top leaf functions."""
+    libs: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    total = 0
+    marks = ["botocore/auth", "botocore/hooks", "botocore/validate", "botocore/serialize",
+             "botocore/parsers", "botocore/endpoint", "aiobotocore", "s3fs", "fsspec",
+             "aiohttp", "asyncio", "indextar", "threading", "selectors"]  # fmt: skip
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        for mark in marks:
+            if f"/{mark}" in stack:
+                libs[mark] += n
+        leaves[stack.rsplit(";", 1)[-1]] += n
+    print(f"py-spy samples: {total}")
+    for mark, n in libs.most_common():
+        print(f"  {mark:20s} {n / total:6.1%}")
+    for leaf, n in leaves.most_common(15):
+        print(f"  leaf {n / total:6.1%} {leaf}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--py-spy", type=Path, help="profile the i.i.d. path into this file")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (path,) = write_shards(folder, 1, args.samples, 100_000)
+        spans = sample_spans(path)
+        random.Random(0).shuffle(spans)
+        with SeaweedServer(folder / "seaweed") as seaweed, HttpServer(folder) as http:
+            seaweed.upload(BUCKET, [path])
+            for delay in args.delay_ms:
+                with (
+                    DelayProxy(f"http://127.0.0.1:{seaweed.port}", delay_ms=delay) as s3p,
+                    DelayProxy(f"http://127.0.0.1:{http.port}", delay_ms=delay) as httpp,
+                ):
+                    bases = {"s3": f"{s3p.endpoint}/{BUCKET}", "http": f"{httpp.endpoint}/files"}
+                    if args.py_spy:
+                        from indextar import IndexedTarDataset
+
+                        options = _options(bases["s3"])
+                        options.pop("skip_instance_cache")
+                        ix = folder / "ix"
+                        IndexedTarDataset([f"s3://{BUCKET}/{path.name}"], index_dir=ix,
+                                          storage_options=options)[0]  # fmt: skip
+                        print(f"\n{delay:g} ms:")
+                        out = args.py_spy.with_suffix(f".{delay:g}ms.txt")
+                        py_spy(out, bases["s3"], [path.name], args.samples, ix)
+                        continue
+                    print(f"\n**{delay:g} ms**, {args.in_flight} in flight\n")
+                    print("| client | requests/s | client CPU per request |")
+                    print("| --- | ---: | ---: |")
+                    for what, (kind, client) in CLIENTS.items():
+                        cpu, start = time.process_time(), time.perf_counter()
+                        got = client(bases[kind], path.name, spans, args.in_flight)
+                        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                        assert got == sum(n for _, n in spans), (what, got)
+                        print(f"| {what} | {len(spans) / wall:,.0f} | "
+                              f"{cpu / len(spans) * 1e3:.3f} ms |", flush=True)  # fmt: skip
+    if not args.py_spy:
+        print("\n".join(signing_cost()))
+
+
+if __name__ == "__main__":
+    main()
