@@ -236,28 +236,66 @@ for i in range(0, len(order), 64):
     shares(out)
 
 
+IDLE = ("EpollSelector.select", "Condition.wait", "_worker (concurrent", "Lock.acquire", "sleep")
+# (substring of a frame's file, what it is), the first match from the leaf up names
+# the code a busy sample is charged to: its own work plus the stdlib it calls
+OWNERS = [
+    ("botocore/auth.py", "botocore: SigV4 signing"),
+    ("botocore/hooks.py", "botocore: event hooks"),
+    ("aiobotocore/hooks.py", "botocore: event hooks"),
+    ("botocore/parsers.py", "botocore: response parsing"),
+    ("botocore/validate.py", "botocore: parameter validation"),
+    ("botocore/serialize.py", "botocore: request serialization"),
+    ("botocore/useragent.py", "botocore: user agent string"),
+    ("botocore/regions.py", "botocore: endpoint rules"),
+    ("botocore/endpoint_provider.py", "botocore: endpoint rules"),
+    ("aiobotocore/", "aiobotocore: other (client, endpoint, response)"),
+    ("botocore/", "botocore: other (request objects, handlers)"),
+    ("s3fs/", "s3fs"),
+    ("fsspec/", "fsspec"),
+    ("aiohttp/", "aiohttp (HTTP client)"),
+    ("multidict/", "aiohttp (HTTP client)"),
+    ("yarl/", "aiohttp (HTTP client)"),
+    ("asyncio/", "asyncio (event loop, transports)"),
+    ("indextar/", "indextar's own code"),
+    ("threading.py", "thread hand-offs"),
+    ("concurrent/", "thread hand-offs"),
+]
+
+
+def owner(frames: list[str]) -> str:
+    if any("_find_and_load" in f for f in frames):
+        return "imports (start-up)"
+    for frame in reversed(frames):
+        for part, name in OWNERS:
+            if f"({part}" in frame or f"/{part}" in frame:
+                return name
+    return "other (stdlib, torch)"
+
+
 def shares(out: Path) -> None:
-    """Print the share of samples whose stack holds each library (a sample counts once
-    for every library on its stack), and the top leaf functions."""
-    libs: Counter[str] = Counter()
+    """Print where the busy samples go (not those waiting in select, a lock or an idle
+    pool thread): each is charged to the innermost library on its stack (OWNERS)."""
+    owners: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
-    total = 0
-    marks = ["botocore/auth", "botocore/hooks", "botocore/validate", "botocore/serialize",
-             "botocore/parsers", "botocore/endpoint", "aiobotocore", "s3fs", "fsspec",
-             "aiohttp", "asyncio", "indextar", "threading", "selectors"]  # fmt: skip
+    busy = idle = 0
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        n = int(count)
-        total += n
-        for mark in marks:
-            if f"/{mark}" in stack:
-                libs[mark] += n
-        leaves[stack.rsplit(";", 1)[-1]] += n
-    print(f"py-spy samples: {total}")
-    for mark, n in libs.most_common():
-        print(f"  {mark:20s} {n / total:6.1%}")
-    for leaf, n in leaves.most_common(15):
-        print(f"  leaf {n / total:6.1%} {leaf}")
+        n, frames = int(count), stack.split(";")
+        if not frames[-1].strip() or frames[-1].startswith(IDLE):
+            idle += n
+            continue
+        busy += n
+        owners[owner(frames)] += n
+        if owner(frames) != "imports (start-up)":
+            leaves[frames[-1]] += n
+    start_up = owners.pop("imports (start-up)", 0)
+    busy -= start_up
+    print(f"py-spy: {busy} busy samples after start-up ({start_up} in imports), {idle} waiting")
+    for name, n in owners.most_common():
+        print(f"| {name} | {n / busy:.1%} |")
+    for leaf, n in leaves.most_common(12):
+        print(f"  leaf {n / busy:6.1%} {leaf}")
 
 
 def main() -> None:
