@@ -454,7 +454,8 @@ def main() -> None:
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     server = "SeaweedFS S3 gateway" if args.store == "s3" else "an aiohttp file server"
     text = (
-        f"Measured by `tools/bench_remote.py` ({args.shards} shards x {args.per_shard:,} samples"
+        f"Measured by `tools/bench_remote.py{' --small' if args.small else ''}`"
+        f" ({args.shards} shards x {args.per_shard:,} samples"
         f" of {args.size:,} + 1 bytes; {server} on 127.0.0.1 behind a delaying proxy;"
         f" {machine}; {time.strftime('%Y-%m-%d')}).\n\n" + "\n\n".join(sections)
     )
