@@ -11,7 +11,8 @@ Each row reads every sample once, on the same server:
 * indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``);
 * raw clients on the same spans in the sampler's order, the ceiling: aiohttp ranged
   GETs, ``--in-flight`` (256) at once, unsigned; obstore ``get_range_async`` the same
-  way, and obstore ``get_ranges`` per shard over windows of 256 samples (its merging);
+  way, and obstore ``get_ranges`` per shard over windows of 256 samples (its merging;
+  tools/bench_remote_clients.py);
 * Mosaic streaming and LitData on the same samples in their formats
   (tools/bench_remote_peers.py; skipped, with a note, where not installed).
 
@@ -23,10 +24,14 @@ the servers, so the raw clients measure the lab's ceiling, not a store's.
 
 Run::
 
-    python tools/bench_remote.py --small --no-write     # about a minute
-    python tools/bench_remote.py                         # a few minutes; docs table
-    python tools/bench_remote.py --delay-ms 20 --store http
-    python tools/bench_remote.py --loopback              # the older loopback table
+    python tools/bench_remote.py --small --no-write      # a quick run, prints only
+    python tools/bench_remote.py                          # the docs table
+    python tools/bench_remote.py --delay-ms 20 --store http --only indextar
+    python tools/bench_remote.py --loopback               # the older loopback table
+
+``--small`` took 4-5 minutes on the shared 2-core machine at load 10 (most of it
+converting for the peers and the slow i.i.d. rows); the default reads ten times the
+samples, with the i.i.d. rows at today's 0.3-0.5k samples/s taking most of it.
 
 Needs the ``test`` extra (SeaweedFS, webdataset) and, for every row, the ``bench``
 extra (obstore, mosaicml-streaming, litdata). Writes its table into
@@ -36,7 +41,6 @@ docs/benchmarks-remote.md between the ``bench_remote`` markers (``--no-write`` t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
 import logging
 import os
@@ -46,7 +50,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,106 +244,8 @@ def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
     return done
 
 
-def _spans_in_order(store: Store) -> Iterator[tuple[str, int, int]]:
-    for shard, sample in store.order():
-        offset, length = store.spans[shard][sample]
-        yield store.names[shard], offset, length
-
-
-def raw_aiohttp(in_flight: int) -> Reader:
-    def read(store: Store, mark: Callable[[], None]) -> int:
-        import aiohttp
-
-        async def run() -> int:
-            limit = asyncio.Semaphore(in_flight)
-            connector = aiohttp.TCPConnector(limit=in_flight)
-            async with aiohttp.ClientSession(connector=connector) as session:
-
-                async def one(name: str, offset: int, length: int) -> int:
-                    headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
-                    async with limit, session.get(store.http_url(name), headers=headers) as r:
-                        r.raise_for_status()
-                        data = await r.read()
-                    mark()
-                    return 1 if len(data) == length else 0
-
-                return sum(await asyncio.gather(*(one(*s) for s in _spans_in_order(store))))
-
-        return asyncio.run(run())
-
-    return read
-
-
-def _obstore(store: Store) -> Any:
-    from obstore.store import HTTPStore, S3Store
-
-    if store.kind == "http":
-        return HTTPStore.from_url(
-            f"{store.proxy.endpoint}/files", client_options={"allow_http": True}
-        )
-    return S3Store(
-        BUCKET, endpoint=store.proxy.endpoint, access_key_id="indextar-test",
-        secret_access_key="indextar-test", region="us-east-1", virtual_hosted_style_request=False,
-        client_options={"allow_http": True},
-    )  # fmt: skip
-
-
-def obstore_ranges(in_flight: int) -> Reader:
-    def read(store: Store, mark: Callable[[], None]) -> int:
-        import obstore
-
-        client = _obstore(store)
-
-        async def run() -> int:
-            limit = asyncio.Semaphore(in_flight)
-
-            async def one(name: str, offset: int, length: int) -> int:
-                async with limit:
-                    data = await obstore.get_range_async(client, name, start=offset, length=length)
-                mark()
-                return 1 if len(data) == length else 0
-
-            return sum(await asyncio.gather(*(one(*s) for s in _spans_in_order(store))))
-
-        return asyncio.run(run())
-
-    return read
-
-
-def obstore_get_ranges(window: int) -> Reader:
-    """``get_ranges`` per shard over each ``window`` samples of the order (it merges
-    spans closer than 1 MiB, so it may fetch bytes no sample needs)."""
-
-    def read(store: Store, mark: Callable[[], None]) -> int:
-        import obstore
-
-        client = _obstore(store)
-        spans = list(_spans_in_order(store))
-
-        async def run() -> int:
-            done = 0
-            for w in range(0, len(spans), window):
-                by_shard: dict[str, list[tuple[int, int]]] = {}
-                for name, offset, length in spans[w : w + window]:
-                    by_shard.setdefault(name, []).append((offset, length))
-                got = await asyncio.gather(
-                    *(
-                        obstore.get_ranges_async(
-                            client, name, starts=[o for o, _ in s], lengths=[n for _, n in s]
-                        )
-                        for name, s in by_shard.items()
-                    )
-                )
-                mark()
-                done += sum(len(parts) for parts in got)
-            return done
-
-        return asyncio.run(run())
-
-    return read
-
-
 def rows_for(store: Store, in_flight: int, only: str = "") -> list[Row]:
+    from bench_remote_clients import obstore_get_ranges, obstore_ranges, raw_aiohttp
     from bench_remote_peers import peer_rows
 
     cases: list[tuple[str, Reader]] = [
@@ -439,10 +345,14 @@ def main() -> None:
                     if delay == args.delay_ms[0]:  # build the indexes once, outside the rows
                         from indextar import IndexedTarDataset
 
-                        IndexedTarDataset(
+                        built = IndexedTarDataset(
                             store.urls, index_dir=store.index_dir,
                             storage_options=store.storage_options,
-                        )[0]  # fmt: skip
+                        )  # fmt: skip
+                        for shard in range(
+                            args.shards
+                        ):  # a shard's index is built at its first read
+                            built[shard * args.per_shard]
                     print(f"{args.store}, {delay:g} ms:", file=sys.stderr)
                     before = load()
                     rows = rows_for(store, args.in_flight, args.only)
