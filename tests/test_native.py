@@ -10,7 +10,6 @@ from __future__ import annotations
 import mmap
 import os
 import sqlite3
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +17,12 @@ import pytest
 from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from procstats import bytes_read
 
 from indextar import IndextarError, build_index, native, scan_tar
 from indextar.index import tables as index
 from indextar.index.naming import _group_c, _group_numpy, group_members
 from indextar.tar.scan import TarScan
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from procstats import bytes_read  # noqa: E402
 
 assert all(native.built().values()), f"a C extension did not build: {native.built()}"
 

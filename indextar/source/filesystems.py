@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .fsspec_internals import cached_instances
+
 __all__ = ["filesystem", "without_client_retries"]
 
 _USED_CLASSES: set[type] = set()
@@ -24,7 +26,7 @@ def _keep_inherited_filesystems() -> None:
     # then waits forever for its next response. fsspec drops its cached instances in
     # a child (and finalizers would close them); keeping a reference prevents that.
     for cls in _USED_CLASSES:
-        _INHERITED.extend(getattr(cls, "_cache", {}).values())
+        _INHERITED.extend(cached_instances(cls))
 
 
 if hasattr(os, "register_at_fork"):

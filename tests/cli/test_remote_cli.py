@@ -10,15 +10,13 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import sample_members, tar_bytes
+from loopback_servers import HttpServer, SeaweedServer
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +29,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def http(served: Path) -> Iterator[HttpServer]:
-    with HttpServer(served) as server:
-        yield server
+def http_root(served: Path) -> Path:
+    return served
 
 
 @pytest.fixture(scope="module")

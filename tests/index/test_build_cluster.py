@@ -18,13 +18,11 @@ from pathlib import Path
 
 import pytest
 from conftest import sample_members, tar_bytes
+from loopback_servers import SeaweedServer
 
 from indextar import ShardFormatError, build_indexes
 from indextar.index.build import iter_builds
 from indextar.index.jobs import BuildOptions
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import SeaweedServer  # noqa: E402
 
 distributed = pytest.importorskip("distributed", reason="the dask extra (in the test extra)")
 

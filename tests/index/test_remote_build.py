@@ -8,22 +8,18 @@ are read by their headers alone.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import sample_members, tar_bytes
+from loopback_servers import HttpServer
 from tarcraft import BLOCK, blocks, header, pax_records
 
 from indextar import IndextarError, build_index, scan_tar
 from indextar.index.remote import build_remote_index, scan_remote_shard
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer  # noqa: E402
 
 
 def _global_named() -> bytes:
@@ -61,12 +57,10 @@ SHARDS = {
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, HttpServer]]:
-    root = tmp_path_factory.mktemp("served")
+def served(http_root: Path, http: HttpServer) -> tuple[Path, HttpServer]:
     for name, data in SHARDS.items():
-        (root / name).write_bytes(data)
-    with HttpServer(root) as server:
-        yield root, server
+        (http_root / name).write_bytes(data)
+    return http_root, http
 
 
 @pytest.fixture

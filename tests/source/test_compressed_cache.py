@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zstandard
+from loopback_servers import HttpServer
 from tarcraft import GNU_TAR, write_tree
 from torch.utils.data import DataLoader
 
@@ -23,9 +22,6 @@ from indextar.errors import CompressedShardError, ShardFormatError, StaleIndexEr
 from indextar.source.cache import ShardCache
 from indextar.source.conditional import RemoteStat
 from indextar.tar.compress import zstd_frame_spans
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer  # noqa: E402
 
 N = 40
 ONE, FRAMES = "one.tar.zst", "frames.tar.zst"
@@ -72,9 +68,8 @@ def s3_files(root: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def http(root: Path) -> Iterator[HttpServer]:
-    with HttpServer(root) as server:
-        yield server
+def http_root(root: Path) -> Path:
+    return root
 
 
 def check(sample: dict[str, Any]) -> int:

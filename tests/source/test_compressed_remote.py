@@ -5,20 +5,16 @@ a foreign .tar.gz is read from its seek points, and remote="cache" reads all of 
 from __future__ import annotations
 
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from loopback_servers import HttpServer
 from tarcraft import GNU_TAR, write_tree
 
 import indextar
 from indextar.index.compressed import read_layout
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer  # noqa: E402
 
 N = 60
 
@@ -51,9 +47,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def http(root: Path) -> Iterator[HttpServer]:
-    with HttpServer(root) as server:
-        yield server
+def http_root(root: Path) -> Path:
+    return root
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import sample_members, tar_bytes
+from loopback_servers import HttpServer
 
 from indextar import IndexedTarDataset, StaleIndexError, TruncatedShardError, build_index
 from indextar.errors import ShardNotFoundError
@@ -27,8 +28,6 @@ from indextar.source import local as sources
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-sys.path.insert(0, str(REPO / "tools"))
-from loopback_servers import HttpServer  # noqa: E402
 
 
 def run_child(code: str, *args: str, unshare: bool = False) -> subprocess.CompletedProcess[str]:

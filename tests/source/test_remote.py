@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import sample_members, tar_bytes
+from loopback_servers import HttpServer, SeaweedServer
 
 from indextar.errors import (
     CacheFullError,
@@ -24,9 +23,6 @@ from indextar.read.shard import OpenShard
 from indextar.source.cache import CachedSource, ShardCache, parse_size
 from indextar.source.conditional import RemoteStat
 from indextar.source.remote import RangeSource, RetryPolicy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
 
 FAST = RetryPolicy(attempts=4, initial_delay=0.01, max_delay=0.05)
 SHARDS = 4
@@ -49,9 +45,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def http(root: Path) -> Iterator[HttpServer]:
-    with HttpServer(root) as server:
-        yield server
+def http_root(root: Path) -> Path:
+    return root
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ ignores it) and SeaweedFS (S3). Every read after the object is replaced either r
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +18,6 @@ from torch.utils.data import DataLoader
 from indextar import IndexedTarDataset, StaleIndexError
 from indextar.index.remote import expected_stat, open_remote_index
 from indextar.source.remote import RangeSource
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from loopback_servers import HttpServer  # noqa: E402
 
 SAMPLES = 60
 
@@ -37,12 +32,6 @@ def replacement() -> bytes:
     size = len(original(0))
     assert len(other) <= size
     return other.ljust(size, b"\0")
-
-
-@pytest.fixture(scope="module")
-def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    with HttpServer(tmp_path_factory.mktemp("served")) as server:
-        yield server
 
 
 class Served:

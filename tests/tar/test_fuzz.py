@@ -8,10 +8,10 @@ through every target, plus the inputs that once broke a reader.
 from __future__ import annotations
 
 import io
-import sys
 import tarfile
 from pathlib import Path
 
+import fuzz
 import pytest
 from conftest import FORMATS
 from hypothesis import HealthCheck, given, settings
@@ -28,9 +28,6 @@ from indextar import (
 )
 from indextar.index.naming import group_members
 from indextar.tar.stream import iter_members
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import fuzz  # noqa: E402
 
 # -- the seeded slice ------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import fuzz
 import pytest
 from tarcraft import GNU_TAR, gnu_tar, write_tree
 
@@ -21,9 +21,6 @@ from indextar import IndextarError, scan_tar
 from indextar.source.base import ByteSource
 from indextar.source.forward import ForwardReader
 from indextar.tar.streamscan import FileReader, StreamedBytes, scan_stream
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import fuzz  # noqa: E402
 
 EDGES = 64 << 10
 
