@@ -16,9 +16,9 @@ from tqdm import tqdm
 
 from .._version import __version__
 from ..errors import IndextarError
-from ..index.anywhere import open_shard_index
 from ..index.build import default_workers, parallel_map
 from ..index.decompress import DEFAULT_SEEK_SPACING
+from ..index.opener import open_shard_index
 from ..index.shard import ShardIndex
 from ..index.verify import verify_index
 from ..patterns import expand_shards

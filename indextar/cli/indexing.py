@@ -24,12 +24,13 @@ from tqdm import tqdm
 
 from ..atomic import write_atomic
 from ..errors import IndextarError, StaleIndexError
-from ..index.build import iter_builds
-from ..index.fresh import fresh_by_listing, fresh_on_stat
-from ..index.jobs import BuildOptions, ShardOutcome
+from ..index.build import fresh_indexes, iter_builds
+from ..index.jobs import ShardOutcome
 from ..index.manifest import append_to_manifest, write_manifest
-from ..index.remote import default_index_dir, remote_index_path
-from ..patterns import expand_shards, is_url
+from ..index.options import BuildOptions
+from ..index.remote import default_index_dir
+from ..patterns import expand_shards
+from ..source.location import ShardLocation, remote_shards
 from .options import count
 
 __all__ = ["run_index", "add_index_options", "FAILURES_FILE"]
@@ -156,7 +157,7 @@ def _shards(args: argparse.Namespace) -> list[str]:
 
 
 def _index_dir(args: argparse.Namespace, shards: list[str]) -> str | None:
-    if args.index_dir is None and any(is_url(shard) for shard in shards):
+    if args.index_dir is None and remote_shards(shards):
         return str(default_index_dir())  # remote indexes' default home
     return None if args.index_dir is None else str(args.index_dir)
 
@@ -299,12 +300,12 @@ def _report_failures(outcomes: list[ShardOutcome], args: argparse.Namespace) -> 
 def _dry_run(shards: list[str], options: BuildOptions, args: argparse.Namespace) -> int:
     """Print what a run would do: each shard to build or check, and those up to date."""
     plan = []
-    listed = fresh_by_listing(shards, options)
-    for shard in shards:
-        if shard in listed or fresh_on_stat(shard, options) is not None:
+    for shard, fresh in zip(shards, fresh_indexes(shards, options)):
+        location = ShardLocation.of(shard)
+        if fresh is not None:
             action = "up to date"
-        elif is_url(shard):
-            have = options.index_dir and remote_index_path(shard, options.index_dir).exists()
+        elif location.remote:
+            have = options.index_dir and location.index_path(options.index_dir).exists()
             action = "check" if have and not options.force else "build"
         else:
             action = "build"

@@ -10,8 +10,10 @@ member (``meta="json"``) and ``attribute_import`` joins in from a parquet table;
 ``members`` and ``verify`` read and check the tables; ``build`` indexes many shards
 on any executor, each as a ``jobs`` job (``jobs`` also checks fresh shards on a stat);
 ``manifest`` lists a dataset's shards; ``remote`` finds, fetches or builds the index
-of a remote shard, scanning it as it streams; ``anywhere`` opens an existing index, and
-the shard's bytes, whether the shard is a local path or a URL (what the tools read).
+of a remote shard, scanning it as it streams; ``opener`` is the one door to a shard:
+its index and its bytes, from its ``source.location`` (every reader, tool and the CLI
+opens shards by it); ``localscan`` is the one scan of a local shard, plain or
+compressed, that a build and ``verify`` share; ``options`` is the build options.
 
 May import: the shared modules, ``tar/`` and ``source/``.
 Must not import: ``order/``, ``read/``, ``write/``, ``cli/``.

@@ -39,7 +39,6 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import IndexWriteError, SampleAttributeError
-from .anywhere import open_shard_index
 from .attributes import (
     MAX_COLUMNS,
     RESERVED_NAMES,
@@ -49,6 +48,7 @@ from .attributes import (
     write_attributes,
 )
 from .meta import IndexMeta, _read_meta
+from .opener import open_shard_index
 from .shard import PathLike, ShardIndex
 from .tables import index_lock
 
@@ -193,7 +193,7 @@ def import_attributes(
     ----------
     shards
         Shard paths or URLs; each must have a valid index. A URL's is its local copy
-        (:func:`~indextar.index.anywhere.open_shard_index`), which a changed object no
+        (:func:`~indextar.index.opener.open_shard_index`), which a changed object no
         longer silently rebuilds (a rebuild would drop the columns: ``StaleIndexError``);
         ``upload_index`` puts it beside the object.
     table
@@ -217,7 +217,7 @@ def import_attributes(
         columns than an index holds, or (``missing="fail"``) a sample without a row;
         nothing is written.
     StaleIndexError, MissingIndexError
-        As :func:`~indextar.index.anywhere.open_shard_index`.
+        As :func:`~indextar.index.opener.open_shard_index`.
     """
     if missing not in ("null", "fail"):
         raise ValueError(f"missing must be 'null' or 'fail'; got {missing!r}")

@@ -21,13 +21,16 @@ from typing import Any, TypeVar
 
 from .. import errors
 from ..errors import IndextarError
+from ..source.location import remote_shards
 from .attribute_json import OnError
 from .checksums import ChecksumsArg
+from .decompress import DEFAULT_SEEK_SPACING
 from .fresh import fresh_by_listing, fresh_on_stat
-from .jobs import BuildOptions, ShardOutcome, build_shard, build_shards
+from .jobs import ShardOutcome, build_shard, build_shards
+from .options import BuildOptions
 from .shard import PathLike, ShardIndex
 
-__all__ = ["build_indexes", "iter_builds", "parallel_map", "default_workers"]
+__all__ = ["build_indexes", "iter_builds", "fresh_indexes", "parallel_map", "default_workers"]
 
 # The error classes a failure's type name maps back to.
 _ERROR_CLASSES = [
@@ -51,6 +54,9 @@ def build_indexes(
     executor: Executor | None = None,
     storage_options: dict[str, Any] | None = None,
     checksums: ChecksumsArg = False,
+    force: bool = False,
+    seek_spacing: int = DEFAULT_SEEK_SPACING,
+    options: BuildOptions | None = None,
 ) -> list[ShardIndex]:
     """Build (or open, where valid) the index of every shard; return them in order.
 
@@ -78,6 +84,13 @@ def build_indexes(
         fsspec options for remote shards (endpoint, credentials), sent to each job.
     checksums
         As :func:`~indextar.build_index`: record a hash of each sample (local shards).
+    force, seek_spacing
+        As :func:`~indextar.build_index`: rebuild valid indexes too; the spacing of a
+        ``.tar.gz``'s seek points.
+    options
+        All of the above that say how each shard is built, as one
+        :class:`~indextar.index.options.BuildOptions` (what ``indextar index`` passes;
+        also its ``upload`` and ``remote_mode``), instead of them one by one.
 
     Raises
     ------
@@ -85,14 +98,20 @@ def build_indexes(
         As :func:`~indextar.build_index`, for the first shard that failed, once every
         shard has been tried; its notes name the other failures.
     """
-    options = BuildOptions(
+    given = BuildOptions(
         index_dir=None if index_dir is None else os.fspath(index_dir),
+        force=force,
         ignore_zeros=ignore_zeros,
         meta=meta,
         on_error=on_error,
         storage_options=storage_options,
+        seek_spacing=seek_spacing,
         checksums=checksums,
     )
+    if options is None:
+        options = given
+    elif given != BuildOptions():
+        raise TypeError("build_indexes() takes options= or the build options one by one, not both")
     log.info("building %d shard indexes", len(shards))
     bar = _progress_bar(len(shards)) if progress else None
     outcomes: dict[str, ShardOutcome] = {}
@@ -126,10 +145,8 @@ def iter_builds(
     or else in a process pool of ``workers`` (none is started for fewer than two
     jobs). A failed shard is an outcome with its error; the others go on.
     """
-    listed = fresh_by_listing(shards, options)
     pending = []
-    for shard in shards:
-        fresh = listed.get(shard) or fresh_on_stat(shard, options)
+    for shard, fresh in zip(shards, fresh_indexes(shards, options)):
         if fresh is None:
             pending.append(shard)
         else:
@@ -147,6 +164,18 @@ def iter_builds(
         return
     with _process_pool(count) as pool:
         yield from _run_on(pool, pending, options)
+
+
+def fresh_indexes(shards: Sequence[str], options: BuildOptions) -> list[ShardIndex | None]:
+    """Each shard's index if the driver's quick check finds it fresh, else ``None``: a
+    local shard's on a stat (:func:`~indextar.index.fresh.fresh_on_stat`), the remote
+    ones' by a listing of their folders (:func:`~indextar.index.fresh.fresh_by_listing`)."""
+    remote = remote_shards(shards)
+    listed = fresh_by_listing([shards[n] for n in sorted(remote)], options)
+    return [
+        listed.get(shard) if n in remote else fresh_on_stat(shard, options)
+        for n, shard in enumerate(shards)
+    ]
 
 
 # Shards per job: enough jobs to spread over any cluster and to show progress, few

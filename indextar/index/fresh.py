@@ -18,19 +18,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import IndexFormatError
-from ..patterns import is_url
 from ..source.conditional import RemoteStat
 from ..source.filesystems import filesystem
 from .checksums import checksum_algorithm
 from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
+from .options import BuildOptions
 from .remote import expected_stat, remote_index_path
 from .shard import INDEX_SUFFIX, ShardIndex, index_path
-
-if TYPE_CHECKING:
-    from .jobs import BuildOptions
 
 __all__ = ["cache_meta", "fresh_on_stat", "fresh_by_listing"]
 
@@ -75,7 +72,7 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
     attribute tables too. ``None`` means the shard needs a job: no index, a stale or
     unreadable one, or options it was not built with.
     """
-    if options.force or is_url(shard):
+    if options.force:
         return None
     if options.index_dir is None:  # index_path's answer, without pathlib (a third of the cost)
         path = shard + INDEX_SUFFIX
@@ -117,8 +114,8 @@ def _meta_at(path: str | Path) -> IndexMeta | None:
 
 
 def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, ShardIndex]:
-    """The indexes in ``options.index_dir`` of those remote ``urls`` whose object, as
-    listed by the store, has the size and ETag the index records.
+    """The indexes in ``options.index_dir`` of those remote shards ``urls`` whose object,
+    as listed by the store, has the size and ETag the index records.
 
     One listing per folder holding two or more of the shards (a lone shard's check on a
     worker costs as little). Objects listed without an ETag (HTTP servers list none),
@@ -131,8 +128,7 @@ def fresh_by_listing(urls: Sequence[str], options: BuildOptions) -> dict[str, Sh
         return {}  # options each job refuses for a remote shard: no listing vouches
     folders: dict[str, list[str]] = defaultdict(list)
     for url in urls:
-        if is_url(url):
-            folders[url.rpartition("/")[0]].append(url)
+        folders[url.rpartition("/")[0]].append(url)
     fresh: dict[str, ShardIndex] = {}
     for folder, members in folders.items():
         if len(members) < 2:

@@ -18,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, StaleIndexError
-from ..patterns import is_url
-from ..source.forward import ScanMode
-from .attribute_json import OnError
-from .checksums import ChecksumsArg
-from .decompress import DEFAULT_SEEK_SPACING
+from ..source.location import ShardLocation
 from .fresh import cache_meta
+from .options import BuildOptions
 from .remote import (
     open_remote_index,
     refuse_stale_rebuild,
@@ -31,33 +28,11 @@ from .remote import (
     scan_remote_shard,
     upload_index,
 )
-from .shard import ShardIndex, build_index, index_path
+from .shard import ShardIndex, build_index_as, index_path
 
 __all__ = ["BuildOptions", "ShardOutcome", "build_shard", "build_shards"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class BuildOptions:
-    """How to build each shard's index (see :func:`~indextar.build_indexes`).
-
-    ``index_dir`` is required for remote shards (a local or shared folder);
-    ``upload`` also puts each remote shard's index next to it as ``<url>.idx.sqlite``;
-    ``remote_mode`` is how a remote shard is read (:mod:`indextar.source.forward`);
-    the others are :func:`~indextar.build_index`'s.
-    """
-
-    index_dir: str | None = None
-    force: bool = False
-    ignore_zeros: bool = False
-    meta: str | None = None
-    on_error: OnError = "fail"
-    upload: bool = False
-    storage_options: dict[str, Any] | None = None
-    remote_mode: ScanMode = "auto"
-    seek_spacing: int = DEFAULT_SEEK_SPACING
-    checksums: ChecksumsArg = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +100,9 @@ def build_shard(shard: str, options: BuildOptions) -> ShardOutcome:
     """Index ``shard`` (unless a valid index exists) as ``options`` say; never raises."""
     start = time.perf_counter()
     try:
-        if is_url(shard):
-            outcome = _build_remote(shard, options)
-        else:
-            outcome = _build_local(shard, options)
+        location = ShardLocation.of(shard)
+        build = _build_remote if location.remote else _build_local
+        outcome = build(shard, options)
     except Exception as e:  # noqa: BLE001 - reported per shard; the others still run
         message = str(e) if isinstance(e, (IndextarError, OSError)) else f"{type(e).__name__}: {e}"
         return ShardOutcome(
@@ -150,16 +124,7 @@ def _build_local(shard: str, options: BuildOptions) -> ShardOutcome:
     if options.upload:
         raise IndextarError(f"upload is for remote shards; {shard!r} is a local file")
     before = _identity(index_path(shard, index_dir=options.index_dir))
-    index = build_index(
-        shard,
-        index_dir=options.index_dir,
-        force=options.force,
-        ignore_zeros=options.ignore_zeros,
-        meta=options.meta,
-        on_error=options.on_error,
-        seek_spacing=options.seek_spacing,
-        checksums=options.checksums,
-    )
+    index = build_index_as(shard, options)
     # A rebuilt index is a new file (renamed into place), so a new inode.
     built = before is None or before != _identity(index.path)
     if built:

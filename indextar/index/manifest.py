@@ -28,7 +28,7 @@ from typing import Any
 from .._version import __version__
 from ..atomic import atomic_path, rewrite_lock, write_atomic
 from ..errors import ManifestError
-from ..patterns import is_url
+from ..source.location import url_scheme
 from .shard import ShardIndex
 
 __all__ = [
@@ -79,7 +79,7 @@ _POSIX = os.sep == "/"
 
 def _relative(path: str, prefix: str) -> str:
     """``path`` relative to the folder ``prefix`` (ending in a separator) if inside it."""
-    if "://" in path and is_url(path):
+    if url_scheme(path):
         return path
     absolute = os.path.abspath(path)
     if absolute.startswith(prefix):
@@ -93,7 +93,7 @@ def _resolve(path: str, prefix: str) -> str:
     or a URL. Plain string tests, not pathlib: 100k shards open in well under 1 s."""
     if path.startswith("/") if _POSIX else os.path.isabs(path):
         return path
-    if "://" in path and is_url(path):
+    if url_scheme(path):
         return path
     return prefix + path
 

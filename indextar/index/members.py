@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from .localscan import scan_shard_file
 from .meta import _connect_ro
 from .naming import from_sql, split_name
-from .shard import ShardIndex, scan_shard_file
+from .shard import ShardIndex
 from .tables import sample_spans
 
 __all__ = ["MemberTable", "load_members", "scan_members"]

@@ -14,7 +14,6 @@ server gives no ETag, the content fingerprint (two ranged reads of 64 KiB).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Mapping
@@ -27,8 +26,8 @@ from ..errors import IndexFormatError, MissingIndexError, StaleIndexError
 from ..source.conditional import RemoteStat, check_version
 from ..source.filesystems import filesystem
 from ..source.forward import ForwardReader, ScanMode
+from ..source.location import ShardLocation
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
-from ..tar.compress import sniff_codec
 from ..tar.streamscan import StreamedBytes, scan_stream
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
 from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
@@ -67,8 +66,7 @@ def default_index_dir() -> Path:
 
 def remote_index_path(url: str, index_dir: str | os.PathLike[str]) -> Path:
     """Where the local copy of ``url``'s index lives in ``index_dir``."""
-    digest = hashlib.blake2b(url.encode(), digest_size=6).hexdigest()
-    return Path(index_dir) / f"{url.rstrip('/').rpartition('/')[2]}.{digest}{INDEX_SUFFIX}"
+    return ShardLocation.of(url).index_path(index_dir)
 
 
 def expected_stat(meta: IndexMeta) -> RemoteStat:
@@ -276,7 +274,7 @@ def scan_object(
     tar in one forward read (``mode``), a gzip or zstd one from a temporary copy made
     beside the file ``scratch`` (:mod:`.remote_compressed`)."""
     source = RangeSource(url, expected=stat, storage_options=storage_options)
-    codec = sniff_codec(source.read(0, min(8, stat.size))) if stat.size else None
+    codec = ShardLocation.of(url).codec(source)
     if codec is not None:  # .tar.gz, .tar.zst: from a temporary copy
         packed = scan_compressed_object(
             url, source, stat, codec, scratch, seek_spacing=seek_spacing

@@ -34,8 +34,8 @@ from ..source.remote import RangeSource
 from ..tar.compress import zstd_frame_spans
 from .compressed import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan, scan_compressed
+from .localscan import scan_shard_file
 from .meta import fingerprint
-from .shard import scan_shard_file
 
 __all__ = ["scan_compressed_object"]
 

@@ -12,7 +12,6 @@ opening it against a shard that changed raises :class:`~indextar.errors.StaleInd
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import sqlite3
@@ -25,25 +24,24 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
-from ..source.local import mapped_file
-from ..tar.compress import sniff_codec
-from ..tar.scan import TarScan, scan_tar
+from ..source.location import INDEX_SUFFIX, ShardLocation
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
-from .checksums import ChecksumsArg, checksum_algorithm, span_checksums
-from .compressed import CompressedLayout
-from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
-from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard, fingerprint
-from .naming import Grouping, from_sql, group_members, raw_name, sql_text
-from .spans import spans_name_their_keys
-from .tables import index_lock, sample_spans, write_index
+from .checksums import ChecksumsArg, checksum_algorithm
+from .decompress import DEFAULT_SEEK_SPACING
+from .localscan import scan_local_shard
+from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
+from .naming import from_sql, raw_name, sql_text
+from .options import BuildOptions
+from .tables import index_lock, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
     "ShardIndex",
     "SampleTable",
     "build_index",
+    "build_index_as",
     "open_index",
     "open_index_at",
     "index_path",
@@ -53,8 +51,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-INDEX_SUFFIX = ".idx.sqlite"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +85,17 @@ class ShardIndex:
     shard: str
     path: Path
     meta: IndexMeta
+
+    @classmethod
+    def unchecked(cls, shard: str, path: Path) -> ShardIndex:
+        """The index file ``path`` of ``shard``, its metadata read but not checked against
+        the shard (its reads are: they are conditional on the version it records)."""
+        return cls(shard=shard, path=path, meta=_read_meta(path))
+
+    @property
+    def location(self) -> ShardLocation:
+        """Where the shard is: a local file or a remote object."""
+        return ShardLocation.of(self.shard)
 
     def __len__(self) -> int:
         return self.meta.num_samples
@@ -195,11 +202,7 @@ def index_path(shard: PathLike, *, index_dir: PathLike | None = None) -> Path:
     hash of the shard's absolute path, so that equally named shards from
     different folders do not collide.
     """
-    shard_path = Path(shard)
-    if index_dir is None:
-        return shard_path.with_name(shard_path.name + INDEX_SUFFIX)
-    digest = hashlib.blake2b(str(shard_path.resolve()).encode(), digest_size=6).hexdigest()
-    return Path(index_dir) / f"{shard_path.name}.{digest}{INDEX_SUFFIX}"
+    return ShardLocation(os.fspath(shard)).index_path(index_dir)
 
 
 def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIndex:
@@ -238,19 +241,6 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
 # -- building --------------------------------------------------------------------
 
 
-def scan_shard_file(
-    shard: Path, *, ignore_zeros: bool = False
-) -> tuple[TarScan, Grouping, str, bool]:
-    """Scan a local shard through a read-only mmap: its members, grouped into samples,
-    its fingerprint and whether every sample's span names its key
-    (:mod:`indextar.index.spans`), from one map."""
-    with mapped_file(shard) as (mm, fd, size):  # an empty file: scan_tar's error
-        scan = scan_tar(mm, shard=str(shard), fd=fd, ignore_zeros=ignore_zeros)
-        grouping = group_members(scan, shard=str(shard))
-        named = spans_name_their_keys(mm, scan, grouping, shard=str(shard))
-        return scan, grouping, fingerprint(mm, size), named
-
-
 def refuse_to_drop_imports(
     existing: ShardIndex,
     why: str,
@@ -267,12 +257,6 @@ def refuse_to_drop_imports(
             f"{', '.join(map(repr, imported))} but {why}; a rebuild would drop the imported "
             f"columns: rebuild it with {remedy}, then import them again"
         )
-
-
-def _compression_of(shard: Path) -> str | None:
-    """:func:`~indextar.tar.compress.sniff_codec` of the shard's first bytes."""
-    with open(shard, "rb") as f:
-        return sniff_codec(f.read(8))
 
 
 def build_index(
@@ -330,50 +314,45 @@ def build_index(
         With ``meta``, if the index has imported attributes but none from ``meta``
         members (and ``force`` is false): a rebuild would drop them.
     """
+    options = BuildOptions(
+        index_dir=None if index_dir is None else os.fspath(index_dir),
+        force=force,
+        ignore_zeros=ignore_zeros,
+        meta=meta,
+        on_error=on_error,
+        seek_spacing=seek_spacing,
+        checksums=checksums,
+    )
+    return build_index_as(shard, options)
+
+
+def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
+    """:func:`build_index` of the local ``shard`` as ``options`` say (what each build
+    job of :func:`~indextar.build_indexes` runs); its remote options are not read."""
     shard_path = Path(shard)
-    st = _stat_shard(shard_path)
-    if stat.S_ISDIR(st.st_mode):
-        raise ShardNotFoundError(
-            f"{str(shard_path)!r} is a folder, not a shard; give its shards (for example "
-            f"{str(shard_path / '*.tar')!r} to the CLI, or expand_shards({str(shard_path)!r}))"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise ShardNotFoundError(f"shard {str(shard_path)!r} is not a regular file")
-    path = index_path(shard_path, index_dir=index_dir)
-    checksum = checksum_algorithm(checksums)
-    found = None if force else _file_state(path)
+    st = _regular_file(shard_path)
+    path = index_path(shard_path, index_dir=options.index_dir)
+    checksum = checksum_algorithm(options.checksums)
+    found = None if options.force else _file_state(path)
     if found is not None:
-        existing = _reusable(
-            shard_path, path, meta=meta, ignore_zeros=ignore_zeros, checksum=checksum
-        )
+        existing = _reusable(shard_path, path, options)
         if existing is not None:
             return existing
-    codec = _compression_of(shard_path)
+    meta = options.meta
+    codec = ShardLocation(str(shard_path)).codec()
     if meta is not None and codec is not None:  # before decompressing: offsets are uncompressed
         raise IndextarError(
             f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"
             "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
         )
-    layout: CompressedLayout | None = None
-    uncompressed_size = 0
-    sums = None
-    if codec is None:
-        scan, grouping, content_fingerprint, span_names = scan_shard_file(
-            shard_path, ignore_zeros=ignore_zeros
-        )
-        if checksum:
-            sums = _file_checksums(shard_path, scan, grouping, checksum)
-    else:
-        compressed = scan_compressed(
-            shard_path,
-            codec,
-            ignore_zeros=ignore_zeros,
-            seek_spacing=seek_spacing,
-            checksum=checksum,
-        )
-        scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
-        content_fingerprint, span_names = compressed.fingerprint, compressed.span_names
-        uncompressed_size, sums = compressed.uncompressed_size, compressed.checksums
+    scanned = scan_local_shard(
+        shard_path,
+        codec,
+        ignore_zeros=options.ignore_zeros,
+        seek_spacing=options.seek_spacing,
+        checksum=checksum,
+    )
+    scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
     after = _stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
@@ -383,32 +362,49 @@ def build_index(
         shard_name=shard_path.name,
         shard_size=st.st_size,
         shard_mtime_ns=st.st_mtime_ns,
-        fingerprint=content_fingerprint,
-        ignore_zeros=ignore_zeros,
-        span_names=span_names,
+        fingerprint=scanned.fingerprint,
+        ignore_zeros=options.ignore_zeros,
+        span_names=scanned.span_names,
         compression=codec or "",
-        uncompressed_size=uncompressed_size,
+        uncompressed_size=scanned.uncompressed_size,
         seek_spacing=layout.seek_spacing if layout is not None else 0,
         checksum=checksum,
     )
     attributes = None
     if meta is not None:
         attributes = read_json_attributes(
-            shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=on_error
+            shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=options.on_error
         )
     with index_lock(path):
         # Another writer may have replaced the index since it was judged (an import
         # adding columns this build would drop, or a build like this one): judge again.
-        if not force and _file_state(path) != found:
-            existing = _reusable(
-                shard_path, path, meta=meta, ignore_zeros=ignore_zeros, checksum=checksum
-            )
+        if not options.force and _file_state(path) != found:
+            existing = _reusable(shard_path, path, options)
             if existing is not None:
                 return existing
         write_index(
-            path, index_meta, scan, grouping, attributes=attributes, layout=layout, checksums=sums
+            path,
+            index_meta,
+            scan,
+            grouping,
+            attributes=attributes,
+            layout=layout,
+            checksums=scanned.checksums,
         )
     return ShardIndex(shard=str(shard_path), path=path, meta=index_meta)
+
+
+def _regular_file(shard: Path) -> os.stat_result:
+    """The stat of ``shard``, which must be a regular file."""
+    st = _stat_shard(shard)
+    if stat.S_ISDIR(st.st_mode):
+        raise ShardNotFoundError(
+            f"{str(shard)!r} is a folder, not a shard; give its shards (for example "
+            f"{str(shard / '*.tar')!r} to the CLI, or expand_shards({str(shard)!r}))"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise ShardNotFoundError(f"shard {str(shard)!r} is not a regular file")
+    return st
 
 
 def _file_state(path: Path) -> tuple[int, int, int, int] | None:
@@ -420,13 +416,13 @@ def _file_state(path: Path) -> tuple[int, int, int, int] | None:
     return st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size
 
 
-def _reusable(
-    shard: Path, path: Path, *, meta: str | None, ignore_zeros: bool, checksum: str
-) -> ShardIndex | None:
-    """The index at ``path`` if :func:`build_index` keeps it, ``None`` if it rebuilds it.
+def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | None:
+    """The index at ``path`` if a build with ``options`` keeps it, ``None`` if it
+    rebuilds it (logged).
 
     Raises what :func:`open_index_at` raises but :class:`IndexFormatError`, and
     refuses a rebuild for ``meta`` that would drop imported columns."""
+    meta = options.meta
     try:
         existing = open_index_at(shard, path)
     except MissingIndexError:  # removed since it was seen
@@ -440,19 +436,12 @@ def _reusable(
         )
         log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
         return None
+    checksum = checksum_algorithm(options.checksums)
     if checksum and existing.meta.checksum != checksum:
         refuse_to_drop_imports(existing, f"it has no {checksum} checksums")
         log.info("rebuilding %s: it has no %s checksums", path, checksum)
         return None
-    if existing.meta.ignore_zeros and not ignore_zeros:
+    if existing.meta.ignore_zeros and not options.ignore_zeros:
         log.info("rebuilding %s: it was built with ignore_zeros=True", path)
         return None
     return existing
-
-
-def _file_checksums(
-    shard: Path, scan: TarScan, grouping: Grouping, algorithm: str
-) -> npt.NDArray[np.uint64]:
-    """Each sample's checksum, hashed from a map of the local plain tar ``shard``."""
-    with mapped_file(shard) as (mm, _, _):
-        return span_checksums(mm, *sample_spans(scan, grouping), algorithm)

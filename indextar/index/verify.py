@@ -10,19 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IndexFormatError
-from ..patterns import is_url
-from .anywhere import open_shard_index, shard_source
+from ..source.location import SourceOptions
+from ..tar.scan import TarScan
 from .arrays import ShardArrays, read_arrays
 from .checksums import hasher
 from .compressed import CompressedLayout, read_layout
-from .decompress import DEFAULT_SEEK_SPACING, scan_compressed
+from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
+from .localscan import scan_local_shard
 from .meta import IndexMeta, _connect_ro
-from .naming import from_sql, sql_text
+from .naming import Grouping, from_sql, sql_text
+from .opener import open_shard_index, shard_source
 from .remote import expected_stat, scan_object
-from .shard import PathLike, ShardIndex, scan_shard_file
+from .shard import PathLike, ShardIndex
 from .tables import scan_arrays
 
-__all__ = ["VerifyReport", "verify_index"]
+__all__ = ["VerifyReport", "verify_index", "rescan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,90 +57,32 @@ def verify_index(
     """Re-scan ``shard`` (a local path or a URL) and compare every row of its index with
     the scan.
 
-    A remote shard's index is found as :func:`~.anywhere.open_shard_index` finds it, and
+    A remote shard's index is found as :func:`~.opener.open_shard_index` finds it, and
     the object is read again (a ``.tar.gz`` or ``.tar.zst`` through a temporary copy, as
     its index was built), every read conditional on the version the index recorded.
 
-    Raises the same errors as :func:`~.anywhere.open_shard_index` (missing, stale or
+    Raises the same errors as :func:`~.opener.open_shard_index` (missing, stale or
     corrupt index) and as the scanner (malformed shard).
     """
     ix = open_shard_index(shard, index_dir=index_dir, storage_options=storage_options)
-    changed: list[str] = []  # the object's first and last 64 KiB against the fingerprint
-    layout: CompressedLayout | None = None
-    spacing = ix.meta.seek_spacing or DEFAULT_SEEK_SPACING
-    if is_url(ix.shard):
-        read = scan_object(
-            ix.shard, expected_stat(ix.meta), scratch=ix.path, storage_options=storage_options,
-            seek_spacing=spacing,
-        )  # fmt: skip
-        scanned = read.scanned
-        scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
-        if scanned.fingerprint != ix.meta.fingerprint:
-            changed.append(
-                f"content fingerprint: index has {ix.meta.fingerprint}, object has "
-                f"{scanned.fingerprint}"
-            )
-    elif ix.meta.compression:  # decompressed and checked again, its frames or points kept
-        compressed = scan_compressed(
-            Path(ix.shard), ix.meta.compression, ignore_zeros=ix.meta.ignore_zeros,
-            seek_spacing=spacing,
-        )  # fmt: skip
-        scan, grouping, layout = compressed.scan, compressed.grouping, compressed.layout
-    else:
-        scan, grouping, _, _ = scan_shard_file(Path(ix.shard), ignore_zeros=ix.meta.ignore_zeros)
-    rows = grouping.entries
-    expected_members = list(
-        zip(
-            range(len(rows)),
-            grouping.sample_of_member.tolist(),
-            [scan.names[i] for i in rows.tolist()],
-            [sql_text(ext) for ext in grouping.exts],  # the exact ones are in the arrays
-            scan.header_offsets[rows].tolist(),
-            scan.data_offsets[rows].tolist(),
-            scan.sizes[rows].tolist(),
+    scanned = rescan(ix, storage_options=storage_options)
+    scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
+    changed = []  # the shard's first and last 64 KiB against the fingerprint
+    if scanned.fingerprint != ix.meta.fingerprint:
+        changed.append(
+            f"content fingerprint: index has {ix.meta.fingerprint}, shard has {scanned.fingerprint}"
         )
-    )
     arrays = scan_arrays(scan, grouping)
-    expected_samples = list(
-        zip(
-            range(len(grouping.keys)),
-            grouping.keys,
-            grouping.first_member.tolist(),
-            grouping.member_count.tolist(),
-            arrays.samples[:, 0].tolist(),  # start_offset
-            arrays.samples[:, 1].tolist(),  # end_offset
-        )
-    )
-    expected_skipped = sorted(
-        (int(scan.header_offsets[row]), scan.names[row], kind) for row, kind in grouping.skipped
-    )
     problems: list[str] = []
     warnings: list[str] = []
     try:
         with contextlib.closing(_connect_ro(ix.path)) as conn:
-            members = [
-                (*row[:2], from_sql(row[2], row[-1]), *row[3:-1])
-                for row in conn.execute(
-                    "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size, "
-                    "raw_name FROM members ORDER BY member_id"
-                )
-            ]
-            samples = [
-                (row[0], from_sql(row[1], row[-1]), *row[2:-1])
-                for row in conn.execute(
-                    "SELECT sample_id, key, first_member, member_count, start_offset, end_offset, "
-                    "raw_key FROM samples ORDER BY sample_id"
-                )
-            ]
-            skipped = [
-                (row[0], from_sql(row[1], row[3]), row[2])
-                for row in conn.execute(
-                    "SELECT header_offset, name, kind, raw_name FROM skipped ORDER BY header_offset"
-                )
-            ]
-            problems += _compare("member", members, expected_members)
-            problems += _compare("sample", samples, expected_samples)
-            problems += _compare("skipped entry", skipped, expected_skipped)
+            for what, got, expected in zip(
+                ("member", "sample", "skipped entry"),
+                _stored_rows(conn),
+                _expected_rows(scan, grouping, arrays),
+            ):
+                problems += _compare(what, got, expected)
             if not problems:  # the tables are the scan's: the arrays must be the scan's too
                 problems += _check_arrays(conn, ix.path, arrays, ix.meta, warnings)
             if not problems and ix.meta.checksum:
@@ -160,9 +104,96 @@ def verify_index(
         shard=ix.shard,
         index=str(ix.path),
         samples=len(grouping.keys),
-        members=len(rows),
+        members=len(grouping.entries),
         problems=problems,
         warnings=warnings,
+    )
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def _expected_rows(
+    scan: TarScan, grouping: Grouping, arrays: ShardArrays
+) -> tuple[Rows, Rows, Rows]:
+    """The ``members``, ``samples`` and ``skipped`` rows an index of the scan holds."""
+    rows = grouping.entries
+    members = list(
+        zip(
+            range(len(rows)),
+            grouping.sample_of_member.tolist(),
+            [scan.names[i] for i in rows.tolist()],
+            [sql_text(ext) for ext in grouping.exts],  # the exact ones are in the arrays
+            scan.header_offsets[rows].tolist(),
+            scan.data_offsets[rows].tolist(),
+            scan.sizes[rows].tolist(),
+        )
+    )
+    samples = list(
+        zip(
+            range(len(grouping.keys)),
+            grouping.keys,
+            grouping.first_member.tolist(),
+            grouping.member_count.tolist(),
+            arrays.samples[:, 0].tolist(),  # start_offset
+            arrays.samples[:, 1].tolist(),  # end_offset
+        )
+    )
+    skipped = sorted(
+        (int(scan.header_offsets[row]), scan.names[row], kind) for row, kind in grouping.skipped
+    )
+    return members, samples, skipped
+
+
+def _stored_rows(conn: sqlite3.Connection) -> tuple[Rows, Rows, Rows]:
+    """The ``members``, ``samples`` and ``skipped`` rows of the index, as
+    :func:`_expected_rows` gives them."""
+    members = [
+        (*row[:2], from_sql(row[2], row[-1]), *row[3:-1])
+        for row in conn.execute(
+            "SELECT member_id, sample_id, name, ext, header_offset, data_offset, size, "
+            "raw_name FROM members ORDER BY member_id"
+        )
+    ]
+    samples = [
+        (row[0], from_sql(row[1], row[-1]), *row[2:-1])
+        for row in conn.execute(
+            "SELECT sample_id, key, first_member, member_count, start_offset, end_offset, "
+            "raw_key FROM samples ORDER BY sample_id"
+        )
+    ]
+    skipped = [
+        (row[0], from_sql(row[1], row[3]), row[2])
+        for row in conn.execute(
+            "SELECT header_offset, name, kind, raw_name FROM skipped ORDER BY header_offset"
+        )
+    ]
+    return members, samples, skipped
+
+
+def rescan(
+    index: ShardIndex, *, storage_options: Mapping[str, Any] | None = None
+) -> CompressedScan:
+    """A fresh scan of the shard ``index`` describes, made as its build made it: a remote
+    object in one read (a ``.tar.gz`` or ``.tar.zst`` through a temporary copy beside the
+    index), every read conditional on the version the index recorded; a local shard
+    from its file, its frames or seek points found again."""
+    meta = index.meta
+    spacing = meta.seek_spacing or DEFAULT_SEEK_SPACING
+    location = index.location
+    if location.remote:
+        return scan_object(
+            location.name,
+            expected_stat(meta),
+            scratch=index.path,
+            storage_options=storage_options,
+            seek_spacing=spacing,
+        ).scanned
+    return scan_local_shard(
+        Path(location.name),
+        meta.compression or None,
+        ignore_zeros=meta.ignore_zeros,
+        seek_spacing=spacing,
     )
 
 
@@ -200,7 +231,7 @@ def _check_checksums(
     hash_ = hasher(ix.meta.checksum)
     starts, ends = stored.samples[:, 0].tolist(), stored.samples[:, 1].tolist()
     bad: list[int] = []
-    with shard_source(ix, storage_options=storage_options) as source:
+    with shard_source(ix, SourceOptions(dict(storage_options or {}))) as source:
         for at in range(0, len(starts), _CHECK_BATCH):
             offsets = starts[at : at + _CHECK_BATCH]
             lengths = [e - s for s, e in zip(offsets, ends[at : at + _CHECK_BATCH])]

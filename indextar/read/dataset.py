@@ -23,15 +23,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleIndexError, SampleKeyError
-from ..index.compressed import decompressing_source
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
+from ..index.opener import open_entry, open_entry_index
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import expand_shards, is_url
-from ..source.local import FileVersion, LRUCache, open_source
+from ..patterns import expand_shards
+from ..source.local import LRUCache
+from ..source.location import remote_shards
 from .decode import DecodeArg
-from .entries import index_entries, open_entry_index
+from .entries import index_entries
 from .pool import BatchPool, DecodeThreads
-from .remote_options import RemoteOptions, fetch_spans
+from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
 from .shard import OpenShard
 from .subset import KeysArg, KeySubset
@@ -120,13 +121,13 @@ class IndexedTarDataset:
         )
         self._pool = BatchPool(decode_threads)
         self._index_dir = None if index_dir is None else os.fspath(index_dir)
-        self._build_missing = build_missing
-        self._remote = RemoteOptions.make(
+        self._options = dataset_options(
             remote,
             index_dir,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             storage_options=storage_options,
+            build_missing=build_missing,
         )
         self.max_open_shards = max_open_shards
         self.manifest: Path | None = None
@@ -136,11 +137,9 @@ class IndexedTarDataset:
         else:
             entries = index_entries(
                 expand_shards(shards),
-                index_dir=self._index_dir,
-                build_missing=build_missing,
+                options=self._options,
                 progress=progress,
                 workers=build_workers,
-                remote=self._remote,
             )
         self._entries: tuple[ManifestShard, ...] = tuple(entries)
         self.shards: tuple[str, ...] = tuple(entry.url for entry in entries)
@@ -152,8 +151,11 @@ class IndexedTarDataset:
         # The same boundaries as Python ints, for bisect in __getitem__ (O(shards)).
         self._starts_list: list[int] = self._starts.tolist()
         self._len = int(self._starts[-1])
-        # Whether a batch may need remote spans fetched together (checked per batch if so).
-        self._has_ranges = self._remote.strategy == "ranges" and any(map(is_url, self.shards))
+        # The remote shards read by ranges, whose spans a batch fetches together.
+        self._ranged: frozenset[int] = (
+            remote_shards(self.shards) if self._options.source.cache is None else frozenset()
+        )
+        self._has_ranges = bool(self._ranged)
         self._reset_process_state()
 
     # -- per-process state ----------------------------------------------------------
@@ -180,16 +182,9 @@ class IndexedTarDataset:
     def _shard(self, shard_no: int) -> OpenShard:
         shard = self._open.get(shard_no)
         if shard is None:
-            index = self._shard_index(shard_no)
-            url = self.shards[shard_no]
-            if is_url(url):
-                source = self._remote.source(url, index)
-            else:
-                version = FileVersion(index.meta.shard_size, index.meta.shard_mtime_ns)
-                source = open_source(url, version)
-            if index.meta.compression:  # once per shard: plain shards keep their source
-                local = None if is_url(url) else url
-                source = decompressing_source(index.path, index.meta, source, local_path=local)
+            index, source = open_entry(
+                self._entries[shard_no], self._options, number=shard_no, manifest=self.manifest
+            )
             shard = OpenShard.load(index, source)
             self._open.put(shard_no, shard)
         return shard
@@ -197,12 +192,7 @@ class IndexedTarDataset:
     def _shard_index(self, shard_no: int) -> ShardIndex:
         """Open and validate a shard's index, and check it against the manifest entry."""
         return open_entry_index(
-            self._entries[shard_no],
-            number=shard_no,
-            manifest=self.manifest,
-            index_dir=self._index_dir,
-            build_missing=self._build_missing,
-            remote=self._remote,
+            self._entries[shard_no], self._options, number=shard_no, manifest=self.manifest
         )
 
     # -- access -----------------------------------------------------------------
@@ -251,7 +241,7 @@ class IndexedTarDataset:
             locals_.tolist(),
             positions.tolist(),
         )
-        if self._has_ranges and any(is_url(self.shards[n]) for n in set(shard_list)):
+        if self._has_ranges and not self._ranged.isdisjoint(shard_list):
             built = self._read_remote_batch(shard_list, local_list, position_list, extra)
         else:
             built = self._read_local_batch(shard_list, local_list, position_list, extra)
@@ -354,18 +344,19 @@ class IndexedTarDataset:
 
     def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
         """The remote samples' bytes, all requests in flight at once; ``None`` for local ones."""
-        wanted = [(n, local) for n, local in zip(shard_nos, locals_) if is_url(self.shards[n])]
+        ranged = self._ranged
+        wanted = [(n, local) for n, local in zip(shard_nos, locals_) if n in ranged]
         shards = [self._shard(n) for n, _ in wanted]
         spans = [shard.span(local) for shard, (_, local) in zip(shards, wanted)]
         fetched = iter(
             fetch_spans(  # compressed shards: their frames, or from their seek points
                 [shard.source for shard in shards],
                 *zip(*spans),  # the offsets, then the lengths (wanted is never empty)
-                max_in_flight=self._remote.max_in_flight,
+                max_in_flight=self._options.source.max_in_flight,
                 keys=[shard.key(local) for shard, (_, local) in zip(shards, wanted)],
             )
         )
-        return [next(fetched) if is_url(self.shards[n]) else None for n in shard_nos]
+        return [next(fetched) if n in ranged else None for n in shard_nos]
 
     def _sample(self, shard_no: int, local: int, position: int) -> Any:
         # ds[i]'s hot path: _read inlined (a call costs about 3% of a cached read).

@@ -2,31 +2,29 @@
 name the keys of a dataset's samples.
 
 The library side of ``indextar ls``, ``cat``, ``get`` and ``query --keys``. Shards are
-local paths or URLs (:mod:`indextar.index.anywhere`). A local shard without an index is
+local paths or URLs (:mod:`indextar.index.opener`). A local shard without an index is
 scanned in memory; nothing is written. A remote shard's index must exist.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import MissingIndexError, SampleIndexError, SampleKeyError
-from ..index.anywhere import open_shard_index, shard_source
 from ..index.manifest import is_manifest, read_manifest
 from ..index.members import MemberTable, load_members, scan_members
 from ..index.naming import split_name
+from ..index.opener import OpenOptions, open_entry_index, open_shard_index, shard_source
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import expand_shards, is_url
+from ..patterns import expand_shards
 from ..source.base import ByteSource
 from ..source.local import open_source
-from .entries import open_entry_index
-from .remote_options import RemoteOptions
+from ..source.location import ShardLocation, SourceOptions
 
 if TYPE_CHECKING:
     from .dataset import IndexedTarDataset
@@ -80,12 +78,13 @@ def shard_members(shard: PathLike, *, index_dir: PathLike | None = None) -> Memb
 
 
 def _members(shard: PathLike, index_dir: PathLike | None) -> tuple[MemberTable, ShardIndex | None]:
+    location = ShardLocation.of(shard)
     try:
-        index = open_shard_index(shard, index_dir=index_dir)
+        index = open_shard_index(location.name, index_dir=index_dir)
     except MissingIndexError:
-        if is_url(os.fspath(shard)):  # a remote shard is never scanned here
+        if location.remote:  # a remote shard is never scanned here
             raise
-        return scan_members(str(shard)), None
+        return scan_members(location.name), None
     return load_members(index), index
 
 
@@ -125,27 +124,19 @@ def read_member(shard: PathLike, member: str, *, index_dir: PathLike | None = No
 
 def _dataset_shards(
     dataset: DatasetArg, index_dir: PathLike | None
-) -> tuple[list[int], Callable[[int], ShardIndex], Mapping[str, Any] | None]:
+) -> tuple[list[int], Callable[[int], ShardIndex], SourceOptions | None]:
     """Each shard's sample count, a function giving shard ``n``'s index (a manifest's
-    shards, and an open dataset's, are opened only then), and the remote shards'
-    storage options."""
+    shards, and an open dataset's, are opened only then), and how the remote shards'
+    bytes are read."""
     if not isinstance(dataset, str | Sequence):  # an IndexedTarDataset: its counts are known
-        options = dataset._remote.storage_options
+        options = SourceOptions(dataset._options.storage_options)
         return dataset.shard_sizes.tolist(), dataset._shard_index, options
     if isinstance(dataset, str) and is_manifest(dataset):
         manifest = read_manifest(dataset)
-        remote = RemoteOptions.make(
-            "ranges", index_dir, cache_dir=None, cache_limit=0, storage_options=None
-        )
+        opening = OpenOptions.make(index_dir)
 
         def open_shard(n: int) -> ShardIndex:
-            return open_entry_index(
-                manifest.shards[n],
-                number=n,
-                manifest=manifest.path,
-                index_dir=index_dir,
-                remote=remote,
-            )
+            return open_entry_index(manifest.shards[n], opening, number=n, manifest=manifest.path)
 
         return [s.nsamples for s in manifest.shards], open_shard, None
     shards = expand_shards(dataset)
@@ -171,7 +162,7 @@ def describe_sample(
     SampleIndexError
         If ``index`` is out of range.
     """
-    counts, open_shard, storage_options = _dataset_shards(dataset, index_dir)
+    counts, open_shard, source_options = _dataset_shards(dataset, index_dir)
     total = sum(counts)
     position = index + total if index < 0 else index
     if not 0 <= position < total:
@@ -182,7 +173,7 @@ def describe_sample(
     shard_index = open_shard(which)
     table = load_members(shard_index)
     rows = table.members_of(local)
-    with shard_source(shard_index, storage_options=storage_options) as source:
+    with shard_source(shard_index, source_options) as source:
         heads = source.read_many(
             [int(table.data_offsets[row]) for row in rows],
             [min(head_bytes, int(table.sizes[row])) for row in rows],

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 from ..errors import IndextarError
-from ..patterns import is_url
 from ..source.codecs import decompressing, open_decompressed
+from ..source.location import ShardLocation
 from ..source.remote import RangeSource, check_pipe_allowed
 from ..source.stream import RemoteStream
 
@@ -35,9 +35,9 @@ def open_stream(
     shard and the compressed offset; other compressions raise
     :class:`~indextar.errors.CompressedShardError`.
     """
-    if not url.startswith("pipe:") and not is_url(url):
-        path = url.removeprefix("file://")
-        with open_decompressed(path, shard=url, reading="streaming") as stream:
+    location = None if url.startswith("pipe:") else ShardLocation.of(url)
+    if location is not None and not location.remote:
+        with open_decompressed(location.name, shard=url, reading="streaming") as stream:
             yield stream
         return
     with contextlib.ExitStack() as stack:

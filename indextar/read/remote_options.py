@@ -1,102 +1,51 @@
-"""How a dataset reads remote shards: by ranged requests, or through the shard cache."""
+"""How a dataset opens its shards, and reads remote ones: by ranged requests, a batch's
+spans in flight together, or through the shard cache."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from ..index.meta import _read_meta
-from ..index.remote import default_cache_root, default_index_dir, expected_stat, open_remote_index
-from ..index.shard import ShardIndex
+from ..index.opener import OpenOptions
+from ..index.remote import default_cache_root
 from ..source.base import ByteSource
-from ..source.cache import CachedSource, ShardCache
+from ..source.cache import ShardCache
 from ..source.frames import FramedSource
 from ..source.remote import RangeSource, fetch_ranges
 
-__all__ = ["RemoteOptions", "fetch_ranges", "fetch_spans"]
+__all__ = ["dataset_options", "fetch_ranges", "fetch_spans"]
 
 Strategy = Literal["ranges", "cache"]
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteOptions:
-    """A dataset's choices for its remote shards.
+def dataset_options(
+    strategy: str,
+    index_dir: str | os.PathLike[str] | None,
+    *,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | str,
+    storage_options: Mapping[str, Any] | None,
+    build_missing: bool = False,
+) -> OpenOptions:
+    """How a dataset opens its shards, from its arguments, checked.
 
-    Attributes
-    ----------
-    strategy
-        ``"ranges"``: one ranged request per sample, batches in flight together.
-        ``"cache"``: whole shards downloaded into ``cache`` and read locally.
-    index_dir
-        Local folder of the remote shards' indexes.
-    cache
-        The shard cache (``"cache"`` only).
-    storage_options
-        fsspec options for every remote shard.
-    max_in_flight
-        Requests a batch keeps in flight at once.
+    ``strategy`` is how remote shards are read: ``"ranges"``, one ranged request per
+    sample, batches in flight together; ``"cache"``, whole shards downloaded into the
+    shard cache at ``cache_dir`` (default ``~/.cache/indextar/shards``) and read locally.
     """
-
-    strategy: Strategy
-    index_dir: Path
-    cache: ShardCache | None
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    max_in_flight: int = 64
-
-    @classmethod
-    def make(
-        cls,
-        strategy: str,
-        index_dir: str | os.PathLike[str] | None,
-        *,
-        cache_dir: str | os.PathLike[str] | None,
-        cache_limit: int | str,
-        storage_options: Mapping[str, Any] | None,
-    ) -> RemoteOptions:
-        """Check the dataset's ``remote=`` arguments and fill in the default folders."""
-        if strategy not in ("ranges", "cache"):
-            raise ValueError(f"remote= must be 'ranges' or 'cache', got {strategy!r}")
-        folder = Path(index_dir) if index_dir is not None else default_index_dir()
-        cache = None
-        if strategy == "cache":
-            cache = ShardCache(
-                cache_dir if cache_dir is not None else default_cache_root() / "shards",
-                limit=cache_limit,
-                storage_options=storage_options,
-            )
-        return cls(
-            "ranges" if strategy == "ranges" else "cache",
-            folder,
-            cache,
-            dict(storage_options or {}),
+    if strategy not in ("ranges", "cache"):
+        raise ValueError(f"remote= must be 'ranges' or 'cache', got {strategy!r}")
+    cache = None
+    if strategy == "cache":
+        cache = ShardCache(
+            cache_dir if cache_dir is not None else default_cache_root() / "shards",
+            limit=cache_limit,
+            storage_options=storage_options,
         )
-
-    def index(self, url: str, path: str | None, *, build_missing: bool) -> ShardIndex:
-        """The index of remote shard ``url``: at ``path`` if known (no request), else found
-        or built."""
-        if path is not None and Path(path).exists():
-            return ShardIndex(shard=url, path=Path(path), meta=_read_meta(Path(path)))
-        return open_remote_index(
-            url,
-            index_dir=self.index_dir,
-            storage_options=self.storage_options,
-            build_missing=build_missing,
-        )
-
-    def source(self, url: str, index: ShardIndex) -> ByteSource:
-        """The byte source of ``url``, checked against the object version ``index`` describes."""
-        expected = expected_stat(index.meta)
-        if self.cache is not None:
-            return CachedSource(url, cache=self.cache, expected=expected)
-        return RangeSource(
-            url,
-            expected=expected,
-            storage_options=self.storage_options,
-            max_in_flight=self.max_in_flight,
-        )
+    return OpenOptions.make(
+        index_dir, storage_options=storage_options, cache=cache, build_missing=build_missing
+    )
 
 
 def fetch_spans(

@@ -40,7 +40,7 @@ from ..errors import MissingAttributesError, SelectionError
 from ..index.attributes import attribute_columns, attribute_sources, has_attribute_table, quote
 from ..index.remote import default_cache_root
 from ..index.shard import PathLike, ShardIndex, index_path
-from ..patterns import is_url
+from ..source.location import url_scheme
 from .lookup import sample_keys
 
 __all__ = [
@@ -230,7 +230,7 @@ def _cache_key(expression: str, dataset: Any, numbers: Sequence[int]) -> str:
     digest.update(f"{len(dataset)}\0{expression}\0".encode())
     for number in numbers:
         entry = dataset._entries[number]
-        if is_url(entry.url):
+        if url_scheme(entry.url):
             index = dataset._shard_index(number)
             path, shard = index.path, index.meta.fingerprint
         else:

@@ -21,8 +21,8 @@ from .. import native
 from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
-from ..patterns import is_url
 from ..source.base import ByteSource, Span, split_members
+from ..source.location import url_scheme
 from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class OpenShard:
         hash_ = hasher(self.checksum)
         expected = int(self.checksums[local])  # type: ignore[index]
         got = hash_(span)
-        if got != expected and is_url(self.shard):
+        if got != expected and url_scheme(self.shard):
             log.warning(
                 "%s: sample %r at byte offset %d does not match its %s checksum; reading "
                 "it again", self.shard, key.decode("utf-8", "surrogateescape"), start,

@@ -15,19 +15,6 @@ from .fsspec_internals import cached_instances
 
 __all__ = ["filesystem", "without_client_retries"]
 
-# protocol -> the package fsspec needs for it, for the ImportError's install hint.
-_PROTOCOL_PACKAGES = {
-    "http": "aiohttp",
-    "https": "aiohttp",
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "hf": "huggingface_hub",
-}
-
 _USED_CLASSES: set[type] = set()
 _INHERITED: list[Any] = []
 
@@ -64,7 +51,9 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as e:
-        package = _PROTOCOL_PACKAGES.get(protocol, f"the fsspec backend for {protocol}://")
+        from .location import scheme_package  # the scheme registry (which imports this)
+
+        package = scheme_package(protocol)
         raise ImportError(
             f"reading {protocol}:// shards needs {package}: pip install {package} "
             f"(or 'indextar[remote]' for http and s3) ({e})"

@@ -338,9 +338,8 @@ os.register_at_fork(after_in_child=_unmap_inherited)
 
 def open_source(path: str | os.PathLike[str], version: FileVersion | None = None) -> ByteSource:
     """The byte source of a local shard (opened lazily), checked against ``version`` if
-    given. Remote shards' sources come from
-    :class:`~indextar.read.remote_options.RemoteOptions`, which knows their storage options
-    and cache."""
+    given. A shard of either kind is opened by
+    :meth:`~indextar.source.location.ShardLocation.open_raw`."""
     return LocalFileSource(path, version=version)
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ..atomic import write_atomic
 from ..errors import ExportError
-from ..index.anywhere import usable_index
 from ..index.manifest import write_manifest
 from ..index.members import MemberTable, load_members
+from ..index.opener import usable_index
 from ..index.shard import PathLike
 
 __all__ = ["DALI_VERSION", "dali_index_text", "dali_index_name", "export_dali", "export_wids"]

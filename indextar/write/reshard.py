@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WriterError
-from ..index.anywhere import shard_source, usable_index
 from ..index.members import MemberTable, load_members
+from ..index.opener import shard_source, usable_index
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import is_url
 from ..source.base import ByteSource
 from .sample import TarSample
 from .shardwriter import ShardWriter
@@ -96,7 +95,7 @@ def _pread(fd: int | ByteSource) -> Callable[[int, int], bytes]:
 
 def _open_source(index: ShardIndex, stack: ExitStack) -> int | ByteSource:
     """A plain local shard's descriptor; else a source of the uncompressed bytes."""
-    if not index.meta.compression and not is_url(index.shard):
+    if not index.meta.compression and not index.location.remote:
         return stack.enter_context(open(index.shard, "rb", buffering=0)).fileno()
     source = shard_source(index)
     stack.callback(source.close)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from wds_shards import write_shards
 
-import indextar.read.entries
+import indextar.index.opener
 from indextar import (
     IndexedTarDataset,
     ManifestError,
@@ -72,13 +72,13 @@ def test_opening_a_manifest_opens_no_index(
     target = tmp_path / "m.json"
     write_manifest(target, [build_index(p) for p in indexed])
     opened: list[str] = []
-    real = indextar.read.entries.open_index_at
+    real = indextar.index.opener.open_index_at
 
     def counting(shard: object, path: object) -> object:
         opened.append(str(shard))
         return real(shard, path)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(indextar.read.entries, "open_index_at", counting)
+    monkeypatch.setattr(indextar.index.opener, "open_index_at", counting)
     ds = IndexedTarDataset(target)
     assert len(ds) == 12 and opened == []
     ds[5]

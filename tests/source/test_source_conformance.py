@@ -23,7 +23,7 @@ from loopback_servers import HttpServer, SeaweedServer
 import indextar
 import indextar.source
 from indextar.errors import RemoteReadError
-from indextar.index.anywhere import shard_source
+from indextar.index.opener import shard_source
 from indextar.source.base import ByteSource
 from indextar.source.cache import CachedSource, ShardCache
 from indextar.source.frames import FramedSource
