@@ -29,6 +29,7 @@ from ..index.shard import PathLike, ShardIndex
 from ..patterns import expand_shards
 from ..source.local import LRUCache
 from ..source.location import remote_shards
+from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
 from .pool import BatchPool, DecodeThreads
@@ -187,6 +188,11 @@ class IndexedTarDataset(RemoteBatches):
         self._open.clear()
         self._pool.close()
         self._ahead.close()
+
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """This process's read-ahead figures (bytes held, in flight, at most; spans
+        fetched, taken, missed, wasted); ``None`` before its first hinted batch."""
+        return self._ahead.stats()
 
     def _shard(self, shard_no: int) -> OpenShard:
         shard = self._open.get(shard_no)
