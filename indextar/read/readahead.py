@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..order.readahead import Hint
+from ..source import prefetch
 from ..source.base import ByteSource, fork_generation
 from ..source.frames import FramedSource
 from ..source.prefetch import Prefetcher, PrefetchStats, SpanFetch
@@ -75,10 +76,10 @@ class ReadAhead:
     fetch
         How chunks of spans are fetched.
     in_flight
-        Spans in flight at once.
+        Spans in flight at once (default :data:`~indextar.source.prefetch.DEFAULT_IN_FLIGHT`).
     """
 
-    def __init__(self, budget: int, fetch: SpanFetch, *, in_flight: int = 128) -> None:
+    def __init__(self, budget: int, fetch: SpanFetch, *, in_flight: int | None = None) -> None:
         self.budget = budget
         self.fetch = fetch
         self.in_flight = in_flight
@@ -110,7 +111,10 @@ class ReadAhead:
         prefetcher = self._current()
         if prefetcher is None:
             prefetcher = self._prefetcher = Prefetcher(
-                self.fetch, budget=self.budget, in_flight=self.in_flight
+                self.fetch,
+                budget=self.budget,
+                in_flight=self.in_flight or prefetch.DEFAULT_IN_FLIGHT,
+                chunk=prefetch.DEFAULT_CHUNK,
             )
         if hint.token != self._token:  # a new pass: what was wanted before is not
             prefetcher.clear()

@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 
 from .base import ByteSource
 
-__all__ = ["PrefetchStats", "Prefetcher", "SpanFetch"]
+__all__ = ["DEFAULT_CHUNK", "DEFAULT_IN_FLIGHT", "PrefetchStats", "Prefetcher", "SpanFetch"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,11 @@ SpanFetch = Callable[[Sequence[ByteSource], Sequence[int], Sequence[int]], list[
 """``fetch(sources, offsets, lengths)``: span ``i`` of ``sources[i]`` for every ``i``,
 all requests in flight together; raises if any cannot be read. The seam where a faster
 client plugs in."""
+
+DEFAULT_IN_FLIGHT = 128
+"""Spans a prefetcher keeps in flight: enough for 6,400 samples/s at 20 ms a request."""
+DEFAULT_CHUNK = 16
+"""Spans per call of its ``fetch`` (so ``DEFAULT_IN_FLIGHT // DEFAULT_CHUNK`` threads)."""
 
 _QUEUED, _FLIGHT, _HELD = 0, 1, 2
 
@@ -103,7 +108,14 @@ class Prefetcher(Generic[K]):
         Spans per call of ``fetch``.
     """
 
-    def __init__(self, fetch: SpanFetch, *, budget: int, in_flight: int = 128, chunk: int = 16):
+    def __init__(
+        self,
+        fetch: SpanFetch,
+        *,
+        budget: int,
+        in_flight: int = DEFAULT_IN_FLIGHT,
+        chunk: int = DEFAULT_CHUNK,
+    ):
         if budget < 0 or in_flight < 1 or chunk < 1:
             raise ValueError(f"need budget >= 0, in_flight >= 1, chunk >= 1; got {budget}, "
                              f"{in_flight}, {chunk}")  # fmt: skip
@@ -113,7 +125,10 @@ class Prefetcher(Generic[K]):
         self._threads = max(1, in_flight // self._chunk)
         self._entries: dict[K, _Entry] = {}
         self._queue: deque[tuple[K, _Entry]] = deque()
-        self._changed = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # Two waits on one lock: fetching threads wait for work, readers for a span.
+        self._work = threading.Condition(self._lock)
+        self._done = threading.Condition(self._lock)
         self._started: list[threading.Thread] = []
         self._closed = False
         self._held = self._flight = self._peak = 0
@@ -122,7 +137,7 @@ class Prefetcher(Generic[K]):
     def want(self, spans: Iterable[tuple[K, ByteSource, int, int]], due: int) -> None:
         """Fetch each ``(key, source, offset, length)`` span, which batch ``due`` will
         take as ``key``; a span wanted twice is fetched once and taken twice."""
-        with self._changed:
+        with self._lock:
             for key, source, offset, length in spans:
                 if length > self.budget:
                     continue
@@ -133,16 +148,16 @@ class Prefetcher(Generic[K]):
                 entry.dues.append(due)
             if self._queue:
                 self._start_threads()
-                self._changed.notify_all()
+                self._work.notify(-(-len(self._queue) // self._chunk))
 
     def take(self, key: K) -> bytes | None:
         """The span wanted as ``key``, once fetched; ``None`` if the caller must fetch it."""
-        with self._changed:
+        with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry.state == _FLIGHT:
                 self._counts["waited"] += 1
                 while entry.state == _FLIGHT and self._entries.get(key) is entry:
-                    self._changed.wait()
+                    self._done.wait()
             if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
                 if entry is not None and self._entries.get(key) is entry:
                     del self._entries[key]  # queued: the caller fetches it instead
@@ -158,7 +173,7 @@ class Prefetcher(Generic[K]):
 
     def forget_before(self, due: int) -> None:
         """Stop holding (or fetching) spans only batches before ``due`` wanted."""
-        with self._changed:
+        with self._lock:
             for key, entry in list(self._entries.items()):
                 entry.dues = [d for d in entry.dues if d >= due]
                 if not entry.dues and entry.state != _FLIGHT:
@@ -168,7 +183,7 @@ class Prefetcher(Generic[K]):
 
     def clear(self) -> None:
         """Forget everything wanted (a new pass over the data)."""
-        with self._changed:
+        with self._lock:
             for key, entry in list(self._entries.items()):
                 if entry.state == _HELD:
                     self._counts["wasted"] += 1
@@ -180,15 +195,15 @@ class Prefetcher(Generic[K]):
 
     def stats(self) -> PrefetchStats:
         """Its figures now."""
-        with self._changed:
+        with self._lock:
             return PrefetchStats(self.budget, self._held, self._flight, self._peak, **self._counts)
 
     def close(self) -> None:
         """Stop the threads (after the chunks in flight) and drop what is held."""
         self.clear()
-        with self._changed:
+        with self._lock:
             self._closed = True
-            self._changed.notify_all()
+            self._work.notify_all()
 
     # -- internals (under the lock) -----------------------------------------------------
 
@@ -198,7 +213,7 @@ class Prefetcher(Generic[K]):
         if entry.state == _HELD:
             self._held -= entry.length
             entry.data = None
-            self._changed.notify_all()  # room for another chunk
+            self._work.notify()  # room for another chunk
 
     def _start_threads(self) -> None:
         while len(self._started) < self._threads:
@@ -229,10 +244,10 @@ class Prefetcher(Generic[K]):
 
     def _run(self) -> None:
         while True:
-            with self._changed:
+            with self._lock:
                 chunk = self._next_chunk()
                 while not chunk and not self._closed:
-                    self._changed.wait()
+                    self._work.wait()
                     chunk = self._next_chunk()
                 if self._closed:
                     return
@@ -248,7 +263,7 @@ class Prefetcher(Generic[K]):
             except Exception as e:  # the reader's own fetch raises it, or succeeds
                 log.debug("read-ahead of %d spans failed: %s: %s", len(chunk), type(e).__name__, e)
                 got = [None] * len(chunk)
-            with self._changed:
+            with self._lock:
                 for (key, entry), data in zip(chunk, got):
                     self._flight -= entry.length
                     if data is None or self._entries.get(key) is not entry or not entry.dues:
@@ -260,4 +275,4 @@ class Prefetcher(Generic[K]):
                     entry.state, entry.data = _HELD, data
                     self._held += entry.length
                     self._counts["fetched"] += 1
-                self._changed.notify_all()
+                self._done.notify_all()
