@@ -309,3 +309,35 @@ def test_every_ddp_rank_reads_its_own_order_ahead(http: HttpServer, tmp_path: Pa
         logged = [key for record in ddpjob.logged(tmp_path, "ddp", rank) for key in record["keys"]]
         assert logged == expected
     assert requests(http) == len(ds)  # each span once, across both ranks and their workers
+
+
+def test_a_compressed_shard_is_read_ahead_through_its_frames(
+    http: HttpServer, root: Path, tmp_path: Path
+) -> None:
+    import indextar
+
+    with indextar.TarWriter(root / "ra-frames.tar.zst", compress="zstd") as sink:
+        for i in range(SAMPLES):
+            sink.write({"__key__": f"z{i:04d}", "bin": bytes([i]) * (500 + 97 * i)})
+    shards = [http.url("ra-frames.tar.zst"), urls(http)[1]]
+    ds = dataset(shards, tmp_path)
+    expected = [ds[i] for i in range(len(ds))]
+    http.reset()
+    got, stats = read_all(ds, ReadAheadBatches(ResumableSampler(ds, seed=6), BATCH), 0)
+    order = [i for b in ReadAheadBatches(ResumableSampler(ds, seed=6), BATCH) for i in b]
+    assert got == [expected[i] for i in order]
+    assert requests(http) == len(ds)  # one ranged GET a sample (its frame), none twice
+    assert stats[-1].taken >= len(ds) - 2 * BATCH
+
+
+def test_a_key_view_passes_the_hint_on_as_base_indices(http: HttpServer, tmp_path: Path) -> None:
+    ds = dataset(urls(http), tmp_path)
+    view = ds.exclude([f"s1_{i:04d}" for i in range(0, SAMPLES, 2)])
+    expected = [view[i] for i in range(len(view))]
+    batches = ReadAheadBatches(ResumableSampler(view, seed=8), BATCH)
+    loader = DataLoader(view, batch_sampler=batches, collate_fn=list)
+    got = [sample for batch in loader for sample in batch]
+    order = [i for b in ReadAheadBatches(ResumableSampler(view, seed=8), BATCH) for i in b]
+    assert got == [expected[i] for i in order]
+    stats = ds.prefetch_stats()
+    assert stats is not None and stats.taken >= len(view) - 2 * BATCH and stats.wasted == 0
