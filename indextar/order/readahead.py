@@ -151,8 +151,9 @@ class ReadAheadBatches:
                 return
             if pure:
                 predicted = window.popleft() if window else None
-                if predicted != indices:  # never happens to a pure order; hint nothing then
+                if predicted != indices:  # never happens to a pure order; hint no more
                     window.clear()
+                    ahead = iter(())
             future = list(window)[: self.depth]
             flat = np.fromiter(itertools.chain.from_iterable(future), np.int64)
             hint = Hint(token, number, flat, tuple(map(len, future)))

@@ -241,11 +241,13 @@ class IndexedTarDataset(RemoteBatches):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of samples (the DataLoader calls this with each batch's indices);
-        a :class:`~indextar.ReadAheadBatches` batch starts fetching the next ones."""
+        a :class:`~indextar.ReadAheadBatches` batch then starts fetching the next ones
+        (after its own reads: the first batch is not kept waiting behind them)."""
+        batch = self._read_batch(self._positions(indices))
         hint = getattr(indices, "hint", None)
         if hint is not None and self._has_ranges:
             self._ahead.announce(hint, self._plan_ahead)
-        return self._read_batch(self._positions(indices))
+        return batch
 
     def _read_batch(
         self, positions: npt.NDArray[np.int64], extra: dict[str, Any] | None = None

@@ -124,7 +124,7 @@ class ReadAhead:
         for number, indices in hint.batches():
             if number <= self._announced or (number - hint.number) % workers:
                 continue
-            prefetcher.want(plan(indices), number)
+            prefetcher.want(list(plan(indices)), number)  # shards opened unlocked
             self._announced = number
 
     def take(self, key: SampleKey) -> bytes | None:

@@ -180,6 +180,12 @@ class Prefetcher(Generic[K]):
                     if entry.state == _HELD:
                         self._counts["wasted"] += 1
                     self._drop(key, entry)
+            # Taken or forgotten while queued: out of the queue too (it stays short).
+            self._queue = deque(
+                (key, entry)
+                for key, entry in self._queue
+                if entry.state == _QUEUED and self._entries.get(key) is entry
+            )
 
     def clear(self) -> None:
         """Forget everything wanted (a new pass over the data)."""
