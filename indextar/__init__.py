@@ -42,6 +42,7 @@ from .index.meta import IndexMeta
 from .index.naming import split_name
 from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_index
 from .order.buckets import BucketBatchSampler
+from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
@@ -81,6 +82,7 @@ __all__ = [
     # sampling
     "ResumableSampler",
     "BucketBatchSampler",
+    "ReadAheadBatches",
     # writing
     "TarWriter",
     "ShardWriter",

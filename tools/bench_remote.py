@@ -7,7 +7,8 @@ a proxy (tools/loopback_servers.py ``DelayProxy``) that answers every request
 Each row reads every sample once, on the same server:
 
 * indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
-  ``DataLoader(batch_size=64)`` with 0 and 2 workers;
+  ``DataLoader(batch_size=64)`` with 0 and 2 workers, and the same with read-ahead
+  (``batch_sampler=ReadAheadBatches(sampler, 64)``);
 * indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``);
 * raw clients on the same spans in the sampler's order, the ceiling: aiohttp ranged
   GETs, ``--in-flight`` (256) at once, unsigned; obstore ``get_range_async`` the same
@@ -200,19 +201,24 @@ def _count(batch: list[Any]) -> int:
     return len(batch)
 
 
-def indextar_iid(workers: int) -> Reader:
+def indextar_iid(workers: int, *, ahead: bool = False) -> Reader:
     def read(store: Store, mark: Callable[[], None]) -> int:
         import torch.utils.data
 
-        from indextar import IndexedTarDataset, ResumableSampler
+        from indextar import IndexedTarDataset, ReadAheadBatches, ResumableSampler
 
         ds = IndexedTarDataset(
             store.urls, remote="ranges", index_dir=store.index_dir,
             storage_options=store.storage_options,
         )  # fmt: skip
+        sampler = ResumableSampler(ds, seed=0)
+        batches: dict[str, Any] = (
+            {"batch_sampler": ReadAheadBatches(sampler, 64)}
+            if ahead
+            else {"batch_size": 64, "sampler": sampler}
+        )
         loader = torch.utils.data.DataLoader(
-            ds, batch_size=64, sampler=ResumableSampler(ds, seed=0), num_workers=workers,
-            collate_fn=_count,
+            ds, num_workers=workers, collate_fn=_count, **batches
         )  # fmt: skip
         done = 0
         for batch in loader:
@@ -251,6 +257,8 @@ def rows_for(store: Store, in_flight: int, only: str = "") -> list[Row]:
     cases: list[tuple[str, Reader]] = [
         ("indextar i.i.d. ranges, 0 workers", indextar_iid(0)),
         ("indextar i.i.d. ranges, 2 workers", indextar_iid(2)),
+        ("indextar i.i.d. ranges + read-ahead, 0 workers", indextar_iid(0, ahead=True)),
+        ("indextar i.i.d. ranges + read-ahead, 2 workers", indextar_iid(2, ahead=True)),
         ("indextar `StreamingTarDataset`", indextar_streaming),
         ("webdataset streaming (`pipe:curl`)", webdataset_streaming),
         (f"raw aiohttp ranged GETs, {in_flight} in flight", raw_aiohttp(in_flight)),

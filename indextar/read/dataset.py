@@ -29,9 +29,12 @@ from ..index.shard import PathLike, ShardIndex
 from ..patterns import expand_shards
 from ..source.local import LRUCache
 from ..source.location import remote_shards
+from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
 from .pool import BatchPool, DecodeThreads
+from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
+from .remote_batch import RemoteBatches
 from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
 from .shard import OpenShard
@@ -45,7 +48,7 @@ DEFAULT_MAX_OPEN_SHARDS = 64
 ShardsArg = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
 
 
-class IndexedTarDataset:
+class IndexedTarDataset(RemoteBatches):
     """Map-style dataset over WebDataset tar shards, one sample per ``ds[i]``.
 
     Parameters
@@ -82,6 +85,10 @@ class IndexedTarDataset:
         DataLoader's batches): ``0`` or ``1`` decodes in the calling thread; ``"auto"``
         uses the cores left over when the DataLoader's workers each take one (none when
         there are as many workers as cores). See :mod:`indextar.read.pool`.
+    prefetch_bytes
+        Read-ahead budget of each process for remote shards read by ranges: bytes held
+        and in flight. Used when batches come from :class:`~indextar.ReadAheadBatches`;
+        ``0`` turns it off. See docs/remote.md.
 
     Raises
     ------
@@ -113,6 +120,7 @@ class IndexedTarDataset:
         cache_limit: int | str = "50GB",
         storage_options: Mapping[str, Any] | None = None,
         decode_threads: DecodeThreads = 0,
+        prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
     ):
         if max_open_shards < 1:
             raise ValueError(f"max_open_shards must be at least 1, got {max_open_shards}")
@@ -130,6 +138,7 @@ class IndexedTarDataset:
             build_missing=build_missing,
         )
         self.max_open_shards = max_open_shards
+        self._ahead = ReadAhead(prefetch_bytes, fetch_spans)
         self.manifest: Path | None = None
         if isinstance(shards, (str, os.PathLike)) and is_manifest(shards):
             entries = list(read_manifest(shards).shards)
@@ -175,9 +184,15 @@ class IndexedTarDataset:
 
     def close(self) -> None:
         """Close every open shard of this process (they reopen on the next access), and
-        stop its decode threads."""
+        stop its decode threads and its read-ahead."""
         self._open.clear()
         self._pool.close()
+        self._ahead.close()
+
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """This process's read-ahead figures (bytes held, in flight, at most; spans
+        fetched, taken, missed, wasted); ``None`` before its first hinted batch."""
+        return self._ahead.stats()
 
     def _shard(self, shard_no: int) -> OpenShard:
         shard = self._open.get(shard_no)
@@ -225,8 +240,14 @@ class IndexedTarDataset:
         return self._sample(shard_no, position - self._starts_list[shard_no], position)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch of samples (the DataLoader calls this with each batch's indices)."""
-        return self._read_batch(self._positions(indices))
+        """A batch of samples (the DataLoader calls this with each batch's indices);
+        a :class:`~indextar.ReadAheadBatches` batch then starts fetching the next ones
+        (after its own reads: the first batch is not kept waiting behind them)."""
+        batch = self._read_batch(self._positions(indices))
+        hint = getattr(indices, "hint", None)
+        if hint is not None and self._has_ranges:
+            self._ahead.announce(hint, self._plan_ahead)
+        return batch
 
     def _read_batch(
         self, positions: npt.NDArray[np.int64], extra: dict[str, Any] | None = None
@@ -251,21 +272,6 @@ class IndexedTarDataset:
                 if isinstance(sample, MutableMapping):
                     sample.update(extra)
         return built
-
-    def _read_remote_batch(
-        self,
-        shard_nos: list[int],
-        locals_: list[int],
-        positions: list[int],
-        extra: dict[str, Any] | None,
-    ) -> list[Any]:
-        spans = self._fetch_spans(shard_nos, locals_)
-        read: list[Any] = [None] * len(positions)
-        for at, (shard_no, span) in enumerate(zip(shard_nos, spans)):
-            read[at] = self._read(shard_no, locals_[at], positions[at], span)
-            if extra:
-                read[at][0].update(extra)
-        return self._pool.map(self._builder.build, read)
 
     def _read_local_batch(
         self,
@@ -342,36 +348,12 @@ class IndexedTarDataset:
                 return positions
         return np.fromiter(map(self._normalize, indices), np.int64, len(indices))
 
-    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
-        """The remote samples' bytes, all requests in flight at once; ``None`` for local ones."""
-        ranged = self._ranged
-        wanted = [(n, local) for n, local in zip(shard_nos, locals_) if n in ranged]
-        shards = [self._shard(n) for n, _ in wanted]
-        spans = [shard.span(local) for shard, (_, local) in zip(shards, wanted)]
-        fetched = iter(
-            fetch_spans(  # compressed shards: their frames, or from their seek points
-                [shard.source for shard in shards],
-                *zip(*spans),  # the offsets, then the lengths (wanted is never empty)
-                max_in_flight=self._options.source.max_in_flight,
-                keys=[shard.key(local) for shard, (_, local) in zip(shards, wanted)],
-            )
-        )
-        return [next(fetched) if n in ranged else None for n in shard_nos]
-
     def _sample(self, shard_no: int, local: int, position: int) -> Any:
         # ds[i]'s hot path: _read inlined (a call costs about 3% of a cached read).
         shard = self._shard(shard_no)
         key, members = shard.read(local)
         fields = {"__key__": key, "__shard__": shard.shard, "__index__": position}
         return self._builder.build(fields, members)
-
-    def _read(
-        self, shard_no: int, local: int, position: int, span: bytes | None = None
-    ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        """A sample's fields and undecoded members; ``span``: its bytes, already fetched."""
-        shard = self._shard(shard_no)
-        key, members = shard.read(local, span)
-        return {"__key__": key, "__shard__": shard.shard, "__index__": position}, members
 
     def index_of(self, key: str) -> int:
         """The dataset index of the first sample whose ``__key__`` is ``key``.

@@ -13,6 +13,7 @@ it carries its ``selection`` (expressions and a digest), which the samplers reco
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -25,6 +26,7 @@ import numpy.typing as npt
 
 from ..errors import SampleIndexError, SampleKeyError
 from ..index.shard import PathLike
+from ..order.readahead import Hint, HintedBatch
 
 __all__ = ["KeySubset", "KeysArg", "read_keys", "report_unmatched"]
 
@@ -219,6 +221,10 @@ class KeySubset:
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         mapped = self.base_indices(np.fromiter(indices, np.int64, len(indices))).tolist()
+        hint = getattr(indices, "hint", None)
+        if isinstance(hint, Hint):  # ReadAheadBatches: the next batches, as base indices
+            ahead = self.base_indices(hint.ahead).astype(np.int64)
+            mapped = HintedBatch(mapped, dataclasses.replace(hint, ahead=ahead))
         getitems = getattr(self.base, "__getitems__", None)
         return list(getitems(mapped)) if getitems else [self.base[i] for i in mapped]
 

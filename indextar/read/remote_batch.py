@@ -1,0 +1,109 @@
+"""How a dataset reads a batch of samples from remote shards by ranged requests.
+
+:class:`RemoteBatches` is the part of
+:class:`~indextar.read.dataset.IndexedTarDataset` that fetches a batch's remote spans:
+those fetched ahead (:mod:`indextar.read.readahead`) are taken, the others fetched
+together, all requests in flight at once; every span then goes through
+``OpenShard.read(local, span)``, the same checks as any read. It also plans which
+spans of a hint's batches to fetch ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..index.opener import OpenOptions
+from ..source.local import LRUCache
+from .pool import BatchPool
+from .readahead import PlannedSpan, ReadAhead, fetchable_ahead
+from .remote_options import fetch_spans
+from .sample import SampleBuilder
+from .shard import OpenShard
+
+__all__ = ["RemoteBatches"]
+
+
+class RemoteBatches:
+    """Remote batch reads of a dataset that has these attributes and ``_shard``."""
+
+    shards: tuple[str, ...]
+    max_open_shards: int
+    _ahead: ReadAhead
+    _options: OpenOptions
+    _ranged: frozenset[int]
+    _pool: BatchPool
+    _builder: SampleBuilder
+    _starts: npt.NDArray[np.int64]
+    _len: int
+    _open: LRUCache[int, OpenShard]
+
+    def _shard(self, shard_no: int) -> OpenShard:
+        raise NotImplementedError
+
+    def _read_remote_batch(
+        self,
+        shard_nos: list[int],
+        locals_: list[int],
+        positions: list[int],
+        extra: dict[str, Any] | None,
+    ) -> list[Any]:
+        spans = self._fetch_spans(shard_nos, locals_)
+        read: list[Any] = [None] * len(positions)
+        for at, (shard_no, span) in enumerate(zip(shard_nos, spans)):
+            read[at] = self._read(shard_no, locals_[at], positions[at], span)
+            if extra:
+                read[at][0].update(extra)
+        return self._pool.map(self._builder.build, read)
+
+    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
+        """The remote samples' bytes, fetched ahead or all requests in flight at once;
+        ``None`` for local ones."""
+        spans: list[bytes | None] = [None] * len(shard_nos)
+        wanted: list[tuple[int, int, int]] = []  # (at, shard_no, local) to fetch now
+        for at, (n, local) in enumerate(zip(shard_nos, locals_)):
+            if n in self._ranged:
+                spans[at] = self._ahead.take((n, local))
+                if spans[at] is None:
+                    wanted.append((at, n, local))
+        if not wanted:
+            return spans
+        shards = [self._shard(n) for _, n, _ in wanted]
+        where = [shard.span(local) for shard, (_, _, local) in zip(shards, wanted)]
+        fetched = fetch_spans(  # compressed shards: their frames, or from their seek points
+            [shard.source for shard in shards],
+            *zip(*where),  # the offsets, then the lengths
+            max_in_flight=self._options.source.max_in_flight,
+            keys=[shard.key(local) for shard, (_, _, local) in zip(shards, wanted)],
+        )
+        for (at, _, _), data in zip(wanted, fetched):
+            spans[at] = data
+        return spans
+
+    def _plan_ahead(self, indices: npt.NDArray[np.int64]) -> Iterator[PlannedSpan]:
+        """The remote spans of ``indices`` to fetch ahead: in shards already open, or
+        while fewer than ``max_open_shards`` are (a guess never evicts a shard)."""
+        positions = indices[(indices >= 0) & (indices < self._len)]
+        shard_nos = self._starts.searchsorted(positions, side="right") - 1
+        for n, local in zip(shard_nos.tolist(), (positions - self._starts[shard_nos]).tolist()):
+            if n not in self._ranged or (
+                self._open.get(n) is None and len(self._open) >= self.max_open_shards
+            ):
+                continue
+            try:
+                shard = self._shard(n)
+            except Exception:  # the batch that reads it raises it, if it comes
+                continue
+            if fetchable_ahead(shard.source):
+                yield ((n, local), shard.source, *shard.span(local))
+
+    def _read(
+        self, shard_no: int, local: int, position: int, span: bytes | None = None
+    ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+        """A sample's fields and undecoded members; ``span``: its bytes, already fetched."""
+        shard = self._shard(shard_no)
+        key, members = shard.read(local, span)
+        return {"__key__": key, "__shard__": shard.shard, "__index__": position}, members
