@@ -83,7 +83,7 @@ def violations(package: Path, top: str = "indextar") -> list[str]:
         if room not in rooms | SHARED | TOP_LEVEL_API:
             found.append(f"{where}: module outside any room")
             continue
-        for line, target, taken in imported(name, path, top):
+        for line, target, _taken in imported(name, path, top):
             target_room = room_of(target) if target else ""
             if room in TOP_LEVEL_API or target_room in ("", room) or target_room in SHARED:
                 continue
@@ -199,7 +199,9 @@ def private_names(package: Path, top: str = "indextar") -> list[str]:
                 and _private(node.args[1].value)
                 and node.args[1].value not in FOREIGN_PRIVATE
             ):
-                found.append(f"{where}:{node.lineno}: {node.func.id}() of private {node.args[1].value!r}")
+                found.append(
+                    f"{where}:{node.lineno}: {node.func.id}() of private {node.args[1].value!r}"
+                )
     return found
 
 
@@ -216,7 +218,7 @@ def test_a_private_name_taken_across_modules_is_caught(tmp_path: Path) -> None:
             "tar/scan.py": "from ._tarwalk import walk\nclass _Scanner: ...\n",
             "tar/stream.py": "from .scan import _Scanner\nfrom . import _tarwalk\n",
             "read/__init__.py": "",
-            "read/mix.py": "def f(d):\n    return getattr(d, '_read', None), getattr(d, '__len__')\n",
+            "read/mix.py": "def f(d):\n    return getattr(d, '_read'), getattr(d, '__len__')\n",
         },
     )
     found = private_names(package)

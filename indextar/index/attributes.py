@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import native
+from .extensions import sqlitebulk
 
 __all__ = [
     "AttributeTable",
@@ -152,7 +152,7 @@ def write_attributes(
         columns = "".join(f", {quote(name)} {declared[name]}" for name in table.columns)
         conn.execute(f"CREATE TABLE attributes (__sample__ INTEGER PRIMARY KEY{columns})")
         marks = ", ?" * len(table.columns)
-        bulk = native.sqlitebulk() if own and path is not None else None
+        bulk = sqlitebulk() if own and path is not None else None
         if bulk is not None and path is not None:
             conn.execute("COMMIT")  # the C writer's connection writes next
             sql = f"INSERT INTO attributes VALUES (?{marks})"

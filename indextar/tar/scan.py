@@ -13,7 +13,7 @@ scan proceeds in three steps:
    what large members want; the *vectorised* walker checks every block of a window
    at once, which pays off on dense shards. The scan starts sequentially and
    switches to the vectorised walker once the members it has seen are small on
-   average. Where the C walker (:mod:`indextar.native`) is built it goes first: it
+   average. Where the C walker (:mod:`indextar.tar.extensions`) is built it goes first: it
    folds the PAX headers that change nothing recorded (a lone ``mtime``, as tarfile
    and webdataset write for every member), and hands back any shard with other
    extension headers or anything unusual.
@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import CompressedShardError, IndextarError, ShardFormatError, TruncatedShardError
 from .blocks import BLOCK as BLOCK
 from .blocks import NO_DATA_TYPES, REGULAR_TYPES, ShardBytes, header_number
 from .compress import compressed_message, sniff_compression
 from .ext import EXTENSION_TYPES, fold_extensions
+from .extensions import tarwalk
 from .fields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at
 from .sparse import GNU_MULTIVOL, GNU_SPARSE, unsupported_member_error
 from .walk import walk_adaptive, walk_parts, walk_sequential
@@ -289,7 +289,7 @@ class _Scanner(ShardBytes):
     def walk_c(self) -> _Chain | None:
         """The C walker's chain, if it could walk the whole shard (plain headers, and PAX
         headers whose records change nothing recorded)."""
-        walker = native.tarwalk()
+        walker = tarwalk()
         if walker is None:
             return None
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import indextar
+from indextar.index import extensions as index_extensions
 from indextar.index.attributes import attribute_errors, attribute_sources
 from indextar.index.verify import verify_index
 
@@ -157,7 +158,7 @@ def test_the_c_writer_stores_what_executemany_stores(
     records = _records(30) + [{"big": 2**70, "flag": True, "mixed": "x"}, {"mixed": 2.5}]
     shard = make_tar(_members(records))
     sql = "SELECT *, typeof(aesthetic), typeof(big), typeof(mixed) FROM attributes"
-    assert native.sqlitebulk() is not None
+    assert index_extensions.sqlitebulk() is not None
     ix = indextar.build_index(shard, meta="json")
     by_c = _rows(ix.path, sql)
     monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")

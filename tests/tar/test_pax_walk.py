@@ -28,6 +28,7 @@ from tarcraft import BLOCK, Crafter, gnu_tar, pax_records, write_tree
 from wds_shards import write_shards
 
 from indextar import IndextarError, build_index, native, scan_tar
+from indextar.tar import extensions as tar_extensions
 from indextar.tar import scan as scan_module
 
 assert native.built()["_tarwalk"], "the C walker (indextar/tar/_tarwalk.c) did not build"
@@ -90,7 +91,7 @@ def c_chains(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def c_status(data: bytes) -> int:
     """The C walker's status on ``data``: 0 walked, 1 handed to the reference."""
-    c_walker = native.tarwalk()
+    c_walker = tar_extensions.tarwalk()
     assert c_walker is not None
     return c_walker.walk(data)[0]
 
