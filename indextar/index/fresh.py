@@ -24,7 +24,7 @@ from ..errors import IndexFormatError
 from ..source.conditional import RemoteStat
 from ..source.filesystems import filesystem
 from .checksums import checksum_algorithm
-from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
+from .meta import NAMING, READABLE_VERSIONS, IndexMeta, read_meta
 from .options import BuildOptions
 from .remote import expected_stat, remote_index_path
 from .shard import INDEX_SUFFIX, ShardIndex, index_path
@@ -106,7 +106,7 @@ def _meta_at(path: str | Path) -> IndexMeta | None:
     meta = _cached_meta(path)
     if meta is None and os.path.exists(path):
         try:
-            meta = _read_meta(Path(path))
+            meta = read_meta(Path(path))
         except (OSError, IndexFormatError):
             return None
         cache_meta(path, meta)

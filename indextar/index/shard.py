@@ -31,7 +31,7 @@ from .attributes import attribute_sources, has_attribute_table, has_source, json
 from .checksums import ChecksumsArg, checksum_algorithm
 from .decompress import DEFAULT_SEEK_SPACING
 from .localscan import scan_local_shard
-from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
+from .meta import IndexMeta, check_fresh, connect_readonly, read_meta, stat_shard
 from .naming import from_sql, raw_name, sql_text
 from .options import BuildOptions
 from .tables import index_lock, write_index
@@ -90,7 +90,7 @@ class ShardIndex:
     def unchecked(cls, shard: str, path: Path) -> ShardIndex:
         """The index file ``path`` of ``shard``, its metadata read but not checked against
         the shard (its reads are: they are conditional on the version it records)."""
-        return cls(shard=shard, path=path, meta=_read_meta(path))
+        return cls(shard=shard, path=path, meta=read_meta(path))
 
     @property
     def location(self) -> ShardLocation:
@@ -102,15 +102,15 @@ class ShardIndex:
 
     def connect(self) -> sqlite3.Connection:
         """A new read-only connection to the index file, for bulk readers; close it after use."""
-        return _connect_ro(self.path)
+        return connect_readonly(self.path)
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             return conn.execute(sql, params).fetchall()
 
     def load_arrays(self) -> ShardArrays:
         """The arrays random access reads, in one query (from the tables if the index has none)."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
             return arrays if arrays is not None else arrays_from_tables(conn)
 
@@ -135,7 +135,7 @@ class ShardIndex:
         """Whether the index has the optional ``attributes`` table (built with ``meta=``);
         with ``meta``, whether it holds attributes read from each sample's ``meta``
         member (``build_index(..., meta=meta)``), not only imported ones."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             if meta is None:
                 return has_attribute_table(conn)
             return has_source(conn, json_source(meta))
@@ -143,14 +143,14 @@ class ShardIndex:
     def imported_from(self) -> list[str]:
         """The file names of the tables whose columns were imported into the index
         (:func:`~indextar.import_attributes`), which only another import restores."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             sources = set(attribute_sources(conn).values())
         return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
 
     def json_members(self) -> list[str]:
         """The extensions of the members whose fields are the index's attribute columns
         (``build_index(..., meta="json")``): ``["json"]``, or ``[]`` for none."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             sources = set(attribute_sources(conn).values())
         return sorted(s.removeprefix("json:") for s in sources if s.startswith("json:"))
 
@@ -228,13 +228,13 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
     """
     shard_path, path = Path(shard), Path(path)
     if not path.exists():
-        _stat_shard(shard_path)
+        stat_shard(shard_path)
         raise MissingIndexError(
             f"shard {str(shard_path)!r} has no index (looked for {str(path)!r})",
             [str(shard_path)],
         )
-    meta = _read_meta(path)
-    _check_fresh(shard_path, meta, path)
+    meta = read_meta(path)
+    check_fresh(shard_path, meta, path)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)
 
 
@@ -353,7 +353,7 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
         checksum=checksum,
     )
     scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
-    after = _stat_shard(shard_path)
+    after = stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
     index_meta = IndexMeta.describe(
@@ -396,7 +396,7 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
 
 def _regular_file(shard: Path) -> os.stat_result:
     """The stat of ``shard``, which must be a regular file."""
-    st = _stat_shard(shard)
+    st = stat_shard(shard)
     if stat.S_ISDIR(st.st_mode):
         raise ShardNotFoundError(
             f"{str(shard)!r} is a folder, not a shard; give its shards (for example "

@@ -52,7 +52,14 @@ from .sparse import GNU_MULTIVOL, GNU_SPARSE, unsupported_member_error
 from .walk import walk_adaptive, walk_parts, walk_sequential
 from .walk import walk_window as _walk_window
 
-__all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "entry_kind", "sniff_compression"]
+__all__ = [
+    "TarScan",
+    "Scanner",
+    "scan_tar",
+    "MEMBER_KINDS",
+    "entry_kind",
+    "sniff_compression",
+]
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +164,7 @@ def scan_tar(
         :class:`TruncatedShardError`, :class:`CompressedShardError`,
         :class:`UnsupportedMemberError` say more).
     """
-    scanner = _Scanner(buf, shard, -1 if fd is None else fd)
+    scanner = Scanner(buf, shard, -1 if fd is None else fd)
     scanner.ignore_zeros = ignore_zeros
     return scanner.scan()
 
@@ -177,8 +184,9 @@ class _Chain:
     extension_headers: int
 
 
-class _Scanner(ShardBytes):
-    """One scan of one shard: :func:`scan_tar`'s working state."""
+class Scanner(ShardBytes):
+    """One scan of one shard: :func:`scan_tar`'s working state, and the steps that
+    :mod:`indextar.tar.streamscan` runs over a shard as it streams past."""
 
     ignore_zeros = False
 

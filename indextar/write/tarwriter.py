@@ -27,7 +27,7 @@ from ..errors import WriterError
 from ..index.attribute_json import AttributeBuilder, OnError
 from ..index.checksums import ChecksumsArg, checksum_algorithm, hash_parts
 from ..index.compressed import CompressedLayout
-from ..index.meta import IndexMeta, _file_fingerprint
+from ..index.meta import IndexMeta, file_fingerprint
 from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.spans import headers_name_their_keys
@@ -390,7 +390,7 @@ class TarWriter(ClosingWriter):
 
     def _write_index(self, path: Path, scan: TarScan, grouping: Grouping) -> ShardIndex:
         st = path.stat()
-        content_fingerprint = _file_fingerprint(path, st.st_size)
+        content_fingerprint = file_fingerprint(path, st.st_size)
         meta = IndexMeta.describe(
             scan,
             grouping,

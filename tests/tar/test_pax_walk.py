@@ -79,13 +79,13 @@ def outcome(data: bytes, *, pure: bool, folder: Path | None = None) -> Outcome:
 def c_chains(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The member counts of the scans that used the C walker's chain."""
     used: list[int] = []
-    real = scan_module._Scanner.resolve_c
+    real = scan_module.Scanner.resolve_c
 
-    def spy(self: scan_module._Scanner, chain: scan_module._Chain) -> scan_module.TarScan:
+    def spy(self: scan_module.Scanner, chain: scan_module._Chain) -> scan_module.TarScan:
         used.append(len(chain.offsets))
         return real(self, chain)
 
-    monkeypatch.setattr(scan_module._Scanner, "resolve_c", spy)
+    monkeypatch.setattr(scan_module.Scanner, "resolve_c", spy)
     return used
 
 

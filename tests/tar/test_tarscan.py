@@ -83,15 +83,15 @@ def windows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Start offsets of the windows the vectorised walker accepted (C walker off)."""
     monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
     accepted: list[int] = []
-    real = tarscan_module._Scanner.walk_window
+    real = tarscan_module.Scanner.walk_window
 
-    def spy(self: tarscan_module._Scanner, start: int) -> tuple[object, int]:
+    def spy(self: tarscan_module.Scanner, start: int) -> tuple[object, int]:
         result = real(self, start)
         if result[0] is not None:
             accepted.append(start)
         return result
 
-    monkeypatch.setattr(tarscan_module._Scanner, "walk_window", spy)
+    monkeypatch.setattr(tarscan_module.Scanner, "walk_window", spy)
     return accepted
 
 
