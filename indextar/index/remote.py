@@ -88,9 +88,7 @@ def _check(meta: IndexMeta, source: RangeSource, path: Path) -> None:
 
 def _remote_fingerprint(source: RangeSource, size: int) -> str:
     tail_start = max(0, size - FINGERPRINT_SPAN)
-    head, tail = source.read_many(
-        [0, tail_start], [min(size, FINGERPRINT_SPAN), size - tail_start]
-    )
+    head, tail = source.read_many([0, tail_start], [min(size, FINGERPRINT_SPAN), size - tail_start])
     return fingerprint_parts(size, head, tail)
 
 
