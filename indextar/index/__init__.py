@@ -5,7 +5,7 @@ from, ``tables`` writes its tables (``schema.sql``, ``_sqlitebulk.c``), ``spans`
 checks at build time that every sample's headers name it; ``naming`` groups members
 into samples; ``arrays`` packs the reader's arrays; ``attributes`` stores per-sample
 attributes (optional tables), which ``attribute_json`` reads from each sample's JSON
-member (``meta="json"``) and ``attribute_import`` joins in from a parquet table;
+member (``attributes_from="json"``) and ``attribute_import`` joins in from a parquet table;
 ``checksums`` hashes each sample's span (``checksums=``), which reads check;
 ``members`` and ``verify`` read and check the tables; ``build`` indexes many shards
 on any executor, each as a ``jobs`` job (``jobs`` also checks fresh shards on a stat);

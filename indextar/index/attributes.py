@@ -1,6 +1,6 @@
 """Per-sample attributes in a shard's index: optional tables, one column per field.
 
-An index built with ``meta="json"`` (:mod:`indextar.index.attribute_json`) or given
+An index built with ``attributes_from="json"`` (:mod:`indextar.index.attribute_json`) or given
 columns by ``import_attributes`` (:mod:`indextar.index.attribute_import`) has an
 ``attributes`` table, one row per sample, with the tables that say where each column
 came from and which samples have none. This module writes those tables and reads what

@@ -71,7 +71,7 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
     build_missing
         Build missing indexes when the dataset is created (in parallel processes). If
         false, a missing index raises :class:`~indextar.MissingIndexError`. It gets the
-        other indexes' ``meta=``, if any (with ``on_error="skip"``; docs/metadata.md).
+        other indexes' ``attributes_from=``, if any (with ``on_error="skip"``; docs/metadata.md).
     max_open_shards
         Shards each process keeps open at once; older ones are closed.
     allow_unsafe

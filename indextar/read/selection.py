@@ -9,8 +9,8 @@ parallel threads (SQLite releases the GIL while it steps); the result is one sor
 int64 array of the dataset's indices, O(selected), which :class:`~indextar.KeySubset`
 holds as a view. An expression that names an attribute is refused
 (:class:`~indextar.errors.MissingAttributesError`) where some shards' indexes have no
-attributes at all (built without ``meta=``): it would read every one of their samples
-as NULL, which is not what those samples hold.
+attributes at all (built without ``attributes_from=``): it would read every one of
+their samples as NULL, which is not what those samples hold.
 
 The result is cached in a small ``.npy`` file keyed by the expression and every
 shard's index file (path, inode, size, mtime) and shard fingerprint: the same query on
@@ -154,7 +154,8 @@ def _refuse_bare(
     if source.startswith("import:"):
         how = f"import_attributes(shards, {source.removeprefix('import:')!r})"
     else:
-        how = f"build_index(shard, meta={source.removeprefix('json:') or 'json'!r}, force=True)"
+        member = source.removeprefix("json:") or "json"
+        how = f"build_index(shard, attributes_from={member!r}, force=True)"
     listed = ", ".join(map(repr, lacking[:5])) + (" ..." if len(lacking) > 5 else "")
     raise MissingAttributesError(
         f"{what} names the attribute {named!r}, but the indexes of {len(lacking)} of {total} "

@@ -302,7 +302,7 @@ class KeyViews:
         """A view of the samples that satisfy the SQL ``expression``, in dataset order.
 
         The expression is evaluated over each shard's index: its attribute columns (an
-        index built with ``meta="json"`` or given ``import_attributes``), ``__key__`` and
+        index built with ``attributes_from="json"`` or given ``import_attributes``), ``__key__`` and
         ``size(ext)``, the size of the sample's member of that extension; for example
         ``"aesthetic > 5 AND width >= 512 AND size(jpg) < 500000"``. Shards are queried
         in parallel; the view holds O(selected) numbers and composes with

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from ..atomic import create_temp
 from ..errors import WriterError
-from ..index.attribute_json import AttributeBuilder, OnError
+from ..index.attribute_json import AttributeBuilder, OnError, attributes_member
 from ..index.checksums import ChecksumsArg, checksum_algorithm, hash_parts
 from ..index.compressed import CompressedLayout
 from ..index.meta import IndexMeta, file_fingerprint
@@ -110,10 +110,11 @@ class TarWriter(ClosingWriter):
         blocks, as a gzip member or zstd frame of its own. The file is an ordinary
         ``.tar.gz`` / ``.tar.zst`` that GNU tar and webdataset read; the index records
         each frame's compressed span, so a sample is one read of exactly its bytes.
-    meta, on_error
-        Store each sample's attributes in the index, as ``build_index(..., meta="json")``
-        does, from the bytes being written (no read back): the top-level fields of its
-        ``meta`` member. A sample whose member is missing or not a JSON object raises
+    attributes_from, on_error
+        Store each sample's attributes in the index, as
+        ``build_index(..., attributes_from="json")`` does, from the bytes being written
+        (no read back): the top-level fields of its member of that extension. A sample
+        whose member is missing or not a JSON object raises
         :class:`~indextar.SampleAttributeError` before it is written (``"fail"``), or is
         recorded in the index's ``attribute_errors`` (``"skip"``).
     checksums
@@ -121,6 +122,8 @@ class TarWriter(ClosingWriter):
         checksums=...)`` does, from the bytes being written (its uncompressed span, as
         reads check it): ``True`` for ``"crc32"``, or ``"xxh3_64"``. For samples given to
         :meth:`write` or :meth:`append`, not copied entries.
+    meta
+        The deprecated name of ``attributes_from`` (a :class:`DeprecationWarning`).
 
     Examples
     --------
@@ -135,13 +138,15 @@ class TarWriter(ClosingWriter):
         encoder: bool = True,
         index: bool = True,
         compress: str | None = None,
-        meta: str | None = None,
+        attributes_from: str | None = None,
         on_error: OnError = "fail",
         checksums: ChecksumsArg = False,
+        meta: str | None = None,
     ):
+        member = attributes_member(attributes_from, meta, call="TarWriter")
         self.encoder = encoder
         self.compress = compress
-        self.meta = meta
+        self.attributes_from = member
         self.checksum = checksum_algorithm(checksums)
         # Of each appended sample, in order: its checksum, and where its bytes start and end.
         self._checksums: list[tuple[int, int, int]] = []
@@ -173,7 +178,9 @@ class TarWriter(ClosingWriter):
             self._file = path_or_fileobj
         self._index = index
         self._attributes = (
-            None if meta is None else AttributeBuilder(shard=self.name, ext=meta, on_error=on_error)
+            None
+            if member is None
+            else AttributeBuilder(shard=self.name, ext=member, on_error=on_error)
         )
         self._state = "open"
         self._pos = 0
@@ -252,7 +259,8 @@ class TarWriter(ClosingWriter):
         self._check_open()
         if self._attributes is not None:
             raise WriterError(
-                "meta= reads the samples given to write() or append(), not copied entries",
+                "attributes_from= reads the samples given to write() or append(), "
+                "not copied entries",
                 shard=self.name,
             )
         if self.checksum:
