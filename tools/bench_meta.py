@@ -152,7 +152,9 @@ def run(report: Callable[[str], None] = print, quick: bool = False) -> dict[str,
         plain_runs.append(timed(lambda: indextar.build_indexes(shards, workers=2))[0])
         plain_bytes = _index_bytes(shards)
         _clear_indexes(shards)
-        meta_runs.append(timed(lambda: indextar.build_indexes(shards, workers=2, attributes_from="json"))[0])
+        meta_runs.append(
+            timed(lambda: indextar.build_indexes(shards, workers=2, attributes_from="json"))[0]
+        )
         meta_bytes = _index_bytes(shards)
     plain_s, meta_s = min(plain_runs), min(meta_runs)
 

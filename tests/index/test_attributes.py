@@ -245,7 +245,10 @@ def test_an_index_with_other_attributes_is_rebuilt_for_meta(make_tar: Callable[.
     failed = indextar.build_index(shard, attributes_from="jpg", on_error="skip", force=True)
     assert failed.has_attributes("jpg") and not failed.has_attributes("json")
     inode = failed.path.stat().st_ino
-    assert indextar.build_index(shard, attributes_from="jpg", on_error="skip").path.stat().st_ino == inode
+    assert (
+        indextar.build_index(shard, attributes_from="jpg", on_error="skip").path.stat().st_ino
+        == inode
+    )
 
 
 def test_a_rerun_with_meta_is_answered_by_the_quick_check(make_tar: Callable[..., Path]) -> None:

@@ -1,4 +1,5 @@
-"""ShardWriter(..., attributes_from="json") stores each sample's attributes while it writes (issue 16)."""
+"""ShardWriter(..., attributes_from="json") stores each sample's attributes as it writes
+(issue 16)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,16 @@ def _sample(i: int) -> dict[str, object]:
 
 
 def test_the_writer_stores_what_a_build_reads(tmp_path: Path) -> None:
-    with indextar.ShardWriter(str(tmp_path / "w-%03d.tar"), maxcount=7, attributes_from="json") as sink:
+    with indextar.ShardWriter(
+        str(tmp_path / "w-%03d.tar"), maxcount=7, attributes_from="json"
+    ) as sink:
         for i in range(20):
             sink.write(_sample(i))
     assert len(sink.shards) == 3
     written = [_table(ix.path) for ix in sink.indexes]
     for shard, tables in zip(sink.shards, written):
-        rebuilt = indextar.build_index(shard, attributes_from="json", force=True)  # read from the tar
+        # read from the tar
+        rebuilt = indextar.build_index(shard, attributes_from="json", force=True)
         assert _table(rebuilt.path) == tables
     ds = indextar.IndexedTarDataset(sink.shards)
     view = ds.where("score >= 2 AND extra IS NOT NULL", cache_dir=False)
