@@ -39,7 +39,6 @@ from .tables import index_lock, write_index
 __all__ = [
     "INDEX_SUFFIX",
     "ShardIndex",
-    "SampleTable",
     "build_index",
     "build_index_as",
     "open_index",
@@ -51,27 +50,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-@dataclass(frozen=True, slots=True)
-class SampleTable:
-    """Per-sample arrays of one shard, loaded from its index.
-
-    ``member_*`` arrays are indexed by member; a sample's members are the rows
-    ``first_member[i] : first_member[i] + member_count[i]``.
-    """
-
-    first_member: npt.NDArray[np.int64]
-    member_count: npt.NDArray[np.int64]
-    start_offset: npt.NDArray[np.int64]
-    end_offset: npt.NDArray[np.int64]
-    member_data_offset: npt.NDArray[np.int64]
-    member_size: npt.NDArray[np.int64]
-    member_ext_code: npt.NDArray[np.int32]
-    ext_names: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.first_member)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,23 +91,6 @@ class ShardIndex:
         with contextlib.closing(connect_readonly(self.path)) as conn:
             arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
             return arrays if arrays is not None else arrays_from_tables(conn)
-
-    def load_samples(self) -> SampleTable:
-        """Load the per-sample and per-member arrays that random access needs."""
-        arrays = self.load_arrays()
-        samples, members = arrays.samples, arrays.members
-        start_offset = np.ascontiguousarray(samples[:, 0])
-        member_count = np.ascontiguousarray(samples[:, 3])
-        return SampleTable(
-            first_member=np.ascontiguousarray(samples[:, 2]),
-            member_count=member_count,
-            start_offset=start_offset,
-            end_offset=np.ascontiguousarray(samples[:, 1]),
-            member_data_offset=members[:, 0] + np.repeat(start_offset, member_count),
-            member_size=np.ascontiguousarray(members[:, 1]),
-            member_ext_code=members[:, 2].astype(np.int32),
-            ext_names=arrays.ext_names,
-        )
 
     def has_attributes(
         self, attributes_from: str | None = None, *, meta: str | None = None

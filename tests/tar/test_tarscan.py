@@ -16,6 +16,7 @@ import pytest
 from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from indexrows import load_samples
 from tarcraft import (
     BLOCK,
     RECORD,
@@ -532,7 +533,7 @@ def test_member_over_8_gib(fmt: str, tmp_path: Path) -> None:
     from indextar import build_index
 
     index = build_index(path)
-    table = index.load_samples()
+    table = load_samples(index)
     assert table.member_size.tolist() == [BIG]
     assert table.member_data_offset.tolist() == [len(headers)]
     with tarfile.open(path) as tf:
