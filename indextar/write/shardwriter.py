@@ -18,8 +18,9 @@ from ..index.checksums import ChecksumsArg, checksum_algorithm
 from ..index.manifest import write_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import END_OF_ARCHIVE
+from .closing import ClosingWriter, compressor_for
 from .sample import TarSample, encode_sample
-from .tarwriter import ClosingWriter, TarWriter, compressor_for
+from .tarwriter import TarWriter
 
 __all__ = [
     "ShardWriter",

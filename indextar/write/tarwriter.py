@@ -4,20 +4,18 @@
 copied from another tar as they are (:meth:`TarWriter.append_entries`), to a hidden
 temporary file next to the shard, keeps every member's offsets as it goes, and on
 close renames the file into place and writes ``<shard>.idx.sqlite`` from those
-offsets. :class:`ClosingWriter` is the ``with`` behaviour it shares with
-:class:`~indextar.write.shardwriter.ShardWriter`.
+offsets. Its ``with`` behaviour, :class:`~indextar.write.closing.ClosingWriter`, it
+shares with :class:`~indextar.write.shardwriter.ShardWriter`.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,65 +30,18 @@ from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.spans import headers_name_their_keys
 from ..index.tables import index_lock, sample_spans, write_index
-from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
 from ..tar.stream import StreamEntry
+from .closing import ClosingWriter, compressor_for
 from .sample import Buffer, TarSample, encode_sample
 
-__all__ = [
-    "ClosingWriter",
-    "TarWriter",
-    "compressor_for",
-]
+__all__ = ["TarWriter"]
 
 log = logging.getLogger(__name__)
 
 _REGULAR = ord("0")
 _BUFFER_BYTES = 1 << 20
-
-_Writer = TypeVar("_Writer", bound="ClosingWriter")
-
-
-def compressor_for(compress: str | None) -> Callable[[bytes], bytes] | None:
-    """The frame compressor of ``compress`` (``None``: write plain tar)."""
-    if compress is None:
-        return None
-    if compress not in CODECS:
-        raise WriterError(
-            f"compress must be one of {', '.join(map(repr, CODECS))} or None, got {compress!r}"
-        )
-    return frame_compressor(compress)
-
-
-class ClosingWriter(abc.ABC):
-    """A writer used as a context manager: ``with`` closes it, or aborts it on an exception.
-
-    So an exception inside ``with`` never leaves a half-written shard under its final
-    name.
-    """
-
-    @abc.abstractmethod
-    def close(self) -> object:
-        """Finish writing; calling it again does nothing."""
-
-    @abc.abstractmethod
-    def abort(self) -> None:
-        """Abandon what is being written."""
-
-    def __enter__(self: _Writer) -> _Writer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 class TarWriter(ClosingWriter):
