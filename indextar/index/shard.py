@@ -20,9 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-import numpy as np
-import numpy.typing as npt
-
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..source.location import INDEX_SUFFIX, ShardLocation
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
