@@ -75,22 +75,20 @@ def main() -> None:
     indextar("verify", "-q", pattern)
 
     import indextar as it
+    from indextar.index.members import load_members
 
-    indexes = [it.open_index(path) for path in shards]
+    tables = [load_members(it.open_index(path)) for path in shards]
     rng = random.Random(1)
     checked = 0
     for _ in range(100):
         shard_no = rng.randrange(SHARDS)
-        ix = indexes[shard_no]
-        table = ix.load_samples()
+        table = tables[shard_no]
         i = rng.randrange(len(table))
-        first, count = int(table.first_member[i]), int(table.member_count[i])
         sample = {}
-        with open(ix.shard, "rb") as f:
-            for m in range(first, first + count):
-                f.seek(int(table.member_data_offset[m]))
-                ext = table.ext_names[table.member_ext_code[m]]
-                sample[ext] = f.read(int(table.member_size[m]))
+        with open(table.shard, "rb") as f:
+            for m in table.members_of(i):
+                f.seek(int(table.data_offsets[m]))
+                sample[table.exts[m]] = f.read(int(table.sizes[m]))
         label = int(sample["cls"])
         meta = json.loads(sample["json"])
         pixel = Image.open(io.BytesIO(sample["jpg"])).convert("RGB").getpixel((16, 16))

@@ -40,7 +40,7 @@ from .index.build import build_indexes
 from .index.manifest import append_to_manifest, read_manifest, write_manifest
 from .index.meta import IndexMeta
 from .index.naming import split_name
-from .index.shard import SampleTable, ShardIndex, build_index, index_path, open_index
+from .index.shard import ShardIndex, build_index, index_path, open_index
 from .order.buckets import BucketBatchSampler
 from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
@@ -62,7 +62,6 @@ __all__ = [
     "index_path",
     "ShardIndex",
     "IndexMeta",
-    "SampleTable",
     "scan_tar",
     "TarScan",
     "split_name",

@@ -359,7 +359,8 @@ class SelectionError(IndextarError, ValueError):
 
 class MissingAttributesError(SelectionError):
     """A ``where`` condition or a value names an attribute, and some shards' indexes have
-    no attributes at all (built without ``meta=``): their samples would all read as NULL.
+    no attributes at all (built without ``attributes_from=``): their samples would all
+    read as NULL.
 
     Attributes
     ----------
@@ -369,7 +370,7 @@ class MissingAttributesError(SelectionError):
         The attribute named, as the other indexes spell it.
     source
         Where the other indexes' column came from: ``"json:<ext>"`` (``build_index(...,
-        meta=ext)``) or ``"import:<file name>"`` (``import_attributes``).
+        attributes_from=ext)``) or ``"import:<file name>"`` (``import_attributes``).
     """
 
     def __init__(self, message: str, *, shards: tuple[str, ...], column: str, source: str):

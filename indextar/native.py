@@ -1,15 +1,17 @@
-"""The optional C extensions, and whether to use them.
+"""Whether to use the optional C extensions, and which were built.
 
 indextar's hot paths have small C versions, built by ``pip install`` where a
-compiler is present (``optional = true`` in pyproject.toml):
+compiler is present (``optional = true`` in pyproject.toml). Each room loads its own
+(its ``extensions`` module), so this module imports no room:
 
-* ``_tarwalk``: the common case of the tar walk, member names and their grouping;
-* ``_sqlitebulk``: an index's bulk rows through SQLite's C API;
-* ``_mapread``: a sample's members copied straight out of a shard's memory map, a
-  truncated shard's SIGBUS caught;
-* ``_permute``: the keyed permutation of the sampler's orders, element by element;
-* ``_gunzip``: a gzip shard decompressed and checked in one pass, its seek points placed
-  on the way (the reference: :mod:`zlib`'s checked pass, then ``indexed_gzip``'s).
+* ``tar/_tarwalk``: the common case of the tar walk, member names and their grouping;
+* ``index/_sqlitebulk``: an index's bulk rows through SQLite's C API;
+* ``source/_mapread``: a sample's members copied straight out of a shard's memory map,
+  a truncated shard's SIGBUS caught;
+* ``order/_permute``: the keyed permutation of the sampler's orders, element by element;
+* ``source/_gunzip``: a gzip shard decompressed and checked in one pass, its seek points
+  placed on the way (the reference: :mod:`zlib`'s checked pass, then
+  ``indexed_gzip``'s).
 
 Each has a Python reference that gives identical results and handles every case,
 including the unusual ones the C code hands back. Setting the environment variable
@@ -20,71 +22,36 @@ runs both ways.
 from __future__ import annotations
 
 import os
+from importlib.machinery import PathFinder
+from pathlib import Path
 from types import ModuleType
 
-try:
-    from .tar import _tarwalk
-except ImportError:  # pragma: no cover - only where the extension did not compile
-    _tarwalk = None  # type: ignore[assignment]
-try:
-    from .source import _mapread
-except ImportError:  # pragma: no cover - only where the extension did not compile
-    _mapread = None  # type: ignore[assignment]
-try:
-    from .index import _sqlitebulk
-except ImportError:  # pragma: no cover - only where the extension did not compile
-    _sqlitebulk = None  # type: ignore[assignment]
-try:
-    from .order import _permute
-except ImportError:  # pragma: no cover - only where the extension did not compile
-    _permute = None  # type: ignore[assignment]
-try:
-    from .source import _gunzip
-except ImportError:  # pragma: no cover - only where the extension did not compile
-    _gunzip = None  # type: ignore[assignment]
-
-__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "permute", "gunzip", "built"]
+__all__ = ["PURE_PYTHON_ENV", "use", "built"]
 
 #: Set this environment variable to use only the Python references.
 PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
 
-
-def _chosen(module: ModuleType | None) -> ModuleType | None:
-    return None if os.environ.get(PURE_PYTHON_ENV) else module
-
-
-def tarwalk() -> ModuleType | None:
-    """The C tar walker (``_tarwalk.c``), or ``None`` where the reference is to be used."""
-    return _chosen(_tarwalk)
-
-
-def sqlitebulk() -> ModuleType | None:
-    """The C index row writer (``_sqlitebulk.c``), or ``None`` for executemany."""
-    return _chosen(_sqlitebulk)
+# Each extension and the room (a folder of the package) that builds and loads it.
+_ROOMS = {
+    "_tarwalk": "tar",
+    "_sqlitebulk": "index",
+    "_mapread": "source",
+    "_permute": "order",
+    "_gunzip": "source",
+}
 
 
-def mapread() -> ModuleType | None:
-    """The guarded copy out of shard maps (``_mapread.c``), or ``None`` for slices."""
-    return _chosen(_mapread)
-
-
-def permute() -> ModuleType | None:
-    """The keyed permutation in C (``_permute.c``), or ``None`` for the numpy one."""
-    return _chosen(_permute)
-
-
-def gunzip() -> ModuleType | None:
-    """The one-pass gzip decompression with seek points (``_gunzip.c``), or ``None`` for
-    zlib's pass and then indexed_gzip's."""
-    return _chosen(_gunzip)
+def use(extension: ModuleType | None) -> ModuleType | None:
+    """``extension`` (a room's C extension, ``None`` where it did not build), or
+    ``None`` where :data:`PURE_PYTHON_ENV` asks for the Python references."""
+    return None if os.environ.get(PURE_PYTHON_ENV) else extension
 
 
 def built() -> dict[str, bool]:
-    """Which C extensions this installation has."""
+    """Which C extensions this installation has (found in their rooms' folders,
+    without importing the rooms)."""
+    package = Path(__file__).resolve().parent
     return {
-        "_tarwalk": _tarwalk is not None,
-        "_sqlitebulk": _sqlitebulk is not None,
-        "_mapread": _mapread is not None,
-        "_permute": _permute is not None,
-        "_gunzip": _gunzip is not None,
+        name: PathFinder.find_spec(name, [str(package / room)]) is not None
+        for name, room in _ROOMS.items()
     }

@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from indexrows import load_samples
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from indextar import build_index
@@ -64,7 +65,7 @@ def wds_samples(buf: bytes) -> list[Sample]:
 def indexed_samples(path: Path) -> list[Sample]:
     """The same samples read back through the built index."""
     index = build_index(path)
-    table = index.load_samples()
+    table = load_samples(index)
     buf = path.read_bytes()
     samples: list[Sample] = []
     for key, first, count in zip(

@@ -3,16 +3,21 @@
 Lower rooms never import higher ones, so a change cannot quietly make ``tar/`` import
 ``read/``. The rules are the ones each room's ``__init__`` docstring states; the
 shared top-level modules (``errors``, ``patterns``, ``atomic``, ``native``,
-``_version``) may be imported by every room and import no room themselves, except
-that ``native`` loads the rooms' C extensions, which import nothing of indextar.
-Only ``cli/`` prints or exits.
+``_version``) may be imported by every room and import no room themselves: each room
+loads its own C extension, and ``native`` only says whether to use them. Only ``cli/``
+prints or exits.
+
+Rooms share public names only: no module imports another's ``_private`` name (the C
+extensions apart), nor reaches one by ``getattr``. And no two modules import each
+other, however far round: every import counts, in functions and under
+``TYPE_CHECKING`` too, since a circle there is the same coupling, however it is loaded.
 """
 
 from __future__ import annotations
 
 import ast
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -78,15 +83,12 @@ def violations(package: Path, top: str = "indextar") -> list[str]:
         if room not in rooms | SHARED | TOP_LEVEL_API:
             found.append(f"{where}: module outside any room")
             continue
-        for line, target, taken in imported(name, path, top):
+        for line, target, _taken in imported(name, path, top):
             target_room = room_of(target) if target else ""
             if room in TOP_LEVEL_API or target_room in ("", room) or target_room in SHARED:
                 continue
             if room in SHARED:
-                leaves = taken or [target.split(".")[-1]]
-                extension = target_room in rooms and all(leaf.startswith("_") for leaf in leaves)
-                if not (room == "native" and extension):
-                    found.append(f"{where}:{line}: shared module imports room {target!r}")
+                found.append(f"{where}:{line}: shared module imports room {target!r}")
                 continue
             if target_room not in ALLOWED[room]:
                 found.append(f"{where}:{line}: {room}/ imports {target!r} ({target_room}/)")
@@ -157,4 +159,156 @@ def test_a_deliberate_violation_is_caught(tmp_path: Path) -> None:
     assert any("order/sampler.py:1: order/ imports 'source.remote'" in v for v in found), found
     assert any("order/sampler.py:2: print() outside cli/" in v for v in found), found
     assert any("errors2.py: module outside any room" in v for v in found), found
-    assert len(found) == 5, found  # read/ importing tar/ and native's extension are fine
+    assert any("native.py:1: shared module imports room 'tar'" in v for v in found), found
+    assert len(found) == 6, found  # read/ importing tar/ is fine
+
+
+# -- private names ---------------------------------------------------------------------
+
+# The C extensions are private modules that their own room imports by name.
+EXTENSIONS = frozenset({"_tarwalk", "_mapread", "_sqlitebulk", "_permute", "_gunzip"})
+# Private attributes of other projects' objects, reached where they offer no public one.
+FOREIGN_PRIVATE = {
+    "_cache": "fsspec's instance cache of each filesystem class (source/filesystems.py)",
+    "_sampler": "Lightning's wrapper of the sampler it replaced (train/lightning.py)",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_names(package: Path, top: str = "indextar") -> list[str]:
+    """Every ``from x import _name`` of another module of the package (the extensions
+    apart) and every ``getattr``/``hasattr`` of a constant private name."""
+    found = []
+    for name, path in modules(package):
+        where = f"{path.relative_to(package.parent)}"
+        for line, target, taken in imported(name, path, top):
+            for leaf in taken or [target.split(".")[-1]]:  # from . import module too
+                if _private(leaf) and leaf not in EXTENSIONS:
+                    found.append(f"{where}:{line}: imports private {leaf!r}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and _private(node.args[1].value)
+                and node.args[1].value not in FOREIGN_PRIVATE
+            ):
+                found.append(
+                    f"{where}:{node.lineno}: {node.func.id}() of private {node.args[1].value!r}"
+                )
+    return found
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    assert private_names(PACKAGE) == []
+
+
+def test_a_private_name_taken_across_modules_is_caught(tmp_path: Path) -> None:
+    package = write(
+        tmp_path / "indextar",
+        {
+            "__init__.py": "",
+            "tar/__init__.py": "",
+            "tar/scan.py": "from ._tarwalk import walk\nclass _Scanner: ...\n",
+            "tar/stream.py": "from .scan import _Scanner\nfrom . import _tarwalk\n",
+            "read/__init__.py": "",
+            "read/mix.py": "def f(d):\n    return getattr(d, '_read'), getattr(d, '__len__')\n",
+        },
+    )
+    found = private_names(package)
+    assert found == [
+        "indextar/read/mix.py:2: getattr() of private '_read'",
+        "indextar/tar/stream.py:1: imports private '_Scanner'",
+    ], found
+
+
+# -- circles ---------------------------------------------------------------------------
+
+
+def _module(name: str) -> str:
+    """``tar`` for ``tar.__init__``, ``""`` for the package's own ``__init__``."""
+    return "" if name == "__init__" else name.removesuffix(".__init__")
+
+
+def import_graph(package: Path, top: str = "indextar") -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (``a.b`` for ``a/b.py`` and
+    ``a`` for ``a/__init__.py``), every import statement counted wherever it stands."""
+    names = {_module(name) for name, _ in modules(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules(package):
+        module = _module(name)
+        targets = graph.setdefault(module, set())
+        for _line, target, taken in imported(name, path, top):
+            for leaf in taken or [None]:
+                sub = f"{target}.{leaf}" if target and leaf else leaf or target
+                if sub in names:  # from . import module, from .room import module
+                    targets.add(sub)
+                elif target in names:
+                    targets.add(target)
+        targets.discard(module)
+    return graph
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    assert circles(import_graph(PACKAGE)) == []
+
+
+def test_a_circle_through_a_function_or_type_checking_is_caught(tmp_path: Path) -> None:
+    package = write(
+        tmp_path / "indextar",
+        {
+            "__init__.py": "from .read.dataset import Dataset\n",
+            "read/__init__.py": "",
+            "read/dataset.py": "from .subset import Subset\nclass Dataset: ...\n",
+            "read/subset.py": "def f():\n    from . import lookup\nclass Subset: ...\n",
+            "read/lookup.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from indextar.read.dataset import Dataset\n"
+            ),
+            "read/decode.py": "from ..read import dataset\n",
+        },
+    )
+    graph = import_graph(package)
+    assert graph["read.decode"] == {"read.dataset"} and graph[""] == {"read.dataset"}
+    assert circles(graph) == [["read.dataset", "read.lookup", "read.subset"]]

@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 from procstats import bytes_read
 
 from indextar import IndextarError, build_index, native, scan_tar
+from indextar.index import extensions as index_extensions
 from indextar.index import tables as index
 from indextar.index.naming import _group_c, _group_numpy, group_members
+from indextar.source import extensions as source_extensions
 from indextar.tar.scan import TarScan
 
 assert all(native.built().values()), f"a C extension did not build: {native.built()}"
@@ -148,7 +150,7 @@ def test_the_c_row_writer_writes_what_executemany_writes(
 
 
 def test_the_c_row_writer_refuses_rows_that_do_not_line_up(tmp_path: Path) -> None:
-    bulk = native.sqlitebulk()
+    bulk = index_extensions.sqlitebulk()
     assert bulk is not None, "indextar/index/_sqlitebulk.c did not build"
     path = tmp_path / "x.sqlite"
     conn = sqlite3.connect(path)
@@ -243,7 +245,7 @@ def test_samples_read_through_mapread_equal_the_python_slices(
 
 
 def test_mapread_refuses_rows_outside_the_map() -> None:
-    mapread = native.mapread()
+    mapread = source_extensions.mapread()
     assert mapread is not None
     buf = bytes(range(256)) * 4
     rows = np.array([[0, 10, 0], [10, 5, 1]], np.int64)

@@ -220,10 +220,10 @@ def raw_pread(paths: list[str], order: list[int], stack: contextlib.ExitStack) -
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         stack.callback(os.close, fd)
-        table = indextar.open_index(p).load_samples()
+        samples = indextar.open_index(p).load_arrays().samples  # start, end, ...
         spans.extend(
             (fd, start, end - start)
-            for start, end in zip(table.start_offset.tolist(), table.end_offset.tolist())
+            for start, end in zip(samples[:, 0].tolist(), samples[:, 1].tolist())
         )
     pread = os.pread
 

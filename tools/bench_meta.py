@@ -3,7 +3,7 @@
 On 1M samples in 100 shards (``--quick``: 2,000 in 4), each a ``cls`` and a ``.json``
 of five fields (aesthetic, width, height, language, caption):
 
-1. ``build_indexes(..., meta="json")`` against the plain build of the same shards, 2
+1. ``build_indexes(..., attributes_from="json")`` against the plain build of the same shards, 2
    processes each, interleaved, best of 3; target: at least 0.5x the plain speed.
 2. The indexes' size, plain and with attributes.
 3. ``ds.where("aesthetic > 5 AND width >= 512")``: cold (no cache; best of 3) and
@@ -152,7 +152,9 @@ def run(report: Callable[[str], None] = print, quick: bool = False) -> dict[str,
         plain_runs.append(timed(lambda: indextar.build_indexes(shards, workers=2))[0])
         plain_bytes = _index_bytes(shards)
         _clear_indexes(shards)
-        meta_runs.append(timed(lambda: indextar.build_indexes(shards, workers=2, meta="json"))[0])
+        meta_runs.append(
+            timed(lambda: indextar.build_indexes(shards, workers=2, attributes_from="json"))[0]
+        )
         meta_bytes = _index_bytes(shards)
     plain_s, meta_s = min(plain_runs), min(meta_runs)
 
@@ -173,7 +175,7 @@ def run(report: Callable[[str], None] = print, quick: bool = False) -> dict[str,
     report("|---|---:|---:|---|")
     report(f"| build, plain index | {plain_s:.2f} s | {plain_s / total * 1e6:.2f} us | |")
     report(
-        f'| build, `meta="json"` | {meta_s:.2f} s | {meta_s / total * 1e6:.2f} us | '
+        f'| build, `attributes_from="json"` | {meta_s:.2f} s | {meta_s / total * 1e6:.2f} us | '
         f"{ratio:.2f}x the plain speed |"
     )
     report(f"| open the dataset | {open_s * 1e3:.0f} ms | | validates {shards_n} indexes |")

@@ -656,8 +656,9 @@ def run_native(case: Case, outcome: Counter[str], folder: Path) -> None:
     import mmap
 
     from indextar import IndextarError, native, scan_tar
+    from indextar.tar import extensions as tar_extensions
 
-    walker = native.tarwalk()
+    walker = tar_extensions.tarwalk()
     if walker is None:
         outcome["skipped: the C walker is not built"] += 1
         return

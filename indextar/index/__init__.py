@@ -1,11 +1,13 @@
 """One shard's SQLite index, and many shards' builds.
 
 ``shard`` builds and opens one index, ``meta`` records and validates what it was built
-from, ``tables`` writes its tables (``schema.sql``, ``_sqlitebulk.c``), ``spans``
-checks at build time that every sample's headers name it; ``naming`` groups members
-into samples; ``arrays`` packs the reader's arrays; ``attributes`` stores per-sample
-attributes (optional tables), which ``attribute_json`` reads from each sample's JSON
-member (``meta="json"``) and ``attribute_import`` joins in from a parquet table;
+from (``meta_cache`` keeps it on the index file, for quick re-checks), ``tables``
+writes its tables (``schema.sql``, ``_sqlitebulk.c``, loaded by ``extensions``),
+``spans`` checks at build time that every sample's headers name it; ``naming`` groups
+members into samples; ``arrays`` packs the reader's arrays; ``attributes`` stores
+per-sample attributes (optional tables), which ``attribute_json`` reads from each
+sample's JSON member (``attributes_from="json"``) and ``attribute_import`` joins in
+from a parquet table;
 ``checksums`` hashes each sample's span (``checksums=``), which reads check;
 ``members`` and ``verify`` read and check the tables; ``build`` indexes many shards
 on any executor, each as a ``jobs`` job (``jobs`` also checks fresh shards on a stat);

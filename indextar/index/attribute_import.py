@@ -47,7 +47,7 @@ from .attributes import (
     sql_value,
     write_attributes,
 )
-from .meta import IndexMeta, _read_meta
+from .meta import IndexMeta, read_meta
 from .opener import open_shard_index
 from .shard import PathLike, ShardIndex
 from .tables import index_lock
@@ -277,7 +277,7 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
     try:
         with index_lock(index.path), atomic_path(index.path) as tmp:
             shutil.copyfile(index.path, tmp)  # as the last writer left it
-            if not _same_build(_read_meta(tmp), index.meta):  # rebuilt since it was opened
+            if not _same_build(read_meta(tmp), index.meta):  # rebuilt since it was opened
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
                 write_attributes(conn, attributes, path=tmp)  # one transaction, or two

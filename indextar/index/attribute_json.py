@@ -1,7 +1,9 @@
-"""Per-sample attributes read from each sample's JSON member: ``meta="json"``.
+"""Per-sample attributes read from each sample's JSON member: ``attributes_from="json"``.
 
-``build_index(..., meta="json")`` reads each sample's ``.json`` member once, and
-``ShardWriter(..., meta="json")`` takes it from the bytes it writes; either way an
+``build_index(..., attributes_from="json")`` reads each sample's ``.json`` member once,
+and ``ShardWriter(..., attributes_from="json")`` takes it from the bytes it writes
+(``meta=`` is the deprecated name of ``attributes_from=``: :func:`attributes_member`);
+either way an
 :class:`AttributeBuilder` turns the members' top-level fields into the columns of an
 :class:`~indextar.index.attributes.AttributeTable`, which
 :func:`~indextar.index.attributes.write_attributes` stores in the index.
@@ -18,6 +20,7 @@ import itertools
 import json
 import logging
 import mmap
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -38,6 +41,7 @@ from .naming import Grouping
 __all__ = [
     "AttributeBuilder",
     "OnError",
+    "attributes_member",
     "parse_attributes",
     "read_json_attributes",
 ]
@@ -45,6 +49,22 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 OnError = Literal["fail", "skip"]
+
+
+def attributes_member(attributes_from: str | None, meta: str | None, *, call: str) -> str | None:
+    """The member to read attributes from: ``attributes_from=``, or ``meta=``, its
+    deprecated name (until indextar 0.3), with a :class:`DeprecationWarning`."""
+    if meta is None:
+        return attributes_from
+    if attributes_from is not None:
+        raise TypeError(f"{call}() takes attributes_from= or meta= (its old name), not both")
+    warnings.warn(
+        f"{call}(meta=...) is deprecated; use {call}(attributes_from=...): the member whose "
+        "JSON fields become the attributes (meta= goes in indextar 0.3)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return meta
 
 
 _SHOWN = 5  # errors named in a skip's log message

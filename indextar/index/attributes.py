@@ -1,6 +1,6 @@
 """Per-sample attributes in a shard's index: optional tables, one column per field.
 
-An index built with ``meta="json"`` (:mod:`indextar.index.attribute_json`) or given
+An index built with ``attributes_from="json"`` (:mod:`indextar.index.attribute_json`) or given
 columns by ``import_attributes`` (:mod:`indextar.index.attribute_import`) has an
 ``attributes`` table, one row per sample, with the tables that say where each column
 came from and which samples have none. This module writes those tables and reads what
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import native
+from .extensions import sqlitebulk
 
 __all__ = [
     "AttributeTable",
@@ -152,7 +152,7 @@ def write_attributes(
         columns = "".join(f", {quote(name)} {declared[name]}" for name in table.columns)
         conn.execute(f"CREATE TABLE attributes (__sample__ INTEGER PRIMARY KEY{columns})")
         marks = ", ?" * len(table.columns)
-        bulk = native.sqlitebulk() if own and path is not None else None
+        bulk = sqlitebulk() if own and path is not None else None
         if bulk is not None and path is not None:
             conn.execute("COMMIT")  # the C writer's connection writes next
             sql = f"INSERT INTO attributes VALUES (?{marks})"

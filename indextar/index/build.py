@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from .. import errors
 from ..errors import IndextarError
 from ..source.location import remote_shards
-from .attribute_json import OnError
+from .attribute_json import OnError, attributes_member
 from .checksums import ChecksumsArg
 from .decompress import DEFAULT_SEEK_SPACING
 from .fresh import fresh_by_listing, fresh_on_stat
@@ -49,7 +49,7 @@ def build_indexes(
     workers: int | None = None,
     progress: bool = False,
     ignore_zeros: bool = False,
-    meta: str | None = None,
+    attributes_from: str | None = None,
     on_error: OnError = "fail",
     executor: Executor | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -57,6 +57,7 @@ def build_indexes(
     force: bool = False,
     seek_spacing: int = DEFAULT_SEEK_SPACING,
     options: BuildOptions | None = None,
+    meta: str | None = None,
 ) -> list[ShardIndex]:
     """Build (or open, where valid) the index of every shard; return them in order.
 
@@ -73,7 +74,7 @@ def build_indexes(
         Show a tqdm progress bar on stderr.
     ignore_zeros
         As :func:`~indextar.build_index`: index every member of concatenated archives.
-    meta, on_error
+    attributes_from, on_error
         As :func:`~indextar.build_index`: store each sample's JSON attributes.
     executor
         Any :class:`concurrent.futures.Executor` to build in instead of a process
@@ -91,6 +92,8 @@ def build_indexes(
         All of the above that say how each shard is built, as one
         :class:`~indextar.index.options.BuildOptions` (what ``indextar index`` passes;
         also its ``upload`` and ``remote_mode``), instead of them one by one.
+    meta
+        The deprecated name of ``attributes_from`` (a :class:`DeprecationWarning`).
 
     Raises
     ------
@@ -102,7 +105,7 @@ def build_indexes(
         index_dir=None if index_dir is None else os.fspath(index_dir),
         force=force,
         ignore_zeros=ignore_zeros,
-        meta=meta,
+        meta=attributes_member(attributes_from, meta, call="build_indexes"),
         on_error=on_error,
         storage_options=storage_options,
         seek_spacing=seek_spacing,

@@ -29,7 +29,7 @@ from ..source.base import ByteSource
 from ..source.frames import FramedSource
 from ..source.gzipped import GzipSeekSource
 from ..source.seekpoints import SeekPoints
-from .meta import IndexMeta, _connect_ro
+from .meta import IndexMeta, connect_readonly
 
 __all__ = ["CompressedLayout", "decompressing_source", "read_layout"]
 
@@ -79,7 +79,7 @@ class CompressedLayout:
 def read_layout(path: Path, meta: IndexMeta) -> CompressedLayout:
     """The frames or seek points of the compressed shard that the index ``path`` describes."""
     try:
-        with contextlib.closing(_connect_ro(path)) as conn:
+        with contextlib.closing(connect_readonly(path)) as conn:
             if meta.seek_spacing:
                 rows = conn.execute(
                     "SELECT compressed_offset, bits, uncompressed_offset, window "

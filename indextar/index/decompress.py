@@ -32,8 +32,8 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import CompressedShardError, ShardFormatError, TruncatedShardError
+from ..source import extensions
 from ..source.codecs import decompress_frame
 from ..source.local import mapped_file
 from ..source.seekpoints import MIN_SPACING, SeekPoints, build_seek_points
@@ -115,7 +115,7 @@ def decompress_shard(
     # checked pass, then zran's to place the points (zran alone does not notice a
     # truncated file; the two passes in two threads were slower on this 2-core machine
     # under load: 1.4-1.9 s against 0.8-1.0 s a 100 MB).
-    gunzip = native.gunzip() if codec == "gzip" else None
+    gunzip = extensions.gunzip() if codec == "gzip" else None
     rows: list[tuple[int, int, int, int]] | None = None
     windows: list[bytes] | None = None
     if gunzip is not None:

@@ -1,22 +1,20 @@
 """Which shards need no build: the driver's quick checks before any job starts.
 
 :func:`fresh_on_stat` answers for a local shard with one ``stat`` and the index's
-metadata, read from an extended attribute of the index file (:func:`cache_meta` sets
-it when an index is built). :func:`fresh_by_listing` answers for remote shards a
-folder at a time: one listing of the store (1,000 objects a request on S3) gives every
-object's size and ETag, compared with the indexes in ``index_dir``, instead of a
-metadata request per shard.
+metadata, read from an extended attribute of the index file
+(:mod:`indextar.index.meta_cache`; the jobs set it when an index is built).
+:func:`fresh_by_listing` answers for remote shards a folder at a time: one listing of
+the store (1,000 objects a request on S3) gives every object's size and ETag, compared
+with the indexes in ``index_dir``, instead of a metadata request per shard.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,43 +22,15 @@ from ..errors import IndexFormatError
 from ..source.conditional import RemoteStat
 from ..source.filesystems import filesystem
 from .checksums import checksum_algorithm
-from .meta import NAMING, READABLE_VERSIONS, IndexMeta, _read_meta
+from .meta import IndexMeta, read_meta
+from .meta_cache import cache_meta, cached_meta
 from .options import BuildOptions
 from .remote import expected_stat, remote_index_path
 from .shard import INDEX_SUFFIX, ShardIndex, index_path
 
-__all__ = ["cache_meta", "fresh_on_stat", "fresh_by_listing"]
+__all__ = ["fresh_on_stat", "fresh_by_listing"]
 
 log = logging.getLogger(__name__)
-
-
-# An index file's metadata, as JSON in an extended attribute of the file: a re-check
-# of 100k shards then reads one attribute each instead of opening 100k SQLite files
-# (about 20 us against 200 us). An index is replaced by a rename, never changed in
-# place, so the attribute on its inode always describes that inode's contents.
-_META_XATTR = "user.indextar.meta"
-
-
-def _cached_meta(path: str | Path) -> IndexMeta | None:
-    try:
-        raw = os.getxattr(path, _META_XATTR)
-    except (OSError, AttributeError):  # no index, none set, or no xattrs here
-        return None
-    try:
-        meta = IndexMeta(**json.loads(raw))
-    except (ValueError, TypeError):
-        return None
-    if meta.format_version not in READABLE_VERSIONS or meta.naming != NAMING:
-        return None
-    return meta
-
-
-def cache_meta(path: str | Path, meta: IndexMeta) -> None:
-    """Keep ``meta`` in an extended attribute of the index file at ``path``, if it can."""
-    try:
-        os.setxattr(path, _META_XATTR, json.dumps(asdict(meta)).encode())
-    except (OSError, AttributeError):  # read-only, or no xattrs: the SQLite read stays
-        pass
 
 
 def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
@@ -103,10 +73,10 @@ def fresh_on_stat(shard: str, options: BuildOptions) -> ShardIndex | None:
 
 def _meta_at(path: str | Path) -> IndexMeta | None:
     """The metadata of the index at ``path``: from its attribute, else its tables."""
-    meta = _cached_meta(path)
+    meta = cached_meta(path)
     if meta is None and os.path.exists(path):
         try:
-            meta = _read_meta(Path(path))
+            meta = read_meta(Path(path))
         except (OSError, IndexFormatError):
             return None
         cache_meta(path, meta)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, StaleIndexError
 from ..source.location import ShardLocation
-from .fresh import cache_meta
+from .meta_cache import cache_meta
 from .options import BuildOptions
 from .remote import (
     open_remote_index,

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .localscan import scan_shard_file
-from .meta import _connect_ro
+from .meta import connect_readonly
 from .naming import from_sql, split_name
 from .shard import ShardIndex
 from .tables import sample_spans
@@ -68,7 +68,7 @@ class MemberTable:
 
 def load_members(index: ShardIndex) -> MemberTable:
     """Read every sample and member row of an opened index."""
-    with contextlib.closing(_connect_ro(index.path)) as conn:
+    with contextlib.closing(connect_readonly(index.path)) as conn:
         samples = conn.execute(
             "SELECT key, first_member, member_count, start_offset, end_offset, raw_key "
             "FROM samples ORDER BY sample_id"

@@ -2,8 +2,8 @@
 
 :class:`IndexMeta` is the ``meta`` table: the shard's size, mtime and a content
 fingerprint (:func:`fingerprint`, blake2b of the size and the first and last 64 KiB),
-the format version and the options the index was built with. ``_read_meta``
-refuses a file that is not an index of this format, and ``_check_fresh`` one whose
+the format version and the options the index was built with. ``read_meta``
+refuses a file that is not an index of this format, and ``check_fresh`` one whose
 shard changed since (:class:`~indextar.errors.StaleIndexError`).
 """
 
@@ -27,9 +27,17 @@ from .naming import Grouping
 __all__ = [
     "FORMAT_VERSION",
     "CHECKSUM_FORMAT_VERSION",
+    "READABLE_VERSIONS",
+    "NAMING",
+    "FINGERPRINT_SPAN",
     "IndexMeta",
     "fingerprint",
     "fingerprint_parts",
+    "file_fingerprint",
+    "connect_readonly",
+    "stat_shard",
+    "read_meta",
+    "check_fresh",
 ]
 
 FORMAT_VERSION = 3  # 2: raw_name and raw_key columns (names not UTF-8); 3: compressed shards
@@ -39,7 +47,8 @@ FORMAT_VERSION = 3  # 2: raw_name and raw_key columns (names not UTF-8); 3: comp
 CHECKSUM_FORMAT_VERSION = 4
 READABLE_VERSIONS = (2, 3, 4)  # a version-2 index describes a plain tar, as version 3 does
 NAMING = "webdataset-1"
-_FINGERPRINT_SPAN = 64 * 1024
+FINGERPRINT_SPAN = 64 * 1024
+"""Bytes at each end of a shard that its fingerprint covers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +157,7 @@ class IndexMeta:
 def fingerprint(buf: mmap.mmap | bytes, size: int) -> str:
     """A cheap content fingerprint: blake2b-128 of the size, first and last 64 KiB."""
     return fingerprint_parts(
-        size, buf[:_FINGERPRINT_SPAN], buf[max(0, size - _FINGERPRINT_SPAN) : size]
+        size, buf[:FINGERPRINT_SPAN], buf[max(0, size - FINGERPRINT_SPAN) : size]
     )
 
 
@@ -161,31 +170,41 @@ def fingerprint_parts(size: int, head: bytes, tail: bytes) -> str:
     return h.hexdigest()
 
 
-def _file_fingerprint(path: Path, size: int) -> str:
+def file_fingerprint(path: Path, size: int) -> str:
+    """:func:`fingerprint` of the local file at ``path``, ``size`` bytes long."""
     with open(path, "rb") as f:
-        head = f.read(_FINGERPRINT_SPAN)
-        f.seek(max(0, size - _FINGERPRINT_SPAN))
-        tail = f.read(_FINGERPRINT_SPAN)
+        head = f.read(FINGERPRINT_SPAN)
+        f.seek(max(0, size - FINGERPRINT_SPAN))
+        tail = f.read(FINGERPRINT_SPAN)
     return fingerprint_parts(size, head, tail)
 
 
-def _connect_ro(path: Path) -> sqlite3.Connection:
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the index at ``path``."""
     # immutable=1: index files are replaced, never modified in place, so SQLite
     # may skip locking; this also works on read-only filesystems.
     uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
     return sqlite3.connect(uri, uri=True)
 
 
-def _stat_shard(shard: Path) -> os.stat_result:
+def stat_shard(shard: Path) -> os.stat_result:
+    """The local ``shard``'s stat; :class:`~indextar.ShardNotFoundError` if it is gone."""
     try:
         return shard.stat()
     except FileNotFoundError:
         raise ShardNotFoundError(f"shard {str(shard)!r} does not exist") from None
 
 
-def _read_meta(path: Path) -> IndexMeta:
+def read_meta(path: Path) -> IndexMeta:
+    """The metadata of the index at ``path``, checked to be one this version reads.
+
+    Raises
+    ------
+    IndexFormatError
+        If it is not an index, or one of another format version or naming rules.
+    """
     try:
-        with contextlib.closing(_connect_ro(path)) as conn:
+        with contextlib.closing(connect_readonly(path)) as conn:
             rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             for table in ("members", "samples", "skipped"):
                 conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()
@@ -218,14 +237,16 @@ def _read_meta(path: Path) -> IndexMeta:
     return meta
 
 
-def _check_fresh(shard: Path, meta: IndexMeta, path: Path) -> None:
-    st = _stat_shard(shard)
+def check_fresh(shard: Path, meta: IndexMeta, path: Path) -> None:
+    """Refuse the index at ``path`` (its ``meta``) if the local ``shard`` changed since:
+    its size, mtime or content fingerprint (:class:`~indextar.StaleIndexError`)."""
+    st = stat_shard(shard)
     problems = []
     if st.st_size != meta.shard_size:
         problems.append(f"its size changed from {meta.shard_size} to {st.st_size} bytes")
     if st.st_mtime_ns != meta.shard_mtime_ns:
         problems.append(f"its mtime changed from {meta.shard_mtime_ns} to {st.st_mtime_ns} ns")
-    if not problems and _file_fingerprint(shard, st.st_size) != meta.fingerprint:
+    if not problems and file_fingerprint(shard, st.st_size) != meta.fingerprint:
         problems.append("its content fingerprint (first and last 64 KiB) changed")
     if problems:
         raise StaleIndexError(

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import SampleFormatError
+from ..tar.extensions import tarwalk
 from ..tar.scan import TarScan
 
 __all__ = ["split_name", "skip_reason", "Grouping", "group_members"]
@@ -164,7 +164,7 @@ _Groups = tuple[
 
 def _group_c(names: list[str], rows: npt.NDArray[np.int64]) -> _Groups | None:
     """The C walker's grouping of the common case (``None`` where it does not apply)."""
-    walker = native.tarwalk()
+    walker = tarwalk()
     if walker is None:
         return None
     try:

@@ -30,7 +30,7 @@ from ..source.location import ShardLocation
 from ..source.remote import DEFAULT_RETRY, RangeSource, with_retries
 from ..tar.streamscan import StreamedBytes, scan_stream
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
-from .meta import _FINGERPRINT_SPAN, IndexMeta, _read_meta, fingerprint_parts
+from .meta import FINGERPRINT_SPAN, IndexMeta, fingerprint_parts, read_meta
 from .naming import group_members
 from .remote_compressed import scan_compressed_object
 from .shard import INDEX_SUFFIX, ShardIndex, refuse_to_drop_imports
@@ -87,10 +87,8 @@ def _check(meta: IndexMeta, source: RangeSource, path: Path) -> None:
 
 
 def _remote_fingerprint(source: RangeSource, size: int) -> str:
-    tail_start = max(0, size - _FINGERPRINT_SPAN)
-    head, tail = source.read_many(
-        [0, tail_start], [min(size, _FINGERPRINT_SPAN), size - tail_start]
-    )
+    tail_start = max(0, size - FINGERPRINT_SPAN)
+    head, tail = source.read_many([0, tail_start], [min(size, FINGERPRINT_SPAN), size - tail_start])
     return fingerprint_parts(size, head, tail)
 
 
@@ -115,7 +113,7 @@ def open_remote_index(
     source = RangeSource(url, storage_options=storage_options)
     if local.exists() or _fetch_sidecar(url, local, storage_options):
         try:
-            meta = _read_meta(local)
+            meta = read_meta(local)
             _check(meta, source, local)
             return ShardIndex(shard=url, path=local, meta=meta)
         except (StaleIndexError, IndexFormatError) as e:
@@ -139,7 +137,7 @@ def refuse_stale_rebuild(url: str, local: Path) -> None:
     columns, which the object cannot give back: a :class:`StaleIndexError` (raised while
     handling the one that found it stale, which says what changed)."""
     refuse_to_drop_imports(
-        ShardIndex(shard=url, path=local, meta=_read_meta(local)),
+        ShardIndex(shard=url, path=local, meta=read_meta(local)),
         f"{url!r} changed since it was indexed",
         remedy=f"build_remote_index({url!r}, index_dir=...) (`indextar index --force {url}`)",
         error=StaleIndexError,
@@ -282,7 +280,7 @@ def scan_object(
         return ObjectScan(packed, "download", stat.size)
     log.info("scanning %s (%d bytes) in one forward read", url, stat.size)
     with ForwardReader(source, mode=mode) as reader:
-        view = StreamedBytes(reader, stat.size, shard=url, edges=_FINGERPRINT_SPAN)
+        view = StreamedBytes(reader, stat.size, shard=url, edges=FINGERPRINT_SPAN)
         scan = scan_stream(view)
         grouping = group_members(scan, shard=url)
         span_names = headers_name_their_keys(view.read, scan, grouping, shard=url)

@@ -20,18 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-import numpy as np
-import numpy.typing as npt
-
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..source.location import INDEX_SUFFIX, ShardLocation
 from .arrays import ShardArrays, arrays_from_tables, read_arrays
-from .attribute_json import OnError, read_json_attributes
+from .attribute_json import OnError, attributes_member, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
 from .checksums import ChecksumsArg, checksum_algorithm
 from .decompress import DEFAULT_SEEK_SPACING
 from .localscan import scan_local_shard
-from .meta import IndexMeta, _check_fresh, _connect_ro, _read_meta, _stat_shard
+from .meta import IndexMeta, check_fresh, connect_readonly, read_meta, stat_shard
 from .naming import from_sql, raw_name, sql_text
 from .options import BuildOptions
 from .tables import index_lock, write_index
@@ -39,7 +36,6 @@ from .tables import index_lock, write_index
 __all__ = [
     "INDEX_SUFFIX",
     "ShardIndex",
-    "SampleTable",
     "build_index",
     "build_index_as",
     "open_index",
@@ -51,27 +47,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-@dataclass(frozen=True, slots=True)
-class SampleTable:
-    """Per-sample arrays of one shard, loaded from its index.
-
-    ``member_*`` arrays are indexed by member; a sample's members are the rows
-    ``first_member[i] : first_member[i] + member_count[i]``.
-    """
-
-    first_member: npt.NDArray[np.int64]
-    member_count: npt.NDArray[np.int64]
-    start_offset: npt.NDArray[np.int64]
-    end_offset: npt.NDArray[np.int64]
-    member_data_offset: npt.NDArray[np.int64]
-    member_size: npt.NDArray[np.int64]
-    member_ext_code: npt.NDArray[np.int32]
-    ext_names: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.first_member)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +65,7 @@ class ShardIndex:
     def unchecked(cls, shard: str, path: Path) -> ShardIndex:
         """The index file ``path`` of ``shard``, its metadata read but not checked against
         the shard (its reads are: they are conditional on the version it records)."""
-        return cls(shard=shard, path=path, meta=_read_meta(path))
+        return cls(shard=shard, path=path, meta=read_meta(path))
 
     @property
     def location(self) -> ShardLocation:
@@ -102,55 +77,42 @@ class ShardIndex:
 
     def connect(self) -> sqlite3.Connection:
         """A new read-only connection to the index file, for bulk readers; close it after use."""
-        return _connect_ro(self.path)
+        return connect_readonly(self.path)
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             return conn.execute(sql, params).fetchall()
 
     def load_arrays(self) -> ShardArrays:
         """The arrays random access reads, in one query (from the tables if the index has none)."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
             return arrays if arrays is not None else arrays_from_tables(conn)
 
-    def load_samples(self) -> SampleTable:
-        """Load the per-sample and per-member arrays that random access needs."""
-        arrays = self.load_arrays()
-        samples, members = arrays.samples, arrays.members
-        start_offset = np.ascontiguousarray(samples[:, 0])
-        member_count = np.ascontiguousarray(samples[:, 3])
-        return SampleTable(
-            first_member=np.ascontiguousarray(samples[:, 2]),
-            member_count=member_count,
-            start_offset=start_offset,
-            end_offset=np.ascontiguousarray(samples[:, 1]),
-            member_data_offset=members[:, 0] + np.repeat(start_offset, member_count),
-            member_size=np.ascontiguousarray(members[:, 1]),
-            member_ext_code=members[:, 2].astype(np.int32),
-            ext_names=arrays.ext_names,
-        )
-
-    def has_attributes(self, meta: str | None = None) -> bool:
-        """Whether the index has the optional ``attributes`` table (built with ``meta=``);
-        with ``meta``, whether it holds attributes read from each sample's ``meta``
-        member (``build_index(..., meta=meta)``), not only imported ones."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
-            if meta is None:
+    def has_attributes(
+        self, attributes_from: str | None = None, *, meta: str | None = None
+    ) -> bool:
+        """Whether the index has the optional ``attributes`` table; with
+        ``attributes_from``, whether it holds attributes read from each sample's member
+        of that extension (``build_index(..., attributes_from="json")``), not only
+        imported ones. ``meta=`` is the deprecated name of ``attributes_from=``."""
+        member = attributes_member(attributes_from, meta, call="has_attributes")
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            if member is None:
                 return has_attribute_table(conn)
-            return has_source(conn, json_source(meta))
+            return has_source(conn, json_source(member))
 
     def imported_from(self) -> list[str]:
         """The file names of the tables whose columns were imported into the index
         (:func:`~indextar.import_attributes`), which only another import restores."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             sources = set(attribute_sources(conn).values())
         return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
 
     def json_members(self) -> list[str]:
         """The extensions of the members whose fields are the index's attribute columns
-        (``build_index(..., meta="json")``): ``["json"]``, or ``[]`` for none."""
-        with contextlib.closing(_connect_ro(self.path)) as conn:
+        (``build_index(..., attributes_from="json")``): ``["json"]``, or ``[]`` for none."""
+        with contextlib.closing(connect_readonly(self.path)) as conn:
             sources = set(attribute_sources(conn).values())
         return sorted(s.removeprefix("json:") for s in sources if s.startswith("json:"))
 
@@ -228,13 +190,13 @@ def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
     """
     shard_path, path = Path(shard), Path(path)
     if not path.exists():
-        _stat_shard(shard_path)
+        stat_shard(shard_path)
         raise MissingIndexError(
             f"shard {str(shard_path)!r} has no index (looked for {str(path)!r})",
             [str(shard_path)],
         )
-    meta = _read_meta(path)
-    _check_fresh(shard_path, meta, path)
+    meta = read_meta(path)
+    check_fresh(shard_path, meta, path)
     return ShardIndex(shard=str(shard_path), path=path, meta=meta)
 
 
@@ -265,10 +227,11 @@ def build_index(
     index_dir: PathLike | None = None,
     force: bool = False,
     ignore_zeros: bool = False,
-    meta: str | None = None,
+    attributes_from: str | None = None,
     on_error: OnError = "fail",
     seek_spacing: int = DEFAULT_SEEK_SPACING,
     checksums: ChecksumsArg = False,
+    meta: str | None = None,
 ) -> ShardIndex:
     """Index ``shard`` unless it already has a valid index; return the opened index.
 
@@ -285,13 +248,13 @@ def build_index(
         Read on past zero blocks, as GNU tar's ``--ignore-zeros``: every member of
         concatenated archives (``cat a.tar b.tar > c.tar``) is indexed. Recorded in the
         index; an index built so is rebuilt, not reused, by a call without it.
-    meta
-        Also store each sample's attributes: the top-level fields of its ``meta``
-        member (``"json"``), as columns of the index's optional ``attributes`` table
-        (:mod:`indextar.index.attributes`). An index without attributes from ``meta``
+    attributes_from
+        Also store each sample's attributes: the top-level fields of its member of this
+        extension (``"json"``), as columns of the index's optional ``attributes`` table
+        (:mod:`indextar.index.attributes`). An index without attributes from those
         members is rebuilt, or refused if it has imported ones a rebuild would drop.
     on_error
-        A sample whose ``meta`` member is missing or not a JSON object: ``"fail"``
+        A sample whose ``attributes_from`` member is missing or not a JSON object: ``"fail"``
         raises :class:`~indextar.SampleAttributeError` naming the shard and key;
         ``"skip"`` logs it and records it in the index's ``attribute_errors`` table.
     seek_spacing
@@ -303,6 +266,9 @@ def build_index(
         padding), which every read then checks (:mod:`indextar.index.checksums`):
         ``True`` for ``"crc32"``, or ``"xxh3_64"`` (faster; needs the ``xxhash``
         package). An index without checksums is rebuilt, not reused, by a call with them.
+    meta
+        The deprecated name of ``attributes_from`` (a :class:`DeprecationWarning`; it
+        goes in indextar 0.3).
 
     Raises
     ------
@@ -311,14 +277,14 @@ def build_index(
     StaleIndexError
         If an index exists but the shard changed since (and ``force`` is false).
     IndextarError
-        With ``meta``, if the index has imported attributes but none from ``meta``
-        members (and ``force`` is false): a rebuild would drop them.
+        With ``attributes_from``, if the index has imported attributes but none from
+        those members (and ``force`` is false): a rebuild would drop them.
     """
     options = BuildOptions(
         index_dir=None if index_dir is None else os.fspath(index_dir),
         force=force,
         ignore_zeros=ignore_zeros,
-        meta=meta,
+        meta=attributes_member(attributes_from, meta, call="build_index"),
         on_error=on_error,
         seek_spacing=seek_spacing,
         checksums=checksums,
@@ -338,12 +304,13 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
         existing = _reusable(shard_path, path, options)
         if existing is not None:
             return existing
-    meta = options.meta
+    member = options.meta
     codec = ShardLocation(str(shard_path)).codec()
-    if meta is not None and codec is not None:  # before decompressing: offsets are uncompressed
+    if member is not None and codec is not None:  # before decompressing: offsets are uncompressed
         raise IndextarError(
-            f"meta= reads members of uncompressed shards; {str(shard_path)!r} is {codec}-"
-            "compressed (write it with ShardWriter(..., meta=...) to store attributes)"
+            f"attributes_from= reads members of uncompressed shards; {str(shard_path)!r} is "
+            f"{codec}-compressed (write it with ShardWriter(..., attributes_from=...) to "
+            "store attributes)"
         )
     scanned = scan_local_shard(
         shard_path,
@@ -353,7 +320,7 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
         checksum=checksum,
     )
     scan, grouping, layout = scanned.scan, scanned.grouping, scanned.layout
-    after = _stat_shard(shard_path)
+    after = stat_shard(shard_path)
     if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise IndextarError(f"shard {str(shard_path)!r} changed while it was being indexed")
     index_meta = IndexMeta.describe(
@@ -371,9 +338,14 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
         checksum=checksum,
     )
     attributes = None
-    if meta is not None:
+    if member is not None:
         attributes = read_json_attributes(
-            shard_path, scan.data_offsets, scan.sizes, grouping, ext=meta, on_error=options.on_error
+            shard_path,
+            scan.data_offsets,
+            scan.sizes,
+            grouping,
+            ext=member,
+            on_error=options.on_error,
         )
     with index_lock(path):
         # Another writer may have replaced the index since it was judged (an import
@@ -396,7 +368,7 @@ def build_index_as(shard: PathLike, options: BuildOptions) -> ShardIndex:
 
 def _regular_file(shard: Path) -> os.stat_result:
     """The stat of ``shard``, which must be a regular file."""
-    st = _stat_shard(shard)
+    st = stat_shard(shard)
     if stat.S_ISDIR(st.st_mode):
         raise ShardNotFoundError(
             f"{str(shard)!r} is a folder, not a shard; give its shards (for example "
@@ -421,8 +393,8 @@ def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | No
     rebuilds it (logged).
 
     Raises what :func:`open_index_at` raises but :class:`IndexFormatError`, and
-    refuses a rebuild for ``meta`` that would drop imported columns."""
-    meta = options.meta
+    refuses a rebuild for attributes from a member that would drop imported columns."""
+    member = options.meta
     try:
         existing = open_index_at(shard, path)
     except MissingIndexError:  # removed since it was seen
@@ -430,11 +402,12 @@ def _reusable(shard: Path, path: Path, options: BuildOptions) -> ShardIndex | No
     except IndexFormatError as e:
         log.warning("replacing unusable index: %s", e)
         return None
-    if meta is not None and not existing.has_attributes(meta):
+    if member is not None and not existing.has_attributes(member):
         refuse_to_drop_imports(
-            existing, f"none read from each sample's {meta!r} member (meta={meta!r})"
+            existing,
+            f"none read from each sample's {member!r} member (attributes_from={member!r})",
         )
-        log.info("rebuilding %s: it has no attributes from meta=%r", path, meta)
+        log.info("rebuilding %s: it has no attributes from attributes_from=%r", path, member)
         return None
     checksum = checksum_algorithm(options.checksums)
     if checksum and existing.meta.checksum != checksum:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
+from ..source import extensions
 from ..tar.scan import TarScan
 from ..tar.spancheck import OK, check_headers
 from .naming import Grouping
@@ -69,7 +69,7 @@ def _first_failing(
     header_lens: npt.NDArray[np.int64],
     keys: list[bytes],
 ) -> int:
-    mapread = native.mapread()
+    mapread = extensions.mapread()
     if mapread is not None:
         return int(mapread.first_failing(buf, starts, header_lens, keys))
     return next(

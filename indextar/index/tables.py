@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..atomic import atomic_path, rewrite_lock
 from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
 from .arrays import ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
 from .compressed import CompressedLayout
+from .extensions import sqlitebulk
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 
@@ -215,7 +215,7 @@ def _write_tables(
             start,
             end,
         )
-        bulk = native.sqlitebulk()
+        bulk = sqlitebulk()
         if attributes is not None:  # a transaction of its own, its rows also through C
             write_attributes(conn, attributes, path=tmp)
         if bulk is not None:

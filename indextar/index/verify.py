@@ -17,7 +17,7 @@ from .checksums import hasher
 from .compressed import CompressedLayout, read_layout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
 from .localscan import scan_local_shard
-from .meta import IndexMeta, _connect_ro
+from .meta import IndexMeta, connect_readonly
 from .naming import Grouping, from_sql, sql_text
 from .opener import open_shard_index, shard_source
 from .remote import expected_stat, scan_object
@@ -76,7 +76,7 @@ def verify_index(
     problems: list[str] = []
     warnings: list[str] = []
     try:
-        with contextlib.closing(_connect_ro(ix.path)) as conn:
+        with contextlib.closing(connect_readonly(ix.path)) as conn:
             for what, got, expected in zip(
                 ("member", "sample", "skipped entry"),
                 _stored_rows(conn),

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from .epoch import plain_order
+from .extensions import permute
 from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
 
 __all__ = ["WINDOW", "MixtureOrder"]
@@ -189,7 +189,7 @@ class MixtureOrder:
         """``_permute.c``'s ``mixture_window``, for a shuffled order not in blocks, if built."""
         if not self.shuffle or self.blocks:
             return None
-        return getattr(native.permute(), "mixture_window", None)
+        return getattr(permute(), "mixture_window", None)
 
     def _window(self, fused: Any, table: _Table, row: int, positions: Array, out: Array) -> None:
         """What :meth:`_interleave` and :meth:`_walk` give ``positions`` (in window ``row``),

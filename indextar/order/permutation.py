@@ -34,9 +34,10 @@ Construction
    ``2**n < 2 * size`` (for ``size > 4``), fewer than two passes are needed on average.
    Only the elements still out of range are iterated.
 
-Where the C extension is built (:func:`indextar.native.permute`), :meth:`KeyedPermutation.permute`
-and :func:`permute_grouped` run each element through the network there, in registers;
-the numpy code below is the reference, and the tests check that the two agree.
+Where the C extension is built (:func:`indextar.order.extensions.permute`),
+:meth:`KeyedPermutation.permute` and :func:`permute_grouped` run each element through
+the network there, in registers; the numpy code below is the reference, and the tests
+check that the two agree.
 
 Everything is integer arithmetic with a documented hash, so the same ``(size, seed,
 tweak)`` gives the same order on every machine and numpy version. The network is a
@@ -54,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
+from . import extensions
 
 __all__ = ["ROUNDS", "KeyedPermutation", "derive_round_keys", "permute_grouped"]
 
@@ -155,7 +156,7 @@ class KeyedPermutation:
             raise TypeError(f"positions must be integers; got dtype {source.dtype}")
         flat = source.reshape(-1)
         result = flat.astype(np.uint64)  # always a fresh copy we may overwrite
-        fast = native.permute()
+        fast = extensions.permute()
         if fast is not None:
             try:  # the C code checks the range itself (a negative one is cast to >= 2**63)
                 fast.permute(result, self.size, self._key_array)
@@ -300,7 +301,7 @@ def permute_grouped(
     round_keys
         uint64 array of shape ``(groups, ROUNDS)``.
     """
-    fast = native.permute()
+    fast = extensions.permute()
     if fast is not None:
         values = positions.astype(np.uint64)  # a fresh copy, permuted in place
         fast.permute_grouped(

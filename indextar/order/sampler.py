@@ -254,9 +254,11 @@ class ResumableSampler:
     def __len__(self) -> int:
         """This rank's number of indices in the current pass, or in the next one."""
         start = self._current.start if self._current is not None else self._next_start
-        return self._count_from(start)
+        return self.count_from(start)
 
-    def _count_from(self, start: int) -> int:
+    def count_from(self, start: int) -> int:
+        """This rank's number of indices in a pass that begins at position ``start`` of
+        the epoch's order (``count_from(0)``: a whole epoch's)."""
         remaining = self.num_samples - start
         if self.drop_last:
             return remaining // self.num_replicas
@@ -278,7 +280,7 @@ class ResumableSampler:
         """This pass's indices, a chunk at a time, each an iterator over a list."""
         start = self._next_start
         self._next_start = 0  # the pass after this one starts the epoch afresh
-        current = _Pass(start=start, count=self._count_from(start))
+        current = _Pass(start=start, count=self.count_from(start))
         self._current = current
         self._set_slice(iter(()), 0, 0)
         order = self._epoch_order()

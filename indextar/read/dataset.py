@@ -22,7 +22,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import SampleIndexError, SampleKeyError
+from ..errors import SampleIndexError
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
 from ..index.opener import open_entry, open_entry_index
 from ..index.shard import PathLike, ShardIndex
@@ -38,7 +38,7 @@ from .remote_batch import RemoteBatches
 from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
 from .shard import OpenShard
-from .subset import KeysArg, KeySubset
+from .subset import KeyViews
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
 
@@ -48,7 +48,7 @@ DEFAULT_MAX_OPEN_SHARDS = 64
 ShardsArg = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
 
 
-class IndexedTarDataset(RemoteBatches):
+class IndexedTarDataset(RemoteBatches, KeyViews):
     """Map-style dataset over WebDataset tar shards, one sample per ``ds[i]``.
 
     Parameters
@@ -71,7 +71,7 @@ class IndexedTarDataset(RemoteBatches):
     build_missing
         Build missing indexes when the dataset is created (in parallel processes). If
         false, a missing index raises :class:`~indextar.MissingIndexError`. It gets the
-        other indexes' ``meta=``, if any (with ``on_error="skip"``; docs/metadata.md).
+        other indexes' ``attributes_from=``, if any (with ``on_error="skip"``; docs/metadata.md).
     max_open_shards
         Shards each process keeps open at once; older ones are closed.
     allow_unsafe
@@ -128,7 +128,8 @@ class IndexedTarDataset(RemoteBatches):
             decode=decode, keys=keys, allow_unsafe=allow_unsafe, transform=transform
         )
         self._pool = BatchPool(decode_threads)
-        self._index_dir = None if index_dir is None else os.fspath(index_dir)
+        self.index_dir: str | None = None if index_dir is None else os.fspath(index_dir)
+        """The folder of the indexes, when they are not next to their shards."""
         self._options = dataset_options(
             remote,
             index_dir,
@@ -150,16 +151,20 @@ class IndexedTarDataset(RemoteBatches):
                 progress=progress,
                 workers=build_workers,
             )
-        self._entries: tuple[ManifestShard, ...] = tuple(entries)
+        self.shard_entries: tuple[ManifestShard, ...] = tuple(entries)
+        """Each shard's entry: its URL, sample count and, if recorded, its index's path."""
         self.shards: tuple[str, ...] = tuple(entry.url for entry in entries)
         sizes = np.fromiter((entry.nsamples for entry in entries), np.int64, len(entries))
         sizes.flags.writeable = False
         self.shard_sizes: npt.NDArray[np.int64] = sizes
         """Samples per shard, in shard order (``ResumableSampler(order="blocks")`` reads it)."""
-        self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        starts.flags.writeable = False
+        self.shard_starts: npt.NDArray[np.int64] = starts
+        """Each shard's first dataset index, and the dataset's length last."""
         # The same boundaries as Python ints, for bisect in __getitem__ (O(shards)).
-        self._starts_list: list[int] = self._starts.tolist()
-        self._len = int(self._starts[-1])
+        self._starts_list: list[int] = starts.tolist()
+        self._len = int(starts[-1])
         # The remote shards read by ranges, whose spans a batch fetches together.
         self._ranged: frozenset[int] = (
             remote_shards(self.shards) if self._options.source.cache is None else frozenset()
@@ -198,17 +203,23 @@ class IndexedTarDataset(RemoteBatches):
         shard = self._open.get(shard_no)
         if shard is None:
             index, source = open_entry(
-                self._entries[shard_no], self._options, number=shard_no, manifest=self.manifest
+                self.shard_entries[shard_no], self._options, number=shard_no, manifest=self.manifest
             )
             shard = OpenShard.load(index, source)
             self._open.put(shard_no, shard)
         return shard
 
-    def _shard_index(self, shard_no: int) -> ShardIndex:
-        """Open and validate a shard's index, and check it against the manifest entry."""
+    def shard_index(self, shard_no: int) -> ShardIndex:
+        """Shard ``shard_no``'s index, opened and validated (and checked against its
+        manifest entry); for the views, :mod:`indextar.read.protocols`."""
         return open_entry_index(
-            self._entries[shard_no], self._options, number=shard_no, manifest=self.manifest
+            self.shard_entries[shard_no], self._options, number=shard_no, manifest=self.manifest
         )
+
+    @property
+    def storage_options(self) -> Mapping[str, Any] | None:
+        """fsspec's options for the remote shards (``storage_options=``)."""
+        return self._options.storage_options
 
     # -- access -----------------------------------------------------------------
 
@@ -228,8 +239,8 @@ class IndexedTarDataset(RemoteBatches):
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard number, sample number within the shard)`` of dataset index ``index``."""
         position = self._normalize(index)
-        shard_no = int(np.searchsorted(self._starts, position, side="right")) - 1
-        return shard_no, position - int(self._starts[shard_no])
+        shard_no = int(np.searchsorted(self.shard_starts, position, side="right")) - 1
+        return shard_no, position - int(self.shard_starts[shard_no])
 
     def __getitem__(self, index: int) -> Any:
         # The common case first: a plain int in range skips operator.index and wrapping.
@@ -243,19 +254,20 @@ class IndexedTarDataset(RemoteBatches):
         """A batch of samples (the DataLoader calls this with each batch's indices);
         a :class:`~indextar.ReadAheadBatches` batch then starts fetching the next ones
         (after its own reads: the first batch is not kept waiting behind them)."""
-        batch = self._read_batch(self._positions(indices))
+        batch = self.read_batch(self._positions(indices))
         hint = getattr(indices, "hint", None)
         if hint is not None and self._has_ranges:
             self._ahead.announce(hint, self._plan_ahead)
         return batch
 
-    def _read_batch(
+    def read_batch(
         self, positions: npt.NDArray[np.int64], extra: dict[str, Any] | None = None
     ) -> list[Any]:
         """The samples at ``positions`` (checked), each sample's fields with ``extra``
-        added before it is built: a mixture's ``__source__``, without a second pass."""
-        shard_nos = self._starts.searchsorted(positions, side="right") - 1
-        locals_ = positions - self._starts[shard_nos]
+        added before it is built: a mixture's ``__source__``, without a second pass
+        (:class:`~indextar.read.protocols.BatchReader`)."""
+        shard_nos = self.shard_starts.searchsorted(positions, side="right") - 1
+        locals_ = positions - self.shard_starts[shard_nos]
         # Every sample is read first, in this thread; then decoded, in the pool if any.
         shard_list, local_list, position_list = (
             shard_nos.tolist(),
@@ -288,10 +300,10 @@ class IndexedTarDataset(RemoteBatches):
         build = self._builder.build if self._pool.threads() <= 1 else None
         read: list[Any] = [None] * len(positions)
         for shard_no, group in groups.items():
-            self._read_into(read, group, shard_no, locals_, positions, extra, build)
+            self.read_into(read, group, shard_no, locals_, positions, extra, build)
         return read if build is not None else self._pool.map(self._builder.build, read)
 
-    def _read_into(
+    def read_into(
         self,
         out: list[Any],
         ats: list[int],
@@ -303,7 +315,8 @@ class IndexedTarDataset(RemoteBatches):
     ) -> None:
         """Read samples ``locals_[at]`` of local shard ``shard_no`` (dataset positions
         ``positions[at]``) into ``out[at]`` for each ``at`` in ``ats``: built, or as
-        ``(fields, members)`` for a pool to build when ``build`` is ``None``."""
+        ``(fields, members)`` for a pool to build when ``build`` is ``None``. For
+        ``MixtureDataset``, which reads its parts' shards as one list."""
         shard = self._shard(shard_no)
         name = shard.shard
         many = shard.read_many([locals_[at] for at in ats])
@@ -321,7 +334,7 @@ class IndexedTarDataset(RemoteBatches):
             out[at] = (fields, members) if build is None else build(fields, members)
 
     def _fields_template(self, shard: str, extra: dict[str, Any]) -> dict[str, Any]:
-        """A sample's fields with ``extra``, for :meth:`_read_into` to copy; the
+        """A sample's fields with ``extra``, for :meth:`read_into` to copy; the
         template kept per ``extra`` (a mixture's part has one), once per process."""
         key = tuple(extra.items())
         base = self._templates.get(key)
@@ -332,8 +345,8 @@ class IndexedTarDataset(RemoteBatches):
         template["__shard__"] = shard
         return template
 
-    def _direct_builder(self) -> Callable[[dict[str, Any], Any], Any] | None:
-        """The build that :meth:`_read_into` can run as it reads, when batches need
+    def direct_builder(self) -> Callable[[dict[str, Any], Any], Any] | None:
+        """The build that :meth:`read_into` can run as it reads, when batches need
         nothing more (local shards, no decode pool, no transform); else ``None``."""
         if self._has_ranges or self._pool.threads() > 1 or self._builder.transform is not None:
             return None
@@ -354,65 +367,6 @@ class IndexedTarDataset(RemoteBatches):
         key, members = shard.read(local)
         fields = {"__key__": key, "__shard__": shard.shard, "__index__": position}
         return self._builder.build(fields, members)
-
-    def index_of(self, key: str) -> int:
-        """The dataset index of the first sample whose ``__key__`` is ``key``.
-
-        Opens shards' indexes in order until one has the key: O(shards) when the key is
-        near the end or absent.
-
-        Raises
-        ------
-        SampleKeyError
-            If no sample has that key.
-        """
-        for shard_no in range(len(self.shards)):
-            if self.shard_sizes[shard_no] == 0:
-                continue
-            found = self._shard_index(shard_no).find_key(key)
-            if found:
-                return int(self._starts[shard_no]) + found[0]
-        raise SampleKeyError(f"no sample has the key {key!r} in {len(self.shards)} shards")
-
-    def select(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
-        """A view of the samples whose ``__key__`` is one of ``keys``, in dataset order.
-
-        ``keys`` is an iterable of keys or the path of a text file of keys, one a line.
-        The view is map-style (``len``, ``view[i]``, ``select``, ``exclude``) and holds
-        O(min(selected, excluded)) numbers. A key matching no sample is logged as a
-        warning (with a count and the first few), or with ``strict=True`` raises
-        :class:`~indextar.SampleKeyError`. Reads every shard's keys once.
-        """
-        return KeySubset.of(self).select(keys, strict=strict)
-
-    def exclude(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
-        """A view without the samples whose ``__key__`` is one of ``keys``: dedup lists,
-        takedowns, held-out splits. As :meth:`select`, otherwise."""
-        return KeySubset.of(self).exclude(keys, strict=strict)
-
-    def where(self, expression: str, *, cache_dir: PathLike | None | bool = None) -> KeySubset:
-        """A view of the samples that satisfy the SQL ``expression``, in dataset order.
-
-        The expression is evaluated over each shard's index: its attribute columns (an
-        index built with ``meta="json"`` or given ``import_attributes``), ``__key__`` and
-        ``size(ext)``, the size of the sample's member of that extension; for example
-        ``"aesthetic > 5 AND width >= 512 AND size(jpg) < 500000"``. Shards are queried
-        in parallel; the view holds O(selected) numbers and composes with
-        :meth:`select`, :meth:`exclude`, ``MixtureDataset`` and the samplers, which
-        record its ``selection``. The result is cached under ``cache_dir`` (default
-        ``~/.cache/indextar/selections``; ``False``: no cache), keyed by the expression
-        and the indexes' identities. See docs/metadata.md.
-
-        Raises
-        ------
-        SelectionError
-            If the expression fails on a shard's index (the shard and SQLite's message).
-        MissingAttributesError
-            If it names an attribute that some shards' indexes have none of (named).
-        StaleIndexError
-            If a shard changed since it was indexed.
-        """
-        return KeySubset.of(self).where(expression, cache_dir=cache_dir)
 
     def __repr__(self) -> str:
         source = (

@@ -88,13 +88,13 @@ def _open_local_indexes(
     }
     if missing:
         meta = _json_member(list(opened.values()))
-        log.info("building %d missing indexes (meta=%r)", len(missing), meta)
+        log.info("building %d missing indexes (attributes_from=%r)", len(missing), meta)
         indexes = build_indexes(
             missing,
             index_dir=index_dir,
             workers=workers,
             progress=progress,
-            meta=meta,
+            attributes_from=meta,
             on_error="skip",
         )
         opened.update(zip(missing, indexes))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -25,9 +24,7 @@ from ..patterns import expand_shards
 from ..source.base import ByteSource
 from ..source.local import open_source
 from ..source.location import ShardLocation, SourceOptions
-
-if TYPE_CHECKING:
-    from .dataset import IndexedTarDataset
+from .protocols import IndexedShards
 
 __all__ = [
     "MemberInfo",
@@ -38,7 +35,7 @@ __all__ = [
     "sample_keys",
 ]
 
-DatasetArg = Union[str, Sequence[str], "IndexedTarDataset"]
+DatasetArg = str | Sequence[str] | IndexedShards
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +126,8 @@ def _dataset_shards(
     shards, and an open dataset's, are opened only then), and how the remote shards'
     bytes are read."""
     if not isinstance(dataset, str | Sequence):  # an IndexedTarDataset: its counts are known
-        options = SourceOptions(dataset._options.storage_options)
-        return dataset.shard_sizes.tolist(), dataset._shard_index, options
+        options = SourceOptions(dataset.storage_options or {})
+        return dataset.shard_sizes.tolist(), dataset.shard_index, options
     if isinstance(dataset, str) and is_manifest(dataset):
         manifest = read_manifest(dataset)
         opening = OpenOptions.make(index_dir)
@@ -199,7 +196,7 @@ def describe_sample(
     )
 
 
-def sample_keys(dataset: IndexedTarDataset, indices: npt.ArrayLike) -> Iterator[str]:
+def sample_keys(dataset: IndexedShards, indices: npt.ArrayLike) -> Iterator[str]:
     """The key of each of ``dataset``'s samples at ``indices``, in their order; each run
     of samples in one shard reads that shard's keys once (sorted indices: each shard's)."""
     positions = np.asarray(indices, dtype=np.int64)
@@ -207,13 +204,13 @@ def sample_keys(dataset: IndexedTarDataset, indices: npt.ArrayLike) -> Iterator[
         raise SampleIndexError(
             f"indices must be in [0, {len(dataset)}); got {positions.min()}..{positions.max()}"
         )
-    starts = dataset._starts
+    starts = dataset.shard_starts
     shard_nos = np.searchsorted(starts, positions, side="right") - 1
     runs = np.flatnonzero(np.diff(shard_nos)) + 1
     for lo, hi in zip([0, *runs.tolist()], [*runs.tolist(), positions.size]):
         if lo == hi:
             continue
         shard_no = int(shard_nos[lo])
-        keys = dataset._shard_index(shard_no).keys()
+        keys = dataset.shard_index(shard_no).keys()
         for at in (positions[lo:hi] - starts[shard_no]).tolist():
             yield keys[at]

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from ..errors import SampleIndexError
 from ..source.base import fork_generation
+from .protocols import BatchReader, SampleBuild
 
 __all__ = ["MixtureDataset"]
 
@@ -75,7 +76,11 @@ class MixtureDataset:
         self._starts = np.array([0, *self.cumulative_sizes[:-1]], dtype=np.int64)
         self._ends = np.array(self.cumulative_sizes, dtype=np.int64)
         self._len: int = self.cumulative_sizes[-1]
-        self._flat = _FlatShards.of(datasets, self._starts)
+        # The parts that read batches themselves (IndexedTarDatasets): __source__ is a field.
+        self._readers: list[BatchReader | None] = [
+            d if isinstance(d, BatchReader) else None for d in datasets
+        ]
+        self._flat = _FlatShards.of(self._readers, self._starts)
 
     @property
     def part_sizes(self) -> npt.NDArray[np.int64]:
@@ -112,11 +117,10 @@ class MixtureDataset:
 
     def __getitem__(self, index: int) -> Any:
         part, local = self._locate(index)
-        dataset, name = self.datasets[part], self.names[part]
-        read_batch = getattr(dataset, "_read_batch", None)
-        if read_batch is not None:  # so that its transform sees __source__, as in batches
-            return read_batch(np.array([local], dtype=np.int64), {SOURCE_FIELD: name})[0]
-        return _with_source(dataset[local], name)
+        reader, name = self._readers[part], self.names[part]
+        if reader is not None:  # so that its transform sees __source__, as in batches
+            return reader.read_batch(np.array([local], dtype=np.int64), {SOURCE_FIELD: name})[0]
+        return _with_source(self.datasets[part][local], name)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch, each part's samples fetched together (its ``__getitems__`` if it has one)."""
@@ -126,7 +130,7 @@ class MixtureDataset:
                 self._locate(position)  # raises SampleIndexError for one out of range
             positions = np.where(positions < 0, positions + self._len, positions)
         if self._flat is not None:
-            direct = self._flat.read(self.datasets, self.names, positions)
+            direct = self._flat.read(self.names, positions)
             if direct is not None:
                 return direct
         parts = np.searchsorted(self._ends, positions, side="right")
@@ -136,10 +140,9 @@ class MixtureDataset:
         results: list[Any] = [None] * positions.size
         for ats in np.split(order, bounds) if positions.size else []:
             part = int(parts[ats[0]])
-            dataset, name = self.datasets[part], self.names[part]
-            read_batch = getattr(dataset, "_read_batch", None)
-            if read_batch is not None:  # an IndexedTarDataset: __source__ is a field
-                samples = read_batch(locals_[ats], {SOURCE_FIELD: name})
+            dataset, reader, name = self.datasets[part], self._readers[part], self.names[part]
+            if reader is not None:  # an IndexedTarDataset: __source__ is a field
+                samples = reader.read_batch(locals_[ats], {SOURCE_FIELD: name})
             else:
                 wanted = locals_[ats].tolist()
                 getitems = getattr(dataset, "__getitems__", None)
@@ -179,48 +182,55 @@ class _FlatShards:
 
     def __init__(
         self,
+        parts_read: Sequence[BatchReader],
         starts: npt.NDArray[np.int64],
         parts: npt.NDArray[np.int64],
         firsts: npt.NDArray[np.int64],
         part_starts: npt.NDArray[np.int64],
     ) -> None:
+        self.parts_read = parts_read  # the mixture's parts, each a BatchReader
         self.starts = starts  # each shard's first mixture index
         self.parts = parts  # each shard's part
         self.firsts = firsts  # each part's first shard
         self.part_starts = part_starts  # each part's first mixture index
-        self._builds: list[Any] | None = None  # each part's direct build, per process
+        self._builds: list[SampleBuild] | None = None  # each part's direct build, per process
         self._generation = -1
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_builds": None, "_generation": -1}
 
-    def _direct_builds(self, datasets: Sequence[Any]) -> list[Any] | None:
+    def _direct_builds(self) -> list[SampleBuild] | None:
         """Each part's build, if every part reads batches directly in this process (a
         decode pool's size is resolved in each worker); else ``None``."""
         if self._generation != fork_generation():
-            builds = [d._direct_builder() for d in datasets]
-            self._builds = None if any(build is None for build in builds) else builds
+            builds = [part.direct_builder() for part in self.parts_read]
+            ready = [build for build in builds if build is not None]
+            self._builds = ready if len(ready) == len(builds) else None
             self._generation = fork_generation()
         return self._builds
 
     @classmethod
-    def of(cls, datasets: Sequence[Any], part_starts: npt.NDArray[np.int64]) -> _FlatShards | None:
-        if not all(hasattr(d, "_read_into") and hasattr(d, "shard_sizes") for d in datasets):
+    def of(
+        cls, readers: Sequence[BatchReader | None], part_starts: npt.NDArray[np.int64]
+    ) -> _FlatShards | None:
+        """The parts as one list of shards, if every part is a :class:`BatchReader`."""
+        parts_read = [reader for reader in readers if reader is not None]
+        if len(parts_read) < len(readers):
             return None
-        sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in datasets]
+        sizes = [np.asarray(d.shard_sizes, dtype=np.int64) for d in parts_read]
         counts = np.array([len(s) for s in sizes], dtype=np.int64)
         flat = np.concatenate(sizes)
         starts = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64)
-        parts = np.repeat(np.arange(len(datasets), dtype=np.int64), counts)
+        parts = np.repeat(np.arange(len(parts_read), dtype=np.int64), counts)
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        return cls(starts, parts, firsts, part_starts)
+        return cls(parts_read, starts, parts, firsts, part_starts)
 
     def read(
-        self, datasets: Sequence[Any], names: Sequence[str | int], positions: npt.NDArray[np.int64]
+        self, names: Sequence[str | int], positions: npt.NDArray[np.int64]
     ) -> list[Any] | None:
         """The batch at ``positions`` (in range), or ``None`` if a part needs its own
         ``__getitems__`` (a decode pool, a transform, remote ranges)."""
-        builds = self._direct_builds(datasets)
+        builds = self._direct_builds()
         if builds is None:
             return None
         shards = self.starts.searchsorted(positions, side="right") - 1
@@ -234,7 +244,7 @@ class _FlatShards:
         out: list[Any] = [None] * len(shard_list)
         for shard, ats in groups.items():
             part = int(self.parts[shard])
-            datasets[part]._read_into(
+            self.parts_read[part].read_into(
                 out,
                 ats,
                 shard - int(self.firsts[part]),

@@ -37,7 +37,7 @@ class RemoteBatches:
     _ranged: frozenset[int]
     _pool: BatchPool
     _builder: SampleBuilder
-    _starts: npt.NDArray[np.int64]
+    shard_starts: npt.NDArray[np.int64]
     _len: int
     _open: LRUCache[int, OpenShard]
 
@@ -87,8 +87,10 @@ class RemoteBatches:
         """The remote spans of ``indices`` to fetch ahead: in shards already open, or
         while fewer than ``max_open_shards`` are (a guess never evicts a shard)."""
         positions = indices[(indices >= 0) & (indices < self._len)]
-        shard_nos = self._starts.searchsorted(positions, side="right") - 1
-        for n, local in zip(shard_nos.tolist(), (positions - self._starts[shard_nos]).tolist()):
+        shard_nos = self.shard_starts.searchsorted(positions, side="right") - 1
+        for n, local in zip(
+            shard_nos.tolist(), (positions - self.shard_starts[shard_nos]).tolist()
+        ):
             if n not in self._ranged or (
                 self._open.get(n) is None and len(self._open) >= self.max_open_shards
             ):

@@ -9,8 +9,8 @@ parallel threads (SQLite releases the GIL while it steps); the result is one sor
 int64 array of the dataset's indices, O(selected), which :class:`~indextar.KeySubset`
 holds as a view. An expression that names an attribute is refused
 (:class:`~indextar.errors.MissingAttributesError`) where some shards' indexes have no
-attributes at all (built without ``meta=``): it would read every one of their samples
-as NULL, which is not what those samples hold.
+attributes at all (built without ``attributes_from=``): it would read every one of
+their samples as NULL, which is not what those samples hold.
 
 The result is cached in a small ``.npy`` file keyed by the expression and every
 shard's index file (path, inode, size, mtime) and shard fingerprint: the same query on
@@ -42,6 +42,7 @@ from ..index.remote import default_cache_root
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..source.location import url_scheme
 from .lookup import sample_keys
+from .protocols import IndexedShards
 
 __all__ = [
     "where_indices",
@@ -153,7 +154,8 @@ def _refuse_bare(
     if source.startswith("import:"):
         how = f"import_attributes(shards, {source.removeprefix('import:')!r})"
     else:
-        how = f"build_index(shard, meta={source.removeprefix('json:') or 'json'!r}, force=True)"
+        member = source.removeprefix("json:") or "json"
+        how = f"build_index(shard, attributes_from={member!r}, force=True)"
     listed = ", ".join(map(repr, lacking[:5])) + (" ..." if len(lacking) > 5 else "")
     raise MissingAttributesError(
         f"{what} names the attribute {named!r}, but the indexes of {len(lacking)} of {total} "
@@ -174,7 +176,7 @@ def _run(index: ShardIndex, sql: str, what: str) -> list[Any]:
 
 
 def _shard_rows(
-    dataset: Any,
+    dataset: IndexedShards,
     fields: Callable[[list[str]], str],
     condition: str | None,
     what: str,
@@ -211,16 +213,16 @@ def _shard_rows(
             yield index, start, columns, rows
 
 
-def _shards(dataset: Any) -> tuple[list[int], list[ShardIndex], Array]:
+def _shards(dataset: IndexedShards) -> tuple[list[int], list[ShardIndex], Array]:
     """The non-empty shards of an IndexedTarDataset: numbers, opened indexes (validated:
     a changed shard raises ``StaleIndexError``) and first dataset index of each."""
     numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
-    indexes = [dataset._shard_index(n) for n in numbers]
-    starts = np.asarray(dataset._starts[numbers], dtype=np.int64)
+    indexes = [dataset.shard_index(n) for n in numbers]
+    starts = np.asarray(dataset.shard_starts[numbers], dtype=np.int64)
     return numbers, indexes, starts
 
 
-def _cache_key(expression: str, dataset: Any, numbers: Sequence[int]) -> str:
+def _cache_key(expression: str, dataset: IndexedShards, numbers: Sequence[int]) -> str:
     """The cache key of a selection: the expression and, per shard, the index file's
     identity (path, inode, size, mtime: a rebuild or an import is a new file) and the
     shard's (its size and mtime, or for a URL its fingerprint). Stats only, so that a
@@ -229,12 +231,12 @@ def _cache_key(expression: str, dataset: Any, numbers: Sequence[int]) -> str:
     digest = hashlib.blake2b(_CACHE_VERSION, digest_size=16)
     digest.update(f"{len(dataset)}\0{expression}\0".encode())
     for number in numbers:
-        entry = dataset._entries[number]
+        entry = dataset.shard_entries[number]
         if url_scheme(entry.url):
-            index = dataset._shard_index(number)
+            index = dataset.shard_index(number)
             path, shard = index.path, index.meta.fingerprint
         else:
-            path = Path(entry.index or index_path(entry.url, index_dir=dataset._index_dir))
+            path = Path(entry.index or index_path(entry.url, index_dir=dataset.index_dir))
             st = os.stat(entry.url)
             shard = f"{st.st_size}:{st.st_mtime_ns}"
         st = os.stat(path)
@@ -244,7 +246,7 @@ def _cache_key(expression: str, dataset: Any, numbers: Sequence[int]) -> str:
 
 
 def where_indices(
-    dataset: Any,
+    dataset: IndexedShards,
     expression: str,
     *,
     cache_dir: PathLike | None | bool = None,
@@ -300,7 +302,7 @@ def where_indices(
     return selected
 
 
-def where_rows(dataset: Any, expression: str) -> Iterator[dict[str, Any]]:
+def where_rows(dataset: IndexedShards, expression: str) -> Iterator[dict[str, Any]]:
     """Each selected sample's row, shard by shard: ``__shard__``, ``__index__`` (in the
     dataset), ``__key__`` and every attribute column (``None`` for NULL)."""
     shards = _shard_rows(
@@ -317,7 +319,7 @@ def where_rows(dataset: Any, expression: str) -> Iterator[dict[str, Any]]:
             yield fields | dict(zip(columns, row[2:]))
 
 
-def attribute_values(dataset: Any, expression: str) -> npt.NDArray[np.float64]:
+def attribute_values(dataset: IndexedShards, expression: str) -> npt.NDArray[np.float64]:
     """The numeric value of the SQL ``expression`` for every sample of ``dataset`` (an
     IndexedTarDataset), in dataset order; NaN where it is NULL.
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource, Span, split_members
+from ..source.extensions import mapread
 from ..source.location import url_scheme
 from ..tar.spancheck import stale_error
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # A checked span is split by _mapread's copy where it is built: its header check in C
 # (the Python one is most of a small sample's read); else by split_members.
-_MAPREAD = native.mapread()
+_MAPREAD = mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
 
 __all__ = ["OpenShard"]

@@ -27,8 +27,9 @@ import numpy.typing as npt
 from ..errors import SampleIndexError, SampleKeyError
 from ..index.shard import PathLike
 from ..order.readahead import Hint, HintedBatch
+from .protocols import IndexedShards
 
-__all__ = ["KeySubset", "KeysArg", "read_keys", "report_unmatched"]
+__all__ = ["KeySubset", "KeyViews", "KeysArg", "read_keys", "report_unmatched"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,15 +103,15 @@ class _Wanted:
         return [bytes(k) for k in self.keys[missing].tolist()]
 
 
-def find_keys(dataset: Any, keys: KeysArg, *, strict: bool) -> Array:
-    """Sorted indices of ``dataset`` (an IndexedTarDataset) whose key is one of ``keys``."""
+def find_keys(dataset: IndexedShards, keys: KeysArg, *, strict: bool) -> Array:
+    """Sorted indices of ``dataset`` whose key is one of ``keys``."""
     raw = read_keys(keys)
     wanted = _Wanted.of(raw)
     found: list[Array] = []
-    for shard_no, start in enumerate(dataset._starts[:-1].tolist()):
+    for shard_no, start in enumerate(dataset.shard_starts[:-1].tolist()):
         if dataset.shard_sizes[shard_no] == 0:
             continue
-        arrays = dataset._shard_index(shard_no).load_arrays()
+        arrays = dataset.shard_index(shard_no).load_arrays()
         samples = arrays.samples
         found.append(start + wanted.match(arrays.key_blob, samples[:, 4], samples[:, 5]))
     report_unmatched(wanted.unmatched(), wanted.keys.size, strict=strict, what=repr(dataset))
@@ -126,7 +127,7 @@ class KeySubset:
     """
 
     def __init__(
-        self, base: Any, indices: Array, *, kept: bool, where: tuple[str, ...] = ()
+        self, base: IndexedShards, indices: Array, *, kept: bool, where: tuple[str, ...] = ()
     ) -> None:
         self.base = base
         """The dataset this is a view of."""
@@ -145,7 +146,7 @@ class KeySubset:
         self._digest: str | None = None
 
     @classmethod
-    def of(cls, base: Any) -> KeySubset:
+    def of(cls, base: IndexedShards) -> KeySubset:
         """All of ``base``: nothing dropped."""
         return cls(base, np.empty(0, dtype=np.int64), kept=False)
 
@@ -253,6 +254,73 @@ class KeySubset:
 
     def __repr__(self) -> str:
         return f"KeySubset({self.base!r}, {self._len} samples)"
+
+
+class KeyViews:
+    """``index_of``, ``select``, ``exclude`` and ``where`` of a dataset of indexed
+    shards (:class:`~indextar.read.protocols.IndexedShards`), which
+    :class:`~indextar.IndexedTarDataset` has from here."""
+
+    def index_of(self: IndexedShards, key: str) -> int:
+        """The dataset index of the first sample whose ``__key__`` is ``key``.
+
+        Opens shards' indexes in order until one has the key: O(shards) when the key is
+        near the end or absent.
+
+        Raises
+        ------
+        SampleKeyError
+            If no sample has that key.
+        """
+        for shard_no in range(len(self.shards)):
+            if self.shard_sizes[shard_no] == 0:
+                continue
+            found = self.shard_index(shard_no).find_key(key)
+            if found:
+                return int(self.shard_starts[shard_no]) + found[0]
+        raise SampleKeyError(f"no sample has the key {key!r} in {len(self.shards)} shards")
+
+    def select(self: IndexedShards, keys: KeysArg, *, strict: bool = False) -> KeySubset:
+        """A view of the samples whose ``__key__`` is one of ``keys``, in dataset order.
+
+        ``keys`` is an iterable of keys or the path of a text file of keys, one a line.
+        The view is map-style (``len``, ``view[i]``, ``select``, ``exclude``) and holds
+        O(min(selected, excluded)) numbers. A key matching no sample is logged as a
+        warning (with a count and the first few), or with ``strict=True`` raises
+        :class:`~indextar.SampleKeyError`. Reads every shard's keys once.
+        """
+        return KeySubset.of(self).select(keys, strict=strict)
+
+    def exclude(self: IndexedShards, keys: KeysArg, *, strict: bool = False) -> KeySubset:
+        """A view without the samples whose ``__key__`` is one of ``keys``: dedup lists,
+        takedowns, held-out splits. As :meth:`select`, otherwise."""
+        return KeySubset.of(self).exclude(keys, strict=strict)
+
+    def where(
+        self: IndexedShards, expression: str, *, cache_dir: PathLike | None | bool = None
+    ) -> KeySubset:
+        """A view of the samples that satisfy the SQL ``expression``, in dataset order.
+
+        The expression is evaluated over each shard's index: its attribute columns (an
+        index built with ``attributes_from="json"`` or given ``import_attributes``), ``__key__`` and
+        ``size(ext)``, the size of the sample's member of that extension; for example
+        ``"aesthetic > 5 AND width >= 512 AND size(jpg) < 500000"``. Shards are queried
+        in parallel; the view holds O(selected) numbers and composes with
+        :meth:`select`, :meth:`exclude`, ``MixtureDataset`` and the samplers, which
+        record its ``selection``. The result is cached under ``cache_dir`` (default
+        ``~/.cache/indextar/selections``; ``False``: no cache), keyed by the expression
+        and the indexes' identities. See docs/metadata.md.
+
+        Raises
+        ------
+        SelectionError
+            If the expression fails on a shard's index (the shard and SQLite's message).
+        MissingAttributesError
+            If it names an attribute that some shards' indexes have none of (named).
+        StaleIndexError
+            If a shard changed since it was indexed.
+        """
+        return KeySubset.of(self).where(expression, cache_dir=cache_dir)
 
 
 def _complement(indices: Array, size: int) -> Array:

@@ -2,15 +2,16 @@
 remote objects.
 
 ``location`` decides once whether a shard is a local file or a remote object (by URL
-scheme, with the package each scheme needs), and knows its raw bytes, where its index
-lives and its codec; ``base`` is the ``ByteSource`` primitives and what is built on
-them; ``local`` memory-maps local shards and copies samples out of the map
-(``_mapread.c``); ``remote`` reads byte ranges of URLs with retries, through
-``filesystems`` (fsspec by URL scheme) and ``conditional`` (object versions: reads
-conditional on the ETag an index recorded), which reach under fsspec's public API only
-through ``fsspec_internals``; ``stream`` reads an object front to back; ``forward``
-reads one forward for a scan, streamed or by ranged reads of what is asked for;
-``cache`` keeps whole remote shards in a bounded folder.
+scheme), and knows its raw bytes, where its index lives and its codec; ``base`` is the
+``ByteSource`` primitives and what is built on them; ``local`` memory-maps local
+shards and copies samples out of the map (``_mapread.c``; ``extensions`` loads it and
+``_gunzip.c``); ``remote`` reads byte ranges of URLs with retries, through
+``filesystems`` (fsspec by URL scheme, with the package each scheme needs) and
+``conditional`` (object versions: reads conditional on the ETag an index recorded),
+which reach under fsspec's public API only through ``fsspec_internals``; ``stream``
+reads an object front to back; ``forward`` reads one forward for a scan, streamed or
+by ranged reads of what is asked for; ``cache`` keeps whole remote shards in a bounded
+folder.
 
 May import: the shared modules, and ``tar/`` for two things only: the check that a
 sample's span still begins with its own tar headers (``tar.spancheck``), which must

@@ -1,4 +1,5 @@
-"""fsspec filesystems by URL scheme, imported on first use.
+"""fsspec filesystems by URL scheme, imported on first use, and the package each scheme
+needs (:data:`REMOTE_SCHEMES`, which :mod:`indextar.source.location` names too).
 
 A missing fsspec, or a protocol's missing package, raises an ImportError that says what
 to install. A forked child keeps the filesystems its parent used (see
@@ -13,10 +14,29 @@ from typing import Any
 
 from .fsspec_internals import cached_instances
 
-__all__ = ["filesystem", "without_client_retries"]
+__all__ = ["REMOTE_SCHEMES", "filesystem", "scheme_package", "without_client_retries"]
 
 _USED_CLASSES: set[type] = set()
 _INHERITED: list[Any] = []
+
+
+# scheme -> the package fsspec needs for it, for the ImportError's install hint.
+REMOTE_SCHEMES: dict[str, str] = {
+    "http": "aiohttp",
+    "https": "aiohttp",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "hf": "huggingface_hub",
+}
+
+
+def scheme_package(scheme: str) -> str:
+    """What to install to read ``scheme://`` shards (:data:`REMOTE_SCHEMES`)."""
+    return REMOTE_SCHEMES.get(scheme, f"the fsspec backend for {scheme}://")
 
 
 def _keep_inherited_filesystems() -> None:
@@ -51,8 +71,6 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as e:
-        from .location import scheme_package  # the scheme registry (which imports this)
-
         package = scheme_package(protocol)
         raise ImportError(
             f"reading {protocol}:// shards needs {package}: pip install {package} "

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import CompressedShardError, TruncatedShardError
 from .base import ByteSource, Span, outside_error, split_members
 from .codecs import decompress_frame, zstd_context
+from .extensions import mapread
 
 __all__ = ["FramedSource"]
 
-_MAPREAD = native.mapread()
+_MAPREAD = mapread()
 _ONE_MEMBER = ("",)
 
 

@@ -21,11 +21,11 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from .. import native
 from ..errors import ShardFormatError, TruncatedShardError
 from . import base
 from .base import ByteSource, outside_error
 from .codecs import indexed_gzip
+from .extensions import gunzip
 from .seekpoints import ZRAN_BUFFER, SeekPoints
 from .spancache import SPAN_CACHE, SpanCache
 
@@ -103,7 +103,7 @@ class GzipSeekSource(ByteSource):
         self.cache = SPAN_CACHE if cache is None else cache
         self._starts: list[int] = points.points[:, 2].tolist()
         self._token = next(_tokens)
-        self._gunzip = native.gunzip()
+        self._gunzip = gunzip()
         self._file: Any = None
         self._generation = -1
         self._lock = threading.Lock()

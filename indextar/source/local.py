@@ -24,14 +24,14 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import IndextarError, ShardNotFoundError, StaleIndexError, TruncatedShardError
 from ..tar.spancheck import FILE_CHANGED, stale_error
 from . import base
 from .base import ByteSource, Span
+from .extensions import mapread
 
 # The guarded copy out of maps; chosen once, at import (INDEXTAR_PURE_PYTHON=1: none).
-_MAPREAD = native.mapread()
+_MAPREAD = mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0  # larger: sliced
 
 __all__ = [

@@ -7,10 +7,11 @@ index lives (:meth:`~ShardLocation.index_path`) and its codec
 (:meth:`~ShardLocation.codec`, from its first bytes).
 
 A name with a URL scheme (``s3://``, ``https://``, ...; not ``file://``) is remote and
-read through fsspec. :data:`REMOTE_SCHEMES` registers the package each scheme needs,
-as fsspec's ``known_implementations`` do, so that a missing one is named in the
-ImportError (:func:`scheme_package`); an unregistered scheme is tried with fsspec
-all the same.
+read through fsspec. :data:`~indextar.source.filesystems.REMOTE_SCHEMES` registers the
+package each scheme needs, as fsspec's ``known_implementations`` do, so that a missing
+one is named in the ImportError (:func:`~indextar.source.filesystems.scheme_package`;
+both kept beside the filesystems they open, and named here too); an unregistered
+scheme is tried with fsspec all the same.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..tar.compress import sniff_codec
 from .base import ByteSource
 from .cache import CachedSource, ShardCache
 from .conditional import RemoteStat
+from .filesystems import REMOTE_SCHEMES, scheme_package
 from .local import FileVersion, open_source
 from .remote import RangeSource
 
@@ -44,24 +46,6 @@ __all__ = [
 PathLike = Union[str, "os.PathLike[str]"]
 
 INDEX_SUFFIX = ".idx.sqlite"
-
-# scheme -> the package fsspec needs for it, for the ImportError's install hint.
-REMOTE_SCHEMES: dict[str, str] = {
-    "http": "aiohttp",
-    "https": "aiohttp",
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "hf": "huggingface_hub",
-}
-
-
-def scheme_package(scheme: str) -> str:
-    """What to install to read ``scheme://`` shards (:data:`REMOTE_SCHEMES`)."""
-    return REMOTE_SCHEMES.get(scheme, f"the fsspec backend for {scheme}://")
 
 
 def url_scheme(name: str) -> str:

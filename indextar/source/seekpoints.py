@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
+from . import extensions
 from .codecs import indexed_gzip
 
 __all__ = ["SeekPoints", "build_seek_points", "WINDOW", "MIN_SPACING", "ZRAN_BUFFER"]
@@ -133,7 +133,7 @@ class SeekPoints:
         """
         if not rows:
             return cls(compressed_size, len(data), spacing, np.zeros((0, 3), np.int64), ())
-        gunzip = native.gunzip()
+        gunzip = extensions.gunzip()
         assert gunzip is not None  # it placed the rows
         rows = [*rows, (compressed_size, 0, len(data), 1)]
         points = np.array([row[:3] for row in rows], np.int64)

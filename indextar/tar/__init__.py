@@ -1,6 +1,7 @@
 """The tar format: shard bytes in, members out.
 
-Scanning (``scan``, with the header walk in ``walk`` and ``_tarwalk.c``), header
+Scanning (``scan``, with the header walk in ``walk`` and ``_tarwalk.c``, which
+``extensions`` loads), header
 fields and extensions (``fields``, ``ext``, ``sparse``; the scan and the stream read
 them through the same functions), writing headers (``header``), reading a file object
 front to back (``stream``; opening URLs and pipes is ``read/``'s job), scanning a

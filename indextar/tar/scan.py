@@ -13,7 +13,7 @@ scan proceeds in three steps:
    what large members want; the *vectorised* walker checks every block of a window
    at once, which pays off on dense shards. The scan starts sequentially and
    switches to the vectorised walker once the members it has seen are small on
-   average. Where the C walker (:mod:`indextar.native`) is built it goes first: it
+   average. Where the C walker (:mod:`indextar.tar.extensions`) is built it goes first: it
    folds the PAX headers that change nothing recorded (a lone ``mtime``, as tarfile
    and webdataset write for every member), and hands back any shard with other
    extension headers or anything unusual.
@@ -41,18 +41,25 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
 from ..errors import CompressedShardError, IndextarError, ShardFormatError, TruncatedShardError
 from .blocks import BLOCK as BLOCK
 from .blocks import NO_DATA_TYPES, REGULAR_TYPES, ShardBytes, header_number
 from .compress import compressed_message, sniff_compression
 from .ext import EXTENSION_TYPES, fold_extensions
+from .extensions import tarwalk
 from .fields import FIELDS, canonical_numbers, checksums_ok, decode_names, names_at
 from .sparse import GNU_MULTIVOL, GNU_SPARSE, unsupported_member_error
 from .walk import walk_adaptive, walk_parts, walk_sequential
 from .walk import walk_window as _walk_window
 
-__all__ = ["TarScan", "scan_tar", "MEMBER_KINDS", "entry_kind", "sniff_compression"]
+__all__ = [
+    "TarScan",
+    "Scanner",
+    "scan_tar",
+    "MEMBER_KINDS",
+    "entry_kind",
+    "sniff_compression",
+]
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +164,7 @@ def scan_tar(
         :class:`TruncatedShardError`, :class:`CompressedShardError`,
         :class:`UnsupportedMemberError` say more).
     """
-    scanner = _Scanner(buf, shard, -1 if fd is None else fd)
+    scanner = Scanner(buf, shard, -1 if fd is None else fd)
     scanner.ignore_zeros = ignore_zeros
     return scanner.scan()
 
@@ -177,8 +184,9 @@ class _Chain:
     extension_headers: int
 
 
-class _Scanner(ShardBytes):
-    """One scan of one shard: :func:`scan_tar`'s working state."""
+class Scanner(ShardBytes):
+    """One scan of one shard: :func:`scan_tar`'s working state, and the steps that
+    :mod:`indextar.tar.streamscan` runs over a shard as it streams past."""
 
     ignore_zeros = False
 
@@ -289,7 +297,7 @@ class _Scanner(ShardBytes):
     def walk_c(self) -> _Chain | None:
         """The C walker's chain, if it could walk the whole shard (plain headers, and PAX
         headers whose records change nothing recorded)."""
-        walker = native.tarwalk()
+        walker = tarwalk()
         if walker is None:
             return None
         try:

@@ -4,7 +4,7 @@ A remote shard is indexed from one sequential read (or from ranged reads of its
 headers alone), without a temporary file. :func:`scan_stream` runs the scanner's own
 reference path over the stream: the sequential walk
 (:func:`~indextar.tar.walk.walk_sequential`) and the scan's decode and resolve steps
-(:class:`~indextar.tar.scan._Scanner`), which read the shard's bytes only through
+(:class:`~indextar.tar.scan.Scanner`), which read the shard's bytes only through
 :class:`StreamedBytes`. That view hands them the blocks they ask for, reading forward
 from a :class:`BlockReader` and skipping what nobody asks for, so the members, and
 the errors with their class and offset, are :func:`scan_tar`'s by construction.
@@ -31,7 +31,7 @@ from ..errors import TruncatedShardError
 from .blocks import BLOCK
 from .ext import GNU_LONGNAME
 from .fields import parse_number
-from .scan import TarScan, _Scanner
+from .scan import Scanner, TarScan
 
 __all__ = ["BlockReader", "FileReader", "StreamedBytes", "scan_stream"]
 
@@ -278,8 +278,8 @@ class _Blocks:
         return np.frombuffer(rows, np.uint8).reshape(-1, BLOCK)
 
 
-class _StreamScanner(_Scanner):
-    """:class:`~indextar.tar.scan._Scanner` over a :class:`StreamedBytes`."""
+class _StreamScanner(Scanner):
+    """:class:`~indextar.tar.scan.Scanner` over a :class:`StreamedBytes`."""
 
     def __init__(self, view: StreamedBytes):  # not ShardBytes.__init__: there is no buffer
         self.view = view

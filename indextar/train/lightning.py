@@ -88,7 +88,7 @@ class ResumableDataLoader(DataLoader[Any]):
         loader ends the shorter epoch, so that no batch is ever cut off.
         """
         progress, sampler = self._progress, self._progress.sampler
-        per_rank = sampler._count_from(0)  # this rank's indices in a whole epoch
+        per_rank = sampler.count_from(0)  # this rank's indices in a whole epoch
         batch_size = self.batch_size or 1
         whole = per_rank // batch_size if self.drop_last else -(-per_rank // batch_size)
         earlier = progress.earlier if progress.epoch == sampler.epoch else 0

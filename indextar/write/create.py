@@ -31,9 +31,10 @@ from ..index.manifest import write_manifest
 from ..index.naming import skip_reason, split_name
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import member_header, padded_size
+from .closing import compressor_for
 from .sample import check_key
 from .shardwriter import plan_shards
-from .tarwriter import TarWriter, compressor_for
+from .tarwriter import TarWriter
 
 __all__ = ["TreeSample", "Tree", "CreateResult", "walk_tree", "create_shards"]
 

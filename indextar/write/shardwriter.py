@@ -13,13 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import WriterError
-from ..index.attribute_json import OnError
+from ..index.attribute_json import OnError, attributes_member
 from ..index.checksums import ChecksumsArg, checksum_algorithm
 from ..index.manifest import write_manifest
 from ..index.shard import PathLike, ShardIndex
 from ..tar.header import END_OF_ARCHIVE
+from .closing import ClosingWriter, compressor_for
 from .sample import TarSample, encode_sample
-from .tarwriter import ClosingWriter, TarWriter, compressor_for
+from .tarwriter import TarWriter
 
 __all__ = [
     "ShardWriter",
@@ -74,9 +75,10 @@ class ShardWriter(ClosingWriter):
     encoder, compress
         As for :class:`TarWriter`: ``compress="gzip"`` or ``"zstd"`` writes every sample
         as its own gzip member or zstd frame (``maxsize`` counts uncompressed bytes).
-    meta, on_error
+    attributes_from, on_error
         As for :class:`TarWriter`: store each sample's JSON attributes in its shard's
-        index as it is written (``meta="json"``); needs ``index=True``.
+        index as it is written (``attributes_from="json"``); needs ``index=True``.
+        ``meta=`` is the deprecated name of ``attributes_from=``.
     checksums
         As for :class:`TarWriter`: record each sample's checksum in its shard's index;
         needs ``index=True``.
@@ -93,12 +95,16 @@ class ShardWriter(ClosingWriter):
         manifest: PathLike | None = None,
         encoder: bool = True,
         compress: str | None = None,
-        meta: str | None = None,
+        attributes_from: str | None = None,
         on_error: OnError = "fail",
         checksums: ChecksumsArg = False,
+        meta: str | None = None,
     ):
-        if meta is not None and not index:
-            raise WriterError("meta= stores attributes in the shards' indexes; it needs index=True")
+        member = attributes_member(attributes_from, meta, call="ShardWriter")
+        if member is not None and not index:
+            raise WriterError(
+                "attributes_from= stores attributes in the shards' indexes; it needs index=True"
+            )
         compressor_for(compress)  # refuses an unknown codec, or a missing library, now
         try:
             distinct = (pattern % 0) != (pattern % 1)
@@ -123,7 +129,7 @@ class ShardWriter(ClosingWriter):
         self.maxsize = maxsize
         self.encoder = encoder
         self.compress = compress
-        self.meta, self.on_error = meta, on_error
+        self.attributes_from, self.on_error = member, on_error
         self._index = index
         self._manifest = manifest
         self._next_shard = start_shard
@@ -155,7 +161,7 @@ class ShardWriter(ClosingWriter):
                 encoder=self.encoder,
                 index=self._index,
                 compress=self.compress,
-                meta=self.meta,
+                attributes_from=self.attributes_from,
                 on_error=self.on_error,
                 checksums=self.checksum or False,
             )

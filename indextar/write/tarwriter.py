@@ -4,93 +4,44 @@
 copied from another tar as they are (:meth:`TarWriter.append_entries`), to a hidden
 temporary file next to the shard, keeps every member's offsets as it goes, and on
 close renames the file into place and writes ``<shard>.idx.sqlite`` from those
-offsets. :class:`ClosingWriter` is the ``with`` behaviour it shares with
-:class:`~indextar.write.shardwriter.ShardWriter`.
+offsets. Its ``with`` behaviour, :class:`~indextar.write.closing.ClosingWriter`, it
+shares with :class:`~indextar.write.shardwriter.ShardWriter`.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..atomic import create_temp
 from ..errors import WriterError
-from ..index.attribute_json import AttributeBuilder, OnError
+from ..index.attribute_json import AttributeBuilder, OnError, attributes_member
 from ..index.checksums import ChecksumsArg, checksum_algorithm, hash_parts
 from ..index.compressed import CompressedLayout
-from ..index.meta import IndexMeta, _file_fingerprint
+from ..index.meta import IndexMeta, file_fingerprint
 from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..index.spans import headers_name_their_keys
 from ..index.tables import index_lock, sample_spans, write_index
-from ..source.codecs import CODECS, frame_compressor
 from ..tar.header import END_OF_ARCHIVE
 from ..tar.scan import TarScan
 from ..tar.stream import StreamEntry
+from .closing import ClosingWriter, compressor_for
 from .sample import Buffer, TarSample, encode_sample
 
-__all__ = [
-    "ClosingWriter",
-    "TarWriter",
-    "compressor_for",
-]
+__all__ = ["TarWriter"]
 
 log = logging.getLogger(__name__)
 
 _REGULAR = ord("0")
 _BUFFER_BYTES = 1 << 20
-
-_Writer = TypeVar("_Writer", bound="ClosingWriter")
-
-
-def compressor_for(compress: str | None) -> Callable[[bytes], bytes] | None:
-    """The frame compressor of ``compress`` (``None``: write plain tar)."""
-    if compress is None:
-        return None
-    if compress not in CODECS:
-        raise WriterError(
-            f"compress must be one of {', '.join(map(repr, CODECS))} or None, got {compress!r}"
-        )
-    return frame_compressor(compress)
-
-
-class ClosingWriter(abc.ABC):
-    """A writer used as a context manager: ``with`` closes it, or aborts it on an exception.
-
-    So an exception inside ``with`` never leaves a half-written shard under its final
-    name.
-    """
-
-    @abc.abstractmethod
-    def close(self) -> object:
-        """Finish writing; calling it again does nothing."""
-
-    @abc.abstractmethod
-    def abort(self) -> None:
-        """Abandon what is being written."""
-
-    def __enter__(self: _Writer) -> _Writer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 class TarWriter(ClosingWriter):
@@ -110,10 +61,11 @@ class TarWriter(ClosingWriter):
         blocks, as a gzip member or zstd frame of its own. The file is an ordinary
         ``.tar.gz`` / ``.tar.zst`` that GNU tar and webdataset read; the index records
         each frame's compressed span, so a sample is one read of exactly its bytes.
-    meta, on_error
-        Store each sample's attributes in the index, as ``build_index(..., meta="json")``
-        does, from the bytes being written (no read back): the top-level fields of its
-        ``meta`` member. A sample whose member is missing or not a JSON object raises
+    attributes_from, on_error
+        Store each sample's attributes in the index, as
+        ``build_index(..., attributes_from="json")`` does, from the bytes being written
+        (no read back): the top-level fields of its member of that extension. A sample
+        whose member is missing or not a JSON object raises
         :class:`~indextar.SampleAttributeError` before it is written (``"fail"``), or is
         recorded in the index's ``attribute_errors`` (``"skip"``).
     checksums
@@ -121,6 +73,8 @@ class TarWriter(ClosingWriter):
         checksums=...)`` does, from the bytes being written (its uncompressed span, as
         reads check it): ``True`` for ``"crc32"``, or ``"xxh3_64"``. For samples given to
         :meth:`write` or :meth:`append`, not copied entries.
+    meta
+        The deprecated name of ``attributes_from`` (a :class:`DeprecationWarning`).
 
     Examples
     --------
@@ -135,13 +89,15 @@ class TarWriter(ClosingWriter):
         encoder: bool = True,
         index: bool = True,
         compress: str | None = None,
-        meta: str | None = None,
+        attributes_from: str | None = None,
         on_error: OnError = "fail",
         checksums: ChecksumsArg = False,
+        meta: str | None = None,
     ):
+        member = attributes_member(attributes_from, meta, call="TarWriter")
         self.encoder = encoder
         self.compress = compress
-        self.meta = meta
+        self.attributes_from = member
         self.checksum = checksum_algorithm(checksums)
         # Of each appended sample, in order: its checksum, and where its bytes start and end.
         self._checksums: list[tuple[int, int, int]] = []
@@ -173,7 +129,9 @@ class TarWriter(ClosingWriter):
             self._file = path_or_fileobj
         self._index = index
         self._attributes = (
-            None if meta is None else AttributeBuilder(shard=self.name, ext=meta, on_error=on_error)
+            None
+            if member is None
+            else AttributeBuilder(shard=self.name, ext=member, on_error=on_error)
         )
         self._state = "open"
         self._pos = 0
@@ -252,7 +210,8 @@ class TarWriter(ClosingWriter):
         self._check_open()
         if self._attributes is not None:
             raise WriterError(
-                "meta= reads the samples given to write() or append(), not copied entries",
+                "attributes_from= reads the samples given to write() or append(), "
+                "not copied entries",
                 shard=self.name,
             )
         if self.checksum:
@@ -390,7 +349,7 @@ class TarWriter(ClosingWriter):
 
     def _write_index(self, path: Path, scan: TarScan, grouping: Grouping) -> ShardIndex:
         st = path.stat()
-        content_fingerprint = _file_fingerprint(path, st.st_size)
+        content_fingerprint = file_fingerprint(path, st.st_size)
         meta = IndexMeta.describe(
             scan,
             grouping,

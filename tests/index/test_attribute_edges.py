@@ -30,7 +30,7 @@ def test_json_members_are_read_as_json_loads_reads_bytes(
     text = '{"caption": "caf\u00e9", "w": 3}'.encode(encoding)
     assert json.loads(text) == {"caption": "caf\u00e9", "w": 3}  # what webdataset reads
     shard = make_tar({"a.json": text, "b.json": codecs.BOM_UTF8 + b'{"w": 4}'})
-    ix = indextar.build_index(shard, meta="json")
+    ix = indextar.build_index(shard, attributes_from="json")
     rows = _rows(ix.path, "SELECT caption, w FROM attributes ORDER BY __sample__")
     assert rows == [("caf\u00e9", 3), (None, 4)]
 
@@ -41,7 +41,7 @@ def test_fields_named_as_query_output_fields_are_refused(
 ) -> None:
     shard = make_tar({"a.json": b'{"w": 1}', "b.json": json.dumps({name: 1}).encode()})
     with pytest.raises(indextar.SampleAttributeError, match="reserved") as info:
-        indextar.build_index(shard, meta="json")
+        indextar.build_index(shard, attributes_from="json")
     assert info.value.key == "b"
 
 
@@ -52,10 +52,10 @@ def _wide(fields: range) -> bytes:
 def test_json_wider_than_an_index_holds_is_a_sample_error(make_tar: Callable[..., Path]) -> None:
     shard = make_tar({"a.json": _wide(range(10)), "b.json": _wide(range(2100)), "c.json": b"{}"})
     with pytest.raises(indextar.SampleAttributeError, match=f"at most {MAX_COLUMNS:,}") as info:
-        indextar.build_index(shard, meta="json")
+        indextar.build_index(shard, attributes_from="json")
     assert info.value.key == "b" and info.value.shard == str(shard)
     # on_error="skip": the sample is logged and recorded, the build goes on.
-    ix = indextar.build_index(shard, meta="json", on_error="skip")
+    ix = indextar.build_index(shard, attributes_from="json", on_error="skip")
     assert len(ix) == 3
     with sqlite3.connect(ix.path) as conn:
         errors = attribute_errors(conn)
@@ -69,7 +69,7 @@ def test_json_wider_than_an_index_holds_is_a_sample_error(make_tar: Callable[...
 
 def test_the_widest_json_an_index_holds_is_selectable(make_tar: Callable[..., Path]) -> None:
     shard = make_tar({"a.json": _wide(range(MAX_COLUMNS)), "b.json": b'{"f0": 5}'})
-    indextar.build_index(shard, meta="json")
+    indextar.build_index(shard, attributes_from="json")
     ds = indextar.IndexedTarDataset([shard])
     assert len(ds.where("f0 = 5", cache_dir=False)) == 1
     rows = list(where_rows(ds, "f1 IS NOT NULL"))
@@ -78,7 +78,7 @@ def test_the_widest_json_an_index_holds_is_selectable(make_tar: Callable[..., Pa
 
 def _nsfw_shard(make_tar: Callable[..., Path]) -> Path:
     shard = make_tar({f"k{i}.json": b'{"NSFW": "UNLIKELY", "w": 1}' for i in range(3)})
-    indextar.build_index(shard, meta="json")
+    indextar.build_index(shard, attributes_from="json")
     return shard
 
 

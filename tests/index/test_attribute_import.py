@@ -22,7 +22,7 @@ def _shard(make_tar: Callable[..., Path], name: str, keys: list[str], *, meta: b
         members[f"{key}.txt"] = key.encode()
         members[f"{key}.json"] = json.dumps({"score": i, "clip": -1.0}).encode()
     path = make_tar(members, name=name)
-    indextar.build_index(path, meta="json" if meta else None)
+    indextar.build_index(path, attributes_from="json" if meta else None)
     return path
 
 
@@ -164,16 +164,16 @@ def test_an_empty_table_leaves_every_sample_null(two_shards: list[Path], tmp_pat
 
 
 def test_meta_refuses_to_drop_imported_columns(two_shards: list[Path], tmp_path: Path) -> None:
-    a, b = two_shards  # a: built without meta; b: with meta="json"
+    a, b = two_shards  # a: built without meta; b: with attributes_from="json"
     table = tmp_path / "clip.parquet"
     pq.write_table(pa.table({"key": ["a1", "b1"], "clip": [0.5, 0.6]}), table)
     import_attributes([str(a), str(b)], table)
     untouched = _untouched([a, b])
     # a's attributes are all imported: a rebuild for its JSON members would drop them.
     with pytest.raises(indextar.IndextarError, match=r"imported from 'clip.parquet'.*force=True"):
-        indextar.build_index(a, meta="json")
-    assert indextar.build_index(b, meta="json").has_attributes("json")  # reused as it is
+        indextar.build_index(a, attributes_from="json")
+    assert indextar.build_index(b, attributes_from="json").has_attributes("json")  # reused as it is
     assert untouched()
-    rebuilt = indextar.build_index(a, meta="json", force=True)
+    rebuilt = indextar.build_index(a, attributes_from="json", force=True)
     assert rebuilt.has_attributes("json") and rebuilt.imported_from() == []
     assert _column(a, "score") == list(range(6))

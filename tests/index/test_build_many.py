@@ -79,7 +79,7 @@ def test_a_recheck_reads_the_index_metadata_from_its_extended_attribute(
     def no_sqlite(path: Path) -> None:
         raise AssertionError("the index was opened")
 
-    monkeypatch.setattr(fresh, "_read_meta", no_sqlite)
+    monkeypatch.setattr(fresh, "read_meta", no_sqlite)
     for path in paths:
         fresh = fresh_on_stat(path, BuildOptions())
         assert fresh is not None and fresh.meta == built[path].meta  # type: ignore[union-attr]

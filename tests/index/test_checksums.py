@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import flip_bit, tar_bytes
+from indexrows import load_samples
 
 import indextar
 from indextar import ChecksumMismatchError, IndexedTarDataset, build_index
@@ -28,7 +29,7 @@ def _payload_offset(shard: Path, key: str) -> tuple[int, int]:
     """The span start of sample ``key`` and a byte inside its ``.bin`` data."""
     index = indextar.open_index(shard)
     sample = index.find_key(key)[0]
-    table = index.load_samples()
+    table = load_samples(index)
     member = int(table.first_member[sample])
     return int(table.start_offset[sample]), int(table.member_data_offset[member]) + 100
 

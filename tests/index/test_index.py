@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import FORMATS, sample_members, tar_bytes
+from indexrows import load_samples
 
 from indextar import (
     IndexFormatError,
@@ -49,7 +50,7 @@ def test_round_trip_agrees_with_tarfile(fmt: str, make_tar) -> None:  # type: ig
     built = build_index(path)
     opened = open_index(path)
     assert opened.meta == built.meta and len(opened) == 50
-    table = opened.load_samples()
+    table = load_samples(opened)
     with tarfile.open(path) as tf:
         regular = [m for m in tf.getmembers() if m.isreg() and m.name != "README"]
     assert table.member_data_offset.tolist() == [m.offset_data for m in regular]
@@ -72,7 +73,7 @@ def test_round_trip_agrees_with_tarfile(fmt: str, make_tar) -> None:  # type: ig
 
 def test_a_samples_byte_range_is_a_tar_of_its_members(shard: Path) -> None:
     index = build_index(shard)
-    table = index.load_samples()
+    table = load_samples(index)
     data = shard.read_bytes()
     for i in (0, 17, 49):
         piece = data[table.start_offset[i] : table.end_offset[i]] + bytes(1024)
@@ -86,7 +87,7 @@ def test_long_names_keep_their_extension_headers_in_the_sample_range(make_tar) -
     members = {"x" * 150 + ".jpg": b"1", "x" * 150 + ".cls": b"2", "y.jpg": b"3"}
     for fmt in ("gnu", "pax"):
         path = make_tar(members, name=f"long-{fmt}.tar", fmt=fmt)
-        table = build_index(path).load_samples()
+        table = load_samples(build_index(path))
         data = path.read_bytes()
         piece = data[table.start_offset[0] : table.end_offset[0]] + bytes(1024)
         with tarfile.open(fileobj=io.BytesIO(piece)) as tf:
@@ -272,9 +273,7 @@ def test_same_size_content_change_with_the_mtime_put_back(shard: Path, where: st
     st = shard.stat()
     data = bytearray(shard.read_bytes())
     # A member's data byte: still a valid tar of the same size.
-    offset = (
-        512 + 3 if where == "start" else open_index(shard).load_samples().member_data_offset[-1]
-    )
+    offset = 512 + 3 if where == "start" else load_samples(open_index(shard)).member_data_offset[-1]
     data[offset] ^= 0x20
     shard.write_bytes(bytes(data))
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -363,7 +362,7 @@ def test_two_processes_building_the_same_shard(tmp_path: Path) -> None:
         results = [pool.apply_async(_build_in_child, (str(shard), barrier, 3)) for _ in range(2)]
         assert [r.get(timeout=120) for r in results] == [3 * 2000, 3 * 2000]
     index = open_index(shard)
-    assert len(index) == 2000 and len(index.load_samples().member_size) == 4000
+    assert len(index) == 2000 and len(load_samples(index).member_size) == 4000
     assert only_files(tmp_path) == ["race.tar", "race.tar.idx.sqlite"]  # no temporary files
 
 
@@ -379,7 +378,7 @@ def test_readers_never_see_a_partial_index(tmp_path: Path) -> None:
         barrier.wait()
         opened = 0
         while not job.ready():
-            assert len(open_index(shard).load_samples()) == 2000
+            assert len(load_samples(open_index(shard))) == 2000
             opened += 1
         assert job.get() == 6 * 2000
     assert opened > 0

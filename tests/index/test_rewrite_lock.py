@@ -51,7 +51,7 @@ def _shards(folder: Path, *, meta: bool = False, count: int = SHARDS) -> list[st
             members[f"{key}.json"] = json.dumps({"a": 1}).encode()
         path = folder / f"shard-{n:02d}.tar"
         path.write_bytes(tar_bytes(members))
-        indextar.build_index(path, meta="json" if meta else None)
+        indextar.build_index(path, attributes_from="json" if meta else None)
         shards.append(str(path))
     return shards
 
@@ -127,7 +127,7 @@ def test_a_build_racing_an_import_loses_neither(pool: tuple[Any, Any], tmp_path:
 
 def _build_all(shards: list[str]) -> None:
     for shard in shards:
-        indextar.build_index(shard, meta="json")
+        indextar.build_index(shard, attributes_from="json")
 
 
 def _append_each(manifest: str, shards: list[str]) -> None:

@@ -1,6 +1,6 @@
 """The keyed permutation in C (``_permute.c``) against the numpy reference.
 
-``native.permute()`` is the C code unless ``INDEXTAR_PURE_PYTHON`` is set; then
+``order_extensions.permute()`` is the C code unless ``INDEXTAR_PURE_PYTHON`` is set; then
 ``KeyedPermutation.permute`` and ``permute_grouped`` run in numpy. Both must give the
 same elements bit for bit, since saved sampler states name positions in these orders.
 """
@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from indextar import native
+from indextar.order import extensions as order_extensions
 from indextar.order.mixture import MixtureOrder
 from indextar.order.permutation import (
     KeyedPermutation,
@@ -30,14 +31,14 @@ EDGE_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 61440, 65535, 65536, 65537, 10**8, 2**40 +
 
 def pure(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
-    assert native.permute() is None
+    assert order_extensions.permute() is None
 
 
 @pytest.fixture(autouse=True)
 def c_code(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with the C code, even in a run with ``INDEXTAR_PURE_PYTHON``."""
     monkeypatch.delenv(native.PURE_PYTHON_ENV, raising=False)
-    assert native.permute() is not None
+    assert order_extensions.permute() is not None
 
 
 def random_positions(rng: np.random.Generator, size: int, count: int) -> np.ndarray:
@@ -126,7 +127,7 @@ def test_permute_grouped_empty_and_bad_input() -> None:
     positions, group, sizes, keys = grouped_case(rng, 3, 10)
     empty = np.empty(0, dtype=np.int64)
     assert permute_grouped(empty, empty, sizes, keys).size == 0
-    c_code = native.permute()
+    c_code = order_extensions.permute()
     assert c_code is not None
     values = positions.astype(np.uint64)
     with pytest.raises(ValueError, match="out of range"):
@@ -197,7 +198,7 @@ def test_mixture_window_equals_the_numpy_order(seed: int, monkeypatch: pytest.Mo
 
 
 def test_mixture_window_bad_input_says_what() -> None:
-    c_code = native.permute()
+    c_code = order_extensions.permute()
     assert c_code is not None
     keys = np.array(derive_round_keys(1, 2), dtype=np.uint64)
     part_keys = np.tile(keys, 2)

@@ -54,7 +54,7 @@ def corpus(make_tar: Callable[..., Path]) -> tuple[list[str], list[Record], list
             members[f"{name[0]}{i:04d}.json"] = json.dumps(record).encode()
             sizes.append((i * 97) % 300)
         path = make_tar(members, name=name)
-        indextar.build_index(path, meta=meta)
+        indextar.build_index(path, attributes_from=meta)
         shards.append(str(path))
         records += recs
     return shards, records, sizes
@@ -114,7 +114,7 @@ def test_where_is_cached_and_recomputed_when_an_index_changes(
         with pytest.raises(AssertionError, match="queried again"):
             ds.where("aesthetic > 6", cache_dir=cache)  # another query: another key
     # A rebuilt index (a new file) is another key: queried again, same answer.
-    indextar.build_index(shards[0], meta="json", force=True)
+    indextar.build_index(shards[0], attributes_from="json", force=True)
     rebuilt = indextar.IndexedTarDataset(shards).where("aesthetic > 5", cache_dir=cache)
     assert rebuilt.selection == first.selection
     assert len(list(cache.glob("*.npy"))) == 2  # the failed query cached nothing
@@ -235,13 +235,13 @@ def test_bucket_ids_and_values(corpus: Any) -> None:
 
 
 def _plain_beside_meta(make_tar: Callable[..., Path], *, build_first: bool) -> list[str]:
-    """Two shards of JSON ``{"a": i}``: the first indexed with meta="json", the second
+    """Two shards of JSON ``{"a": i}``: the first indexed with attributes_from="json", the second
     indexed plain (``build_first``) or not at all."""
     shards = []
     for s in range(2):
         members = {f"s{s}k{i}.json": json.dumps({"a": i}).encode() for i in range(10)}
         shards.append(str(make_tar(members, name=f"s{s}.tar")))
-    indextar.build_index(shards[0], meta="json")
+    indextar.build_index(shards[0], attributes_from="json")
     if build_first:
         indextar.build_index(shards[1])
     return shards
@@ -251,7 +251,7 @@ def test_a_missing_index_is_built_with_the_others_attributes(
     make_tar: Callable[..., Path],
 ) -> None:
     shards = _plain_beside_meta(make_tar, build_first=False)
-    ds = indextar.IndexedTarDataset(shards)  # builds the second index: with meta="json"
+    ds = indextar.IndexedTarDataset(shards)  # builds the second index: with attributes_from="json"
     assert indextar.open_index(shards[1]).has_attributes("json")
     assert len(ds.where("a >= 0", cache_dir=False)) == 20
     assert len(ds.where("a IS NULL", cache_dir=False)) == 0
@@ -273,11 +273,11 @@ def test_a_shard_indexed_without_attributes_is_refused_not_null(
         with pytest.raises(indextar.MissingAttributesError, match="build_index") as info:
             call()
         assert info.value.shards == (shards[1],) and info.value.column == "a"
-        assert repr(shards[1]) in str(info.value) and "meta='json'" in str(info.value)
+        assert repr(shards[1]) in str(info.value) and "attributes_from='json'" in str(info.value)
     # Conditions that name no attribute still select over every shard.
     assert len(ds.where("__key__ LIKE 's1%' AND size(json) > 0", cache_dir=False)) == 10
     assert main(["query", *shards, "--where", "a >= 0", "--count", "--no-cache"]) == 1
     err = capsys.readouterr().err
     assert f"indextar index {shards[1]} --meta json --force" in err and "build_index" not in err
-    indextar.build_index(shards[1], meta="json", force=True)  # what the message says
+    indextar.build_index(shards[1], attributes_from="json", force=True)  # what the message says
     assert len(ds.where("a >= 0", cache_dir=False)) == 20

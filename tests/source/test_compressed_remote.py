@@ -143,6 +143,6 @@ def test_a_remote_shard_without_an_index_is_indexed_from_a_download(
     built = sorted((tmp_path / "ix").glob("*.idx.sqlite"))
     assert len(built) == 3 and not list((tmp_path / "ix").glob(".*"))  # no copy left
     assert len(kinds) == 3
-    metas = {ix.meta.shard_name: ix.meta for ix in (k._shard_index(0) for k in kinds)}
+    metas = {ix.meta.shard_name: ix.meta for ix in (k.shard_index(0) for k in kinds)}
     assert metas[urls[2]].seek_spacing and not metas[urls[0]].seek_spacing
     assert metas[urls[0]].compression == "zstd" and metas[urls[1]].compression == "gzip"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import sample_members, tar_bytes
+from indexrows import load_samples
 from loopback_servers import HttpServer, SeaweedServer
 
 from indextar.errors import (
@@ -128,8 +129,8 @@ def test_index_next_to_the_shard_is_used(
             url, index_dir=tmp_path / "b", storage_options=options, build_missing=False
         )
     assert "fetched the index" in caplog.text and "building" not in caplog.text
-    assert fetched.meta == built.meta and fetched.load_samples().start_offset.tolist() == (
-        built.load_samples().start_offset.tolist()
+    assert fetched.meta == built.meta and load_samples(fetched).start_offset.tolist() == (
+        load_samples(built).start_offset.tolist()
     )
 
 

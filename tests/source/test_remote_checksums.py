@@ -14,6 +14,7 @@ from conftest import flip_bit, tar_bytes
 from indextar import ChecksumMismatchError, IndexedTarDataset, build_index, open_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from indexrows import load_samples
 from loopback_servers import HttpServer  # noqa: E402
 
 NAME = "data.tar"
@@ -41,7 +42,7 @@ def test_a_flipped_byte_is_read_again_once_then_refused(
     url = http.url(NAME)
     ds = IndexedTarDataset([url], index_dir=tmp_path)
     assert ds[20]["bin"] == bytes([20]) * 4096
-    start = int(open_index(root / NAME).load_samples().start_offset[20])
+    start = int(load_samples(open_index(root / NAME)).start_offset[20])
     flip_bit(root / NAME, start + 512 + 100)  # in k020.bin's data
     try:
         # ds[i]: the read and one more; a batch of two: two reads and one more.
@@ -76,7 +77,7 @@ def test_a_span_right_on_the_second_read_is_returned(
 ) -> None:
     url = http.url(NAME)
     ds = IndexedTarDataset([url], index_dir=tmp_path)
-    start = int(open_index(root / NAME).load_samples().start_offset[7])
+    start = int(load_samples(open_index(root / NAME)).start_offset[7])
     handler = _RestoreOnRetry(root / NAME, start + 512 + 5)
     logging.getLogger("indextar.read.shard").addHandler(handler)
     try:

@@ -18,6 +18,7 @@ from conftest import sample_members, tar_bytes
 from torch.utils.data import DataLoader
 
 from indextar import IndexedTarDataset, StaleIndexError, TruncatedShardError, build_index
+from indextar.source import extensions as source_extensions
 from indextar.tar.spancheck import BAD_CHECKSUM, OK, OTHER_NAME, check_headers
 
 REFUSED = (StaleIndexError, TruncatedShardError)
@@ -197,9 +198,7 @@ def test_the_c_check_agrees_with_the_python_check_on_damaged_headers() -> None:
 
     import numpy as np
 
-    from indextar import native
-
-    mapread = native.mapread()
+    mapread = source_extensions.mapread()
     assert mapread is not None, "indextar/source/_mapread.c did not build"
     rng = random.Random(12)
     headers = []
@@ -253,9 +252,7 @@ def crafted_header_runs() -> list[tuple[bytes, bytes]]:
 def test_c_and_python_agree_on_gnu_naming_rules() -> None:
     import numpy as np
 
-    from indextar import native
-
-    mapread = native.mapread()
+    mapread = source_extensions.mapread()
     assert mapread is not None
     expected = [OK, OTHER_NAME, OK, OK, OK, OK, OK, OK, OK, BAD_CHECKSUM, BAD_CHECKSUM]
     got = []
@@ -275,11 +272,11 @@ def test_scan_and_both_span_checks_share_one_size_limit() -> None:
     import numpy as np
     from tarcraft import header
 
-    from indextar import ShardFormatError, native
+    from indextar import ShardFormatError
     from indextar.tar.blocks import MAX_MEMBER_SIZE
     from indextar.tar.scan import scan_tar
 
-    mapread = native.mapread()
+    mapread = source_extensions.mapread()
     assert mapread is not None
     assert mapread.MAX_MEMBER_SIZE == MAX_MEMBER_SIZE == 2**62
     for size, expected in ((MAX_MEMBER_SIZE, OK), (MAX_MEMBER_SIZE + 1, BAD_CHECKSUM)):

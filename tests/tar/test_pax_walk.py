@@ -28,6 +28,7 @@ from tarcraft import BLOCK, Crafter, gnu_tar, pax_records, write_tree
 from wds_shards import write_shards
 
 from indextar import IndextarError, build_index, native, scan_tar
+from indextar.tar import extensions as tar_extensions
 from indextar.tar import scan as scan_module
 
 assert native.built()["_tarwalk"], "the C walker (indextar/tar/_tarwalk.c) did not build"
@@ -78,19 +79,19 @@ def outcome(data: bytes, *, pure: bool, folder: Path | None = None) -> Outcome:
 def c_chains(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The member counts of the scans that used the C walker's chain."""
     used: list[int] = []
-    real = scan_module._Scanner.resolve_c
+    real = scan_module.Scanner.resolve_c
 
-    def spy(self: scan_module._Scanner, chain: scan_module._Chain) -> scan_module.TarScan:
+    def spy(self: scan_module.Scanner, chain: scan_module._Chain) -> scan_module.TarScan:
         used.append(len(chain.offsets))
         return real(self, chain)
 
-    monkeypatch.setattr(scan_module._Scanner, "resolve_c", spy)
+    monkeypatch.setattr(scan_module.Scanner, "resolve_c", spy)
     return used
 
 
 def c_status(data: bytes) -> int:
     """The C walker's status on ``data``: 0 walked, 1 handed to the reference."""
-    c_walker = native.tarwalk()
+    c_walker = tar_extensions.tarwalk()
     assert c_walker is not None
     return c_walker.walk(data)[0]
 

@@ -16,6 +16,7 @@ import pytest
 from conftest import FORMATS, sample_members, tar_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from indexrows import load_samples
 from tarcraft import (
     BLOCK,
     RECORD,
@@ -83,15 +84,15 @@ def windows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Start offsets of the windows the vectorised walker accepted (C walker off)."""
     monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
     accepted: list[int] = []
-    real = tarscan_module._Scanner.walk_window
+    real = tarscan_module.Scanner.walk_window
 
-    def spy(self: tarscan_module._Scanner, start: int) -> tuple[object, int]:
+    def spy(self: tarscan_module.Scanner, start: int) -> tuple[object, int]:
         result = real(self, start)
         if result[0] is not None:
             accepted.append(start)
         return result
 
-    monkeypatch.setattr(tarscan_module._Scanner, "walk_window", spy)
+    monkeypatch.setattr(tarscan_module.Scanner, "walk_window", spy)
     return accepted
 
 
@@ -532,7 +533,7 @@ def test_member_over_8_gib(fmt: str, tmp_path: Path) -> None:
     from indextar import build_index
 
     index = build_index(path)
-    table = index.load_samples()
+    table = load_samples(index)
     assert table.member_size.tolist() == [BIG]
     assert table.member_data_offset.tolist() == [len(headers)]
     with tarfile.open(path) as tf:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from indexrows import load_samples
 from readers import wds_samples
 from tarcraft import GNU_TAR
 
@@ -70,7 +71,7 @@ def test_the_index_holds_one_frame_per_sample(tmp_path: Path, codec: str) -> Non
     assert index.meta.compression == codec and index.meta.seek_spacing == 0
     frames = read_layout(index.path, index.meta).frames
     assert frames is not None and len(frames) == 31  # 30 samples and the end blocks
-    table = index.load_samples()
+    table = load_samples(index)
     assert frames[:30, 2].tolist() == table.start_offset.tolist()
     assert (frames[:30, 2] + frames[:30, 3]).tolist() == table.end_offset.tolist()
     assert int(frames[-1, 0] + frames[-1, 1]) == Path(shard).stat().st_size

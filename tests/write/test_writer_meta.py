@@ -1,4 +1,5 @@
-"""ShardWriter(..., meta="json") stores each sample's attributes while it writes (issue 16)."""
+"""ShardWriter(..., attributes_from="json") stores each sample's attributes as it writes
+(issue 16)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,16 @@ def _sample(i: int) -> dict[str, object]:
 
 
 def test_the_writer_stores_what_a_build_reads(tmp_path: Path) -> None:
-    with indextar.ShardWriter(str(tmp_path / "w-%03d.tar"), maxcount=7, meta="json") as sink:
+    with indextar.ShardWriter(
+        str(tmp_path / "w-%03d.tar"), maxcount=7, attributes_from="json"
+    ) as sink:
         for i in range(20):
             sink.write(_sample(i))
     assert len(sink.shards) == 3
     written = [_table(ix.path) for ix in sink.indexes]
     for shard, tables in zip(sink.shards, written):
-        rebuilt = indextar.build_index(shard, meta="json", force=True)  # read from the tar
+        # read from the tar
+        rebuilt = indextar.build_index(shard, attributes_from="json", force=True)
         assert _table(rebuilt.path) == tables
     ds = indextar.IndexedTarDataset(sink.shards)
     view = ds.where("score >= 2 AND extra IS NOT NULL", cache_dir=False)
@@ -43,7 +47,7 @@ def test_the_writer_stores_what_a_build_reads(tmp_path: Path) -> None:
 
 def test_a_bad_sample_is_refused_before_it_is_written(tmp_path: Path) -> None:
     shard = tmp_path / "one.tar"
-    with indextar.TarWriter(shard, meta="json") as sink:
+    with indextar.TarWriter(shard, attributes_from="json") as sink:
         sink.write(_sample(0))
         with pytest.raises(indextar.SampleAttributeError, match="not valid JSON") as info:
             sink.write({"__key__": "bad", "txt": "x", "json": b"{nope"})
@@ -59,7 +63,7 @@ def test_a_bad_sample_is_refused_before_it_is_written(tmp_path: Path) -> None:
 
 def test_skip_records_the_sample(tmp_path: Path) -> None:
     shard = tmp_path / "skip.tar"
-    with indextar.TarWriter(shard, meta="json", on_error="skip") as sink:
+    with indextar.TarWriter(shard, attributes_from="json", on_error="skip") as sink:
         sink.write(_sample(0))
         sink.write({"__key__": "bad", "txt": "x", "json": b"[1]"})
         sink.write(_sample(3))
@@ -71,7 +75,7 @@ def test_skip_records_the_sample(tmp_path: Path) -> None:
 
 def test_compressed_shards_get_attributes_too(tmp_path: Path) -> None:
     with indextar.ShardWriter(
-        str(tmp_path / "z-%03d.tar.zst"), maxcount=50, meta="json", compress="zstd"
+        str(tmp_path / "z-%03d.tar.zst"), maxcount=50, attributes_from="json", compress="zstd"
     ) as sink:
         for i in range(12):
             sink.write(_sample(i))
@@ -79,9 +83,9 @@ def test_compressed_shards_get_attributes_too(tmp_path: Path) -> None:
     view = ds.where("w = 0", cache_dir=False)
     assert [s["txt"] for s in view] == [b"text 0", b"text 5", b"text 10"]
     with pytest.raises(indextar.IndextarError, match="compressed"):
-        indextar.build_index(sink.shards[0], meta="json", force=True)
+        indextar.build_index(sink.shards[0], attributes_from="json", force=True)
 
 
 def test_meta_needs_an_index(tmp_path: Path) -> None:
     with pytest.raises(indextar.WriterError, match="needs index=True"):
-        indextar.ShardWriter(str(tmp_path / "n-%03d.tar"), index=False, meta="json")
+        indextar.ShardWriter(str(tmp_path / "n-%03d.tar"), index=False, attributes_from="json")
