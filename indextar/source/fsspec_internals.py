@@ -30,6 +30,7 @@ __all__ = [
     "http_request",
     "http_session",
     "missing_internals",
+    "run_on_default_loop",
     "run_on_loop",
     "s3_method_kwargs",
     "s3_split_path",
@@ -173,4 +174,13 @@ def run_on_loop(fs: Any, function: Callable[[], Awaitable[T]]) -> T:
     import fsspec.asyn
 
     result: T = fsspec.asyn.sync(_get(fs, "loop"), function)
+    return result
+
+
+def run_on_default_loop(function: Callable[[], Awaitable[T]]) -> T:
+    """``await function()`` on fsspec's own event loop thread (the one its async
+    filesystems share), from this thread; a forked child gets a fresh one."""
+    import fsspec.asyn
+
+    result: T = fsspec.asyn.sync(fsspec.asyn.get_loop(), function)
     return result
