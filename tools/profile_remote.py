@@ -307,6 +307,7 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--py-spy", type=Path, help="profile the i.i.d. path into this file")
+    parser.add_argument("--only", default="", help="only the clients whose name contains this")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -337,6 +338,8 @@ def main() -> None:
                     print("| client | requests/s | client CPU per request |")
                     print("| --- | ---: | ---: |")
                     for what, (kind, client) in CLIENTS.items():
+                        if args.only not in what:
+                            continue
                         client(bases[kind], path.name, spans[:64], args.in_flight)  # warm-up
                         cpu, start = time.process_time(), time.perf_counter()
                         got = client(bases[kind], path.name, spans, args.in_flight)

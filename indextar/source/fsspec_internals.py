@@ -26,6 +26,7 @@ __all__ = [
     "Internal",
     "cached_instances",
     "cat_file_async",
+    "configured_options",
     "http_raise_for_status",
     "http_request",
     "http_session",
@@ -184,3 +185,11 @@ def run_on_default_loop(function: Callable[[], Awaitable[T]]) -> T:
 
     result: T = fsspec.asyn.sync(fsspec.asyn.get_loop(), function)
     return result
+
+
+def configured_options(protocol: str) -> dict[str, Any]:
+    """The defaults fsspec's configuration (``~/.config/fsspec``, ``FSSPEC_*``) gives
+    ``protocol``'s filesystems, as ``url_to_fs`` applies them."""
+    import fsspec.config
+
+    return dict(fsspec.config.conf.get(protocol, {}))

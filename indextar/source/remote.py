@@ -37,7 +37,7 @@ from .base import ByteSource, Span, fork_generation, split_members
 from .conditional import RemoteStat, check_version, get_ranges, get_ranges_direct
 from .filesystems import filesystem, without_client_retries
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
-from .s3direct import S3Direct, direct_client
+from .s3direct import S3Direct, direct_client_for
 
 __all__ = [
     "ALLOW_PIPE_ENV",
@@ -144,7 +144,7 @@ class RangeSource(ByteSource):
             return
         self._generation = fork_generation()
         try:
-            self._direct = _direct_for(self.url, self.storage_options)
+            self._direct = direct_client_for(self.url, self.storage_options)
             if self._direct is not None:
                 self._bucket, _, self._key = self.url.partition("://")[2].partition("/")
             if self._direct is None or self.expected is None or not self.expected.etag:
@@ -413,15 +413,3 @@ def _fetch(
                 got = [f.exception() or f.result() for f in futures]
         outcomes.update(zip(members, got))
     return [outcomes[i] for i in pending]
-
-
-def _direct_for(url: str, storage_options: Mapping[str, Any]) -> S3Direct | None:
-    """The direct S3 client for an ``s3://bucket/key`` URL, where it serves every
-    option (:func:`~indextar.source.s3direct.direct_client`); None: through fsspec."""
-    protocol, _, path = url.partition("://")
-    bucket, _, key = path.partition("/")
-    if protocol not in ("s3", "s3a") or not key or "?versionId=" in key:
-        return None
-    if bucket.startswith("arn:") or not bucket:
-        return None  # an access point: s3fs and botocore resolve it
-    return direct_client(storage_options)

@@ -21,6 +21,8 @@ module imports no aiohttp, fsspec or botocore.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import ipaddress
 import os
@@ -31,9 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import fork_generation
+from .fsspec_internals import configured_options
 from .sigv4 import Credentials, SigV4Signer, quote_key
 
-__all__ = ["S3Direct", "direct_client"]
+__all__ = ["S3Direct", "direct_client", "direct_client_for"]
 
 # storage_options that change nothing about a GET, or that this client honours
 _HONOURED = {
@@ -133,6 +136,9 @@ class S3Direct:
         if session is None or session.closed:
             import aiohttp
 
+            if not _OPEN:
+                atexit.register(_close_sessions)
+
             connect, read = self._timeouts
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
@@ -144,11 +150,26 @@ class S3Direct:
                 skip_auto_headers=("User-Agent",),
             )
             self._sessions[slot] = session  # an inherited one is kept, never closed here
+            _OPEN.append((loop, fork_generation(), session))
         return session
 
     def __repr__(self) -> str:
         endpoint = self.endpoint
         return f"S3Direct({endpoint.scheme}://{endpoint.host}, region={self.region!r})"
+
+
+_OPEN: list[tuple[Any, int, Any]] = []  # (loop, fork generation, session) made here
+
+
+def _close_sessions() -> None:
+    """At exit, close this process's sessions on their loops, while these still run
+    (else aiohttp complains from its finalizers once the interpreter is half gone)."""
+    import asyncio
+
+    for loop, generation, session in _OPEN:
+        if generation == fork_generation() and loop.is_running() and not session.closed:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=1)
 
 
 def _ssl(verify: bool | str) -> Any:
@@ -171,15 +192,20 @@ def direct_client(storage_options: Mapping[str, Any]) -> S3Direct | None:
     cache_key = repr(sorted(storage_options.items()))
     with _CLIENTS_LOCK:
         if cache_key not in _CLIENTS:
-            _CLIENTS[cache_key] = _build(_with_fsspec_config(storage_options))
+            _CLIENTS[cache_key] = _build({**configured_options("s3"), **storage_options})
         return _CLIENTS[cache_key]
 
 
-def _with_fsspec_config(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` over the defaults fsspec's configuration gives s3 (as ``url_to_fs``)."""
-    import fsspec.config
-
-    return {**dict(fsspec.config.conf.get("s3", {})), **options}
+def direct_client_for(url: str, storage_options: Mapping[str, Any]) -> S3Direct | None:
+    """:func:`direct_client` for an ``s3://bucket/key`` URL; None for other URLs, for a
+    version (``?versionId=``) and for an access point (s3fs and botocore resolve those)."""
+    protocol, _, path = url.partition("://")
+    bucket, _, key = path.partition("/")
+    if protocol not in ("s3", "s3a") or not bucket or not key or "?versionId=" in key:
+        return None
+    if bucket.startswith("arn:"):
+        return None
+    return direct_client(storage_options)
 
 
 def _build(options: Mapping[str, Any]) -> S3Direct | None:
