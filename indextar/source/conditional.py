@@ -214,7 +214,7 @@ async def _direct_range(
     target, headers = client.request(bucket, key, start, end, etag)
     session = await client.session()
     async with session.get(
-        URL(target, encoded=True), headers=headers, allow_redirects=False
+        URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
     ) as response:
         status = response.status
         if status == 412:
@@ -285,17 +285,21 @@ async def _gather(
     get: Callable[..., Awaitable[bytes]], requests: Sequence[tuple[Any, ...]], max_in_flight: int
 ) -> list[Any]:
     """``get(*request)`` of each request, at most ``max_in_flight`` at once; exceptions
-    are returned."""
-    limit = asyncio.Semaphore(max_in_flight)
+    are returned. ``max_in_flight`` tasks take the requests in turn: no task and no
+    semaphore wait per request (asyncio's ``Semaphore`` scans its waiters on each
+    acquire)."""
+    results: list[Any] = [None] * len(requests)
+    turns = iter(enumerate(requests))
 
-    async def one(request: tuple[Any, ...]) -> Any:
-        async with limit:
+    async def worker() -> None:
+        for i, request in turns:
             try:
-                return await get(*request)
+                results[i] = await get(*request)
             except Exception as e:
-                return e
+                results[i] = e
 
-    return await asyncio.gather(*map(one, requests))
+    await asyncio.gather(*(worker() for _ in range(min(max_in_flight, len(requests)))))
+    return results
 
 
 def get_ranges(

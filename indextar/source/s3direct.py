@@ -100,6 +100,7 @@ class S3Direct:
         self._verify = verify
         self._signer: SigV4Signer | None = None
         self._sessions: dict[tuple[int, int], Any] = {}
+        self.proxy = _proxy(endpoint)
 
     def _signed(self, host: str, path: str, query: str, headers: dict[str, str]) -> dict[str, str]:
         if self._credentials is None:
@@ -145,7 +146,6 @@ class S3Direct:
                     limit=0, ssl=_ssl(self._verify), enable_cleanup_closed=True
                 ),
                 timeout=aiohttp.ClientTimeout(sock_connect=connect, sock_read=read),
-                trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as botocore reads them
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
             )
@@ -170,6 +170,16 @@ def _close_sessions() -> None:
         if generation == fork_generation() and loop.is_running() and not session.closed:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=1)
+
+
+def _proxy(endpoint: _Endpoint) -> str | None:
+    """The proxy ``HTTP(S)_PROXY`` and ``NO_PROXY`` name for the endpoint, as botocore
+    reads them: once, not on every request as aiohttp's ``trust_env`` does."""
+    import urllib.request
+
+    if urllib.request.proxy_bypass(endpoint.host.rpartition(":")[0] or endpoint.host):
+        return None
+    return urllib.request.getproxies().get(endpoint.scheme)
 
 
 def _ssl(verify: bool | str) -> Any:
