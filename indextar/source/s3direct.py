@@ -57,6 +57,7 @@ class _Endpoint:
     scheme: str
     netloc: str  # as the endpoint URL gives it
     host: str  # the Host header: a port only where it is not the scheme's default
+    prefix: str  # the endpoint's own path, "/s3" for AIStore's gateway; else ""
     virtual: bool  # bucket.host/key rather than host/bucket/key
 
 
@@ -119,9 +120,10 @@ class S3Direct:
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"
-            path = "/" + quote_key(key)
+            path = f"{endpoint.prefix}/{quote_key(key)}"
         else:
-            netloc, host, path = endpoint.netloc, endpoint.host, f"/{bucket}/{quote_key(key)}"
+            netloc, host = endpoint.netloc, endpoint.host
+            path = f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
         headers = {**self._headers, "range": f"bytes={start}-{end - 1}"}
         if etag:
             headers["if-match"] = f'"{etag}"'
@@ -306,19 +308,19 @@ def _endpoint(url: str | None, region: str, use_ssl: bool, style: str | None) ->
 
     if url:
         parts = urlsplit(url)
-        if parts.path not in ("", "/") or parts.scheme not in ("http", "https"):
+        if parts.query or parts.scheme not in ("http", "https"):
             return None
-        scheme, netloc = parts.scheme, parts.netloc
+        scheme, netloc, prefix = parts.scheme, parts.netloc, quote_key(parts.path.rstrip("/"))
         virtual = style == "virtual"
     else:
         scheme = "https" if use_ssl else "http"
-        netloc = f"s3.{region}.amazonaws.com"
+        netloc, prefix = f"s3.{region}.amazonaws.com", ""
         virtual = style != "path"
     host = netloc
     hostname, _, port = netloc.rpartition(":") if netloc.count(":") == 1 else (netloc, "", "")
     if port and port == {"http": "80", "https": "443"}[scheme]:
         host = hostname  # botocore signs, and aiohttp sends, no default port
-    return _Endpoint(scheme, netloc, host, virtual)
+    return _Endpoint(scheme, netloc, host, prefix, virtual)
 
 
 @functools.lru_cache(maxsize=1024)

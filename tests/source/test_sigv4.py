@@ -31,6 +31,7 @@ ENDPOINTS = [
     "http://localhost:9000",
     "https://minio.example.com",
     "https://objects.example.com:443",
+    "http://aistore-proxy:51080/s3",  # AIStore's S3 gateway, under a path
 ]
 BUCKETS = ["shards", "my.dotted.bucket", "Upper_Case"]
 
