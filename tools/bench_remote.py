@@ -315,7 +315,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
     parser.add_argument("--store", choices=["s3", "http"], default="s3")
     parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
-    parser.add_argument("--only", default="", help="only the rows whose name contains one of these (comma-separated)")
+    parser.add_argument(
+        "--only", default="", help="only rows whose name contains one of these, comma-separated"
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--loopback", action="store_true", help="the older loopback table")
     args = parser.parse_args()

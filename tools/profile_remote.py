@@ -307,7 +307,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--py-spy", type=Path, help="profile the i.i.d. path into this file")
-    parser.add_argument("--only", default="", help="only the clients whose name contains one of these (comma-separated)")
+    parser.add_argument(
+        "--only", default="", help="only clients whose name contains one of these, comma-separated"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -388,11 +388,12 @@ def _fetch(
             continue
         groups.setdefault(id(fs), (fs, []))[1].append(i)
     for client, members in direct.values():
-        requests = [
+        direct_requests = [
             (s._bucket, s._key, offsets[i], offsets[i] + lengths[i], s.etag, s.url)
             for i, s in ((i, sources[i]) for i in members)
         ]
-        outcomes.update(zip(members, get_ranges_direct(client, requests, max_in_flight)))
+        got = get_ranges_direct(client, direct_requests, max_in_flight)
+        outcomes.update(zip(members, got))
     for fs, members in groups.values():
         paths = [sources[i]._path for i in members]
         starts = [offsets[i] for i in members]

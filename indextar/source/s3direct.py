@@ -258,9 +258,8 @@ def _build(options: Mapping[str, Any]) -> S3Direct | None:
         region = region or chain_region
     if not url and not region:
         return None  # an AWS bucket in a region unknown here: botocore finds it
-    endpoint = _endpoint(
-        url, region or "us-east-1", bool(use_ssl), s3_config.get("addressing_style")
-    )
+    region = str(region or "us-east-1")
+    endpoint = _endpoint(url, region, bool(use_ssl), s3_config.get("addressing_style"))
     if endpoint is None:
         return None
     headers = {"x-amz-request-payer": "requester"} if options.get("requester_pays") else {}
