@@ -274,7 +274,8 @@ def rows_for(store: Store, in_flight: int, only: str = "") -> list[Row]:
         log.warning("obstore is not installed (the bench extra): its rows are skipped")
     if store.kind == "s3":
         cases += peer_rows()
-    return [measure(case, store, read) for case, read in cases if only in case]
+    wanted = only.split(",")
+    return [measure(case, store, read) for case, read in cases if any(w in case for w in wanted)]
 
 
 # -- the run ------------------------------------------------------------------------
@@ -314,7 +315,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
     parser.add_argument("--store", choices=["s3", "http"], default="s3")
     parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
-    parser.add_argument("--only", default="", help="only the rows whose name contains this")
+    parser.add_argument(
+        "--only", default="", help="only rows whose name contains one of these, comma-separated"
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--loopback", action="store_true", help="the older loopback table")
     args = parser.parse_args()

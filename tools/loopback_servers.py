@@ -211,10 +211,16 @@ class DelayProxy:
 
 
 class SeaweedServer:
-    """SeaweedFS master, volume, filer and S3 gateway in one ``weed server`` process."""
+    """SeaweedFS master, volume, filer and S3 gateway in one ``weed server`` process.
 
-    def __init__(self, folder: str | os.PathLike[str]):
+    With ``auth=True`` the gateway checks every request's signature against the one
+    identity :meth:`storage_options` names (and lets anonymous requests read); without,
+    it accepts any.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], *, auth: bool = False):
         self.folder = Path(folder)
+        self.auth = auth
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -240,6 +246,14 @@ class SeaweedServer:
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             "-master.volumeSizeLimitMB=64", "-volume.max=50", "-metricsPort=0",
         ]  # fmt: skip
+        if self.auth:
+            identities = {"identities": [
+                {"name": "indextar", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                 "credentials": [{"accessKey": "indextar-test", "secretKey": "indextar-test"}]},
+                {"name": "anonymous", "actions": ["Read", "List"]},
+            ]}  # fmt: skip
+            (self.folder / "s3.json").write_text(json.dumps(identities))
+            args.append(f"-s3.config={self.folder / 's3.json'}")
         with open(self.folder / "weed.log", "wb") as log:
             self._process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True

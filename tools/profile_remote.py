@@ -307,6 +307,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--py-spy", type=Path, help="profile the i.i.d. path into this file")
+    parser.add_argument(
+        "--only", default="", help="only clients whose name contains one of these, comma-separated"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -337,6 +340,8 @@ def main() -> None:
                     print("| client | requests/s | client CPU per request |")
                     print("| --- | ---: | ---: |")
                     for what, (kind, client) in CLIENTS.items():
+                        if not any(part in what for part in args.only.split(",")):
+                            continue
                         client(bases[kind], path.name, spans[:64], args.in_flight)  # warm-up
                         cpu, start = time.process_time(), time.perf_counter()
                         got = client(bases[kind], path.name, spans, args.in_flight)
@@ -344,7 +349,7 @@ def main() -> None:
                         assert got == sum(n for _, n in spans), (what, got)
                         print(f"| {what} | {len(spans) / wall:,.0f} | "
                               f"{cpu / len(spans) * 1e3:.3f} ms |", flush=True)  # fmt: skip
-    if not args.py_spy:
+    if not args.py_spy and not args.only:
         print("\n".join(signing_cost()))
 
 

@@ -8,10 +8,11 @@ shards and copies samples out of the map (``_mapread.c``; ``extensions`` loads i
 ``_gunzip.c``); ``remote`` reads byte ranges of URLs with retries, through
 ``filesystems`` (fsspec by URL scheme, with the package each scheme needs) and
 ``conditional`` (object versions: reads conditional on the ETag an index recorded),
-which reach under fsspec's public API only through ``fsspec_internals``; ``stream``
-reads an object front to back; ``forward`` reads one forward for a scan, streamed or
-by ranged reads of what is asked for; ``cache`` keeps whole remote shards in a bounded
-folder.
+which reach under fsspec's public API only through ``fsspec_internals``; ``s3direct``
+sends S3 ranged GETs with aiohttp, signed by ``sigv4``, without botocore's request
+pipeline; ``stream`` reads an object front to back; ``forward`` reads one forward for a
+scan, streamed or by ranged reads of what is asked for; ``cache`` keeps whole remote
+shards in a bounded folder.
 
 May import: the shared modules, and ``tar/`` for two things only: the check that a
 sample's span still begins with its own tar headers (``tar.spancheck``), which must

@@ -12,7 +12,10 @@ guards those).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import errno
+import functools
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +25,17 @@ from .fsspec_internals import (
     http_raise_for_status,
     http_request,
     http_session,
+    run_on_default_loop,
     run_on_loop,
     s3_method_kwargs,
     s3_split_path,
 )
+from .s3direct import S3Direct
 
-__all__ = ["RemoteStat", "check_version", "get_ranges"]
+__all__ = ["DirectRequest", "RemoteStat", "check_version", "get_ranges", "get_ranges_direct"]
+
+DirectRequest = tuple[str, str, int, int, str, str]
+"""A GET for :func:`get_ranges_direct`: ``(bucket, key, start, end, etag, url)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,9 @@ def _stale(url: str, etag: str, what: str) -> StaleIndexError:
     )
 
 
+_PRECONDITION_FAILED = "its ETag changed: the server answered 412 Precondition Failed"
+
+
 def _answered_etag(url: str, etag: str, answered: str | None) -> None:
     """Refuse a response whose ETag is another version's."""
     got = (answered or "").removeprefix("W/").strip('"')
@@ -149,7 +160,7 @@ async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: 
     session = await http_session(fs)
     async with session.get(target, headers=headers, **kwargs) as response:
         if response.status == 412:
-            raise _stale(url, etag, "the server answered 412 Precondition Failed")
+            raise _stale(url, etag, _PRECONDITION_FAILED)
         http_raise_for_status(fs, response, path)
         _answered_etag(url, etag, response.headers.get("ETag"))
         data: bytes = await response.read()
@@ -177,7 +188,7 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
         response = await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
     except Exception as e:
         if _precondition_failed(e):
-            raise _stale(url, etag, "the server answered 412 Precondition Failed") from e
+            raise _stale(url, etag, _PRECONDITION_FAILED) from e
         if _status(e) in (None, 408, 429) or (_status(e) or 0) >= 500:
             raise  # transient, or not an answer: the caller's loop decides
         raise translate_boto_error(e) from e  # 403, 404, ...: FileNotFoundError and the like
@@ -188,6 +199,55 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
         return _check_answer(url, start, end, status, response.get("ContentRange"), data)
     finally:
         response["Body"].close()
+
+
+async def _direct_range(
+    client: S3Direct, bucket: str, key: str, start: int, end: int, etag: str, url: str
+) -> bytes:
+    """One GET of bytes ``start .. end`` through the direct client (:mod:`.s3direct`),
+    checked as :func:`_s3_range` checks botocore's answer; errors as botocore's path
+    raises them (404: FileNotFoundError, 403: PermissionError, else the status)."""
+    from yarl import URL
+
+    if end <= start:
+        return b""
+    target, headers = client.request(bucket, key, start, end, etag)
+    session = await client.session()
+    async with session.get(
+        URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
+    ) as response:
+        status = response.status
+        if status == 412:
+            raise _stale(url, etag, _PRECONDITION_FAILED)
+        if status >= 300:
+            raise _s3_error(url, response, await response.read())
+        _answered_etag(url, etag, response.headers.get("ETag"))
+        data: bytes = await response.read()
+        return _check_answer(url, start, end, status, response.headers.get("Content-Range"), data)
+
+
+def _s3_error(url: str, response: Any, body: bytes) -> Exception:
+    import aiohttp
+
+    found = dict(re.findall(rb"<(Code|Message)>([^<]*)</", body[:4096]))
+    code = found.get(b"Code", b"").decode(errors="replace")
+    message = found.get(b"Message", b"").decode(errors="replace")
+    what = f"{url}: {response.status} {code or response.reason}" + (
+        f" ({message})" if message else ""
+    )
+    error = aiohttp.ClientResponseError(
+        response.request_info, response.history, status=response.status, message=what,
+        headers=response.headers,
+    )  # fmt: skip
+    if response.status == 404:
+        missing = FileNotFoundError(errno.ENOENT, what)
+        missing.__cause__ = error
+        return missing
+    if response.status == 403:
+        refused = PermissionError(errno.EACCES, what)
+        refused.__cause__ = error
+        return refused
+    return error
 
 
 def _status(error: BaseException) -> int | None:
@@ -221,22 +281,40 @@ async def _get_range(fs: Any, path: str, start: int, end: int, etag: str, url: s
     return await conditional(fs, path, start, end, etag, url)
 
 
+async def _gather(
+    get: Callable[..., Awaitable[bytes]], requests: Sequence[tuple[Any, ...]], max_in_flight: int
+) -> list[Any]:
+    """``get(*request)`` of each request, at most ``max_in_flight`` at once; exceptions
+    are returned. ``max_in_flight`` tasks take the requests in turn: no task and no
+    semaphore wait per request (asyncio's ``Semaphore`` scans its waiters on each
+    acquire)."""
+    results: list[Any] = [None] * len(requests)
+    turns = iter(enumerate(requests))
+
+    async def worker() -> None:
+        for i, request in turns:
+            try:
+                results[i] = await get(*request)
+            except Exception as e:
+                results[i] = e
+
+    await asyncio.gather(*(worker() for _ in range(min(max_in_flight, len(requests)))))
+    return results
+
+
 def get_ranges(
     fs: Any, requests: Sequence[tuple[str, int, int, str, str]], max_in_flight: int
 ) -> list[Any]:
     """``_get_range`` of each ``(path, start, end, etag, url)``, at most
     ``max_in_flight`` at once on the filesystem's event loop; exceptions are returned."""
+    get = functools.partial(_get_range, fs)
+    return run_on_loop(fs, lambda: _gather(get, requests, max_in_flight))
 
-    async def gather() -> list[Any]:
-        limit = asyncio.Semaphore(max_in_flight)
 
-        async def one(path: str, start: int, end: int, etag: str, url: str) -> Any:
-            async with limit:
-                try:
-                    return await _get_range(fs, path, start, end, etag, url)
-                except Exception as e:
-                    return e
-
-        return await asyncio.gather(*(one(*request) for request in requests))
-
-    return run_on_loop(fs, gather)
+def get_ranges_direct(
+    client: S3Direct, requests: Sequence[DirectRequest], max_in_flight: int
+) -> list[Any]:
+    """Each :data:`DirectRequest` through the direct S3 client, at most ``max_in_flight``
+    at once on fsspec's event loop thread; exceptions are returned."""
+    get = functools.partial(_direct_range, client)
+    return run_on_default_loop(lambda: _gather(get, requests, max_in_flight))

@@ -26,10 +26,12 @@ __all__ = [
     "Internal",
     "cached_instances",
     "cat_file_async",
+    "configured_options",
     "http_raise_for_status",
     "http_request",
     "http_session",
     "missing_internals",
+    "run_on_default_loop",
     "run_on_loop",
     "s3_method_kwargs",
     "s3_split_path",
@@ -174,3 +176,20 @@ def run_on_loop(fs: Any, function: Callable[[], Awaitable[T]]) -> T:
 
     result: T = fsspec.asyn.sync(_get(fs, "loop"), function)
     return result
+
+
+def run_on_default_loop(function: Callable[[], Awaitable[T]]) -> T:
+    """``await function()`` on fsspec's own event loop thread (the one its async
+    filesystems share), from this thread; a forked child gets a fresh one."""
+    import fsspec.asyn
+
+    result: T = fsspec.asyn.sync(fsspec.asyn.get_loop(), function)
+    return result
+
+
+def configured_options(protocol: str) -> dict[str, Any]:
+    """The defaults fsspec's configuration (``~/.config/fsspec``, ``FSSPEC_*``) gives
+    ``protocol``'s filesystems, as ``url_to_fs`` applies them."""
+    import fsspec.config
+
+    return dict(fsspec.config.conf.get(protocol, {}))

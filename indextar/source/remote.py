@@ -34,9 +34,10 @@ from ..errors import (
     WrongRangeError,
 )
 from .base import ByteSource, Span, fork_generation, split_members
-from .conditional import RemoteStat, check_version, get_ranges
+from .conditional import RemoteStat, check_version, get_ranges, get_ranges_direct
 from .filesystems import filesystem, without_client_retries
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
+from .s3direct import S3Direct, direct_client_for
 
 __all__ = [
     "ALLOW_PIPE_ENV",
@@ -94,7 +95,11 @@ class RangeSource(ByteSource):
         "_fs",
         "_path",
         "_generation",
+        "_fs_generation",
         "_stat",
+        "_direct",
+        "_bucket",
+        "_key",
     )
 
     def __init__(
@@ -111,23 +116,42 @@ class RangeSource(ByteSource):
         self.storage_options = dict(storage_options or {})
         self.retry = retry
         self.max_in_flight = max_in_flight
-        self._generation = -1  # the fork_generation() it was opened in
+        self._generation = -1  # the fork_generation() it was checked fresh in
+        self._fs_generation = -1  # the one its filesystem was made in
         self._fs: Any = None
         self._path = ""
         self._stat: RemoteStat | None = None
+        self._direct: S3Direct | None = None
+        self._bucket = self._key = ""
 
     def _filesystem(self) -> tuple[Any, str]:
-        if self._generation != fork_generation():  # first use, or a forked child
+        """The fsspec filesystem (per process): for metadata, and for the ranged reads
+        of every protocol but the ``s3://`` the direct client serves."""
+        self._ready()
+        if self._fs_generation != fork_generation():
             options = without_client_retries(self.url, self.storage_options)
             self._fs, self._path = filesystem(self.url, options)
             self._stat = None
-            self._generation = fork_generation()
-            try:
-                self._check_fresh()
-            except BaseException:
-                self._generation = -1  # check again on the next read
-                raise
+            self._fs_generation = fork_generation()
         return self._fs, self._path
+
+    def _ready(self) -> None:
+        """Once per process (first use, or a forked child): choose the client, and
+        compare the object with its index. Where the direct S3 client reads and the
+        index recorded an ETag, the comparison is left to the reads: each carries
+        ``If-Match``, so a DataLoader worker sends no HEAD and builds no s3fs client."""
+        if self._generation == fork_generation():
+            return
+        self._generation = fork_generation()
+        try:
+            self._direct = direct_client_for(self.url, self.storage_options)
+            if self._direct is not None:
+                self._bucket, _, self._key = self.url.partition("://")[2].partition("/")
+            if self._direct is None or self.expected is None or not self.expected.etag:
+                self._check_fresh()
+        except BaseException:
+            self._generation = -1  # check again on the next read
+            raise
 
     def stat(self) -> RemoteStat:
         """The object's current size and ETag (one metadata request per process)."""
@@ -166,6 +190,13 @@ class RangeSource(ByteSource):
 
     def _read_once(self, offset: int, length: int) -> bytes:
         """One request for the range, its answer checked; no retries."""
+        self._ready()
+        if self._direct is not None:
+            request = (self._bucket, self._key, offset, offset + length, self.etag, self.url)
+            (got,) = get_ranges_direct(self._direct, [request], 1)
+            if isinstance(got, BaseException):
+                raise got
+            return self._checked(got, offset, length)
         fs, path = self._filesystem()
         if getattr(fs, "async_impl", False):
             (got,) = get_ranges(fs, [(path, offset, offset + length, self.etag, self.url)], 1)
@@ -176,7 +207,7 @@ class RangeSource(ByteSource):
         return self._checked(got, offset, length)
 
     def read(self, offset: int, length: int) -> bytes:
-        self._filesystem()
+        self._ready()
         return with_retries(
             lambda: self._read_once(offset, length),
             self.retry, url=self.url, offset=offset, length=length,
@@ -195,7 +226,7 @@ class RangeSource(ByteSource):
         """A sample's members, read and checked in one loop of retries: a span whose
         headers are not the sample's, from an object whose ETag is unchanged, was a
         wrong answer (:meth:`wrong_or_stale`) and is read again."""
-        self._filesystem()
+        self._ready()
 
         def call() -> list[tuple[str, bytes]]:
             span = self._read_once(offset, length)
@@ -270,8 +301,8 @@ class RangeSource(ByteSource):
         )
 
     def close(self) -> None:
-        self._generation = -1
-        self._fs = None
+        self._generation = self._fs_generation = -1
+        self._fs = self._direct = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -343,13 +374,26 @@ def _fetch(
     """One attempt at the ``pending`` ranges; exceptions are returned, not raised."""
     outcomes: dict[int, Any] = {}
     groups: dict[int, tuple[Any, list[int]]] = {}
+    direct: dict[int, tuple[S3Direct, list[int]]] = {}
     for i in pending:
+        source = sources[i]
         try:
-            fs, _ = sources[i]._filesystem()
+            source._ready()
+            if source._direct is not None:
+                direct.setdefault(id(source._direct), (source._direct, []))[1].append(i)
+                continue
+            fs, _ = source._filesystem()
         except Exception as e:
             outcomes[i] = e
             continue
         groups.setdefault(id(fs), (fs, []))[1].append(i)
+    for client, members in direct.values():
+        direct_requests = [
+            (s._bucket, s._key, offsets[i], offsets[i] + lengths[i], s.etag, s.url)
+            for i, s in ((i, sources[i]) for i in members)
+        ]
+        got = get_ranges_direct(client, direct_requests, max_in_flight)
+        outcomes.update(zip(members, got))
     for fs, members in groups.values():
         paths = [sources[i]._path for i in members]
         starts = [offsets[i] for i in members]
