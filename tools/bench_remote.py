@@ -28,6 +28,7 @@ Run::
     python tools/bench_remote.py --small --no-write      # a quick run, prints only
     python tools/bench_remote.py                          # the docs table
     python tools/bench_remote.py --delay-ms 20 --store http --only indextar
+    python tools/bench_remote.py --small --no-write --only Streaming "webdataset streaming"
     python tools/bench_remote.py --loopback               # the older loopback table
 
 ``--small`` took 4-5 minutes on the shared 2-core machine at load 10 (most of it
@@ -250,7 +251,7 @@ def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
     return done
 
 
-def rows_for(store: Store, in_flight: int, only: str = "") -> list[Row]:
+def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> list[Row]:
     from bench_remote_clients import obstore_get_ranges, obstore_ranges, raw_aiohttp
     from bench_remote_peers import peer_rows
 
@@ -274,7 +275,8 @@ def rows_for(store: Store, in_flight: int, only: str = "") -> list[Row]:
         log.warning("obstore is not installed (the bench extra): its rows are skipped")
     if store.kind == "s3":
         cases += peer_rows()
-    return [measure(case, store, read) for case, read in cases if only in case]
+    picked = [(case, read) for case, read in cases if not only or any(o in case for o in only)]
+    return [measure(case, store, read) for case, read in picked]
 
 
 # -- the run ------------------------------------------------------------------------
@@ -314,7 +316,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
     parser.add_argument("--store", choices=["s3", "http"], default="s3")
     parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
-    parser.add_argument("--only", default="", help="only the rows whose name contains this")
+    parser.add_argument(
+        "--only", nargs="+", default=[], help="only the rows whose name contains one of these"
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--loopback", action="store_true", help="the older loopback table")
     args = parser.parse_args()
