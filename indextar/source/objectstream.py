@@ -8,7 +8,9 @@ client, its body streamed), with what a bare GET lacks:
 * **Freshness.** The first answer's ETag (or the one an index recorded) is the
   version read: every resumed request carries it (``If-Match``) and checks the one
   answered, so an object replaced mid-stream raises
-  :class:`~indextar.errors.StaleIndexError` and never splices two versions.
+  :class:`~indextar.errors.StaleIndexError` and never splices two versions. A server
+  that sends no ETag is resumed from byte 0, its first bytes checked against a hash
+  of those already read.
 * **Resumes.** A reset, a short body or a 5xx mid-body is retried from the byte
   reached (``Range: bytes=N-``) by :mod:`~indextar.source.retry`'s loop; an attempt
   that made progress starts a fresh budget of retries.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import io
 import logging
 import threading
@@ -179,6 +182,7 @@ class ObjectStream(io.RawIOBase):
         self._thread: threading.Thread | None = None
         self._buffer = memoryview(b"")
         self._consumed = 0
+        self._prefix: Any = None  # the blake2b of the bytes received, where no ETag
 
     def start(self) -> ObjectStream:
         """Send the GET now (idempotent); reads start it if nobody did."""
@@ -211,11 +215,17 @@ class ObjectStream(io.RawIOBase):
     async def _pump(self, fs: Any, get: Any, path: str) -> None:
         """One GET from ``fetched`` on: its bytes into the buffer until the end, or an
         error. An error after progress returns, so that the next GET resumes with a
-        fresh budget of retries; before any, it raises for the retry loop."""
-        start = self.fetched
+        fresh budget of retries; before any, it raises for the retry loop.
+
+        Without an ETag to make it conditional, a resumed GET starts again at byte 0
+        and its bytes up to ``fetched`` must hash as those handed out did."""
+        start = self.fetched if self.etag or not self.fetched else 0
         body = await get(fs, path, start, self.etag)
         try:
             self._check(body, start)
+            if start < self.fetched:
+                await self._match_prefix(body)
+                start = self.fetched
             while self.size is None or self.fetched < self.size:
                 try:
                     data = await body.read()
@@ -239,6 +249,26 @@ class ObjectStream(io.RawIOBase):
         finally:
             body.release()
 
+    async def _match_prefix(self, body: _Body) -> None:
+        """Read the answer up to ``fetched``: a version other than the one handed out
+        raises; any bytes past it are handed out."""
+        digest, seen, target = hashlib.blake2b(), 0, self.fetched
+        while seen < target:
+            data = await body.read()
+            if not data:
+                raise WrongRangeError(
+                    f"the body ended at byte {seen} of {self.size}",
+                    url=self.url, offset=0, length=target, status=body.status,
+                )  # fmt: skip
+            head = data[: target - seen]
+            digest.update(head)
+            seen += len(head)
+            if seen == target:
+                if self._prefix is None or digest.digest() != self._prefix.digest():
+                    raise self._stale("its first bytes differ from those already read")
+                if len(head) < len(data):
+                    await self._put(data[len(head) :])
+
     def _check(self, body: _Body, start: int) -> None:
         """Take the object's size and ETag from the first answer; refuse an answer that
         is another version's, or another range."""
@@ -255,9 +285,10 @@ class ObjectStream(io.RawIOBase):
             self._record(body.length, body.etag)
         else:
             raise WrongRangeError(
-                f"status {body.status} with Content-Range {body.content_range!r} to "
-                f"Range: bytes={start}- (the server ignored Range?)",
-                url=self.url, offset=start, length=None, status=body.status,
+                f"status {body.status} and Content-Range {body.content_range!r} (asked "
+                f"Range: bytes={start}-; the server ignored Range?)",
+                url=self.url, offset=start, length=max(1, (self.size or 0) - start),
+                status=body.status,
             )  # fmt: skip
 
     def _record(self, size: int | None, etag: str | None) -> None:
@@ -282,6 +313,9 @@ class ObjectStream(io.RawIOBase):
     async def _put(self, data: bytes) -> None:
         if self._queued >= self.buffer_bytes:  # full: wait off the event loop
             await asyncio.to_thread(self._wait_for_room)
+        if not self.etag:  # what a resume without If-Match must find again
+            self._prefix = self._prefix or hashlib.blake2b()
+            self._prefix.update(data)
         with self._changed:
             if self._stopped:
                 raise _Closed
