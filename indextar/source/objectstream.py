@@ -183,6 +183,7 @@ class ObjectStream(io.RawIOBase):
         self._buffer = memoryview(b"")
         self._consumed = 0
         self._prefix: Any = None  # the blake2b of the bytes received, where no ETag
+        self._room: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def start(self) -> ObjectStream:
         """Send the GET now (idempotent); reads start it if nobody did."""
@@ -311,22 +312,29 @@ class ObjectStream(io.RawIOBase):
         )
 
     async def _put(self, data: bytes) -> None:
-        if self._queued >= self.buffer_bytes:  # full: wait off the event loop
-            await asyncio.to_thread(self._wait_for_room)
         if not self.etag:  # what a resume without If-Match must find again
             self._prefix = self._prefix or hashlib.blake2b()
             self._prefix.update(data)
-        with self._changed:
-            if self._stopped:
-                raise _Closed
-            self._chunks.append(data)
-            self._queued += len(data)
-            self.fetched += len(data)
-            self._changed.notify_all()
+        while True:
+            with self._changed:
+                if self._stopped:
+                    raise _Closed
+                if self._queued < self.buffer_bytes:
+                    self._chunks.append(data)
+                    self._queued += len(data)
+                    self.fetched += len(data)
+                    self._changed.notify_all()
+                    return
+                # full: wait on the loop (no thread held) until the reader takes a chunk
+                room = self._room = (asyncio.get_running_loop(), asyncio.Event())
+            await room[1].wait()
 
-    def _wait_for_room(self) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: self._queued < self.buffer_bytes or self._stopped)
+    def _wake_producer(self) -> None:
+        """Tell a GET waiting for room that there is some (call holding ``_changed``)."""
+        if self._room is not None:
+            loop, event = self._room
+            self._room = None
+            loop.call_soon_threadsafe(event.set)
 
     # -- the reader -----------------------------------------------------------------
 
@@ -348,7 +356,7 @@ class ObjectStream(io.RawIOBase):
                 return False
             chunk = self._chunks.popleft()
             self._queued -= len(chunk)
-            self._changed.notify_all()
+            self._wake_producer()
         self._buffer = memoryview(chunk)
         return True
 
@@ -371,5 +379,5 @@ class ObjectStream(io.RawIOBase):
             self._stopped = True
             self._chunks.clear()
             self._queued = 0
-            self._changed.notify_all()
+            self._wake_producer()
         super().close()
