@@ -330,11 +330,10 @@ def main() -> None:
         return loopback()
     if args.small:
         args.per_shard = 100
-    from bench_remote_peers import prepare_peers
-
     # torch, imported by the first row that needs it, took 7-13 s of that row's first
     # sample at load 14: import it once before any row
     import torch.utils.data  # noqa: F401
+    from bench_remote_peers import prepare_peers
 
     sections = []
     with tempfile.TemporaryDirectory() as tmp:

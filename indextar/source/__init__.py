@@ -8,7 +8,8 @@ them; ``local`` memory-maps local shards and copies samples out of the map
 (``_mapread.c``); ``remote`` reads byte ranges of URLs with retries, through
 ``filesystems`` (fsspec by URL scheme) and ``conditional`` (object versions: reads
 conditional on the ETag an index recorded), which reach under fsspec's public API only
-through ``fsspec_internals``; ``stream`` reads an object front to back; ``forward``
+through ``fsspec_internals``; ``stream`` reads an object front to back in ranged
+chunks, ``objectstream`` by one streaming GET (http, s3) resumed where it broke; ``forward``
 reads one forward for a scan, streamed or by ranged reads of what is asked for;
 ``cache`` keeps whole remote shards in a bounded folder.
 
