@@ -33,7 +33,8 @@ import hashlib
 import io
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import IndextarError, StaleIndexError, WrongRangeError
@@ -47,7 +48,7 @@ from .fsspec_internals import (
     s3_method_kwargs,
     s3_split_path,
 )
-from .retry import DEFAULT_RETRY, RetryPolicy, with_retries
+from .retry import DEFAULT_RETRY, RetryPolicy, status_of, with_retries
 
 __all__ = ["ObjectStream", "streams_protocol"]
 
@@ -63,17 +64,20 @@ def streams_protocol(url: str) -> bool:
     return "://" in url and url.partition("://")[0] in _STREAMING_PROTOCOLS
 
 
+@dataclass(frozen=True, slots=True)
 class _Body:
-    """The open answer to one GET: its status, headers that matter, and its body."""
+    """The open answer to one GET: its status, the headers that matter, and its body."""
 
-    __slots__ = ("status", "etag", "content_range", "length", "read", "release")
+    status: int
+    etag: str | None
+    content_range: str | None
+    length: int | None
+    read: Callable[[], Awaitable[bytes]]
+    release: Callable[[], object]
 
-    def __init__(
-        self, status: int, etag: str | None, content_range: str | None, length: int | None,
-        read: Any, release: Any,
-    ):  # fmt: skip
-        self.status, self.etag, self.content_range = status, etag, content_range
-        self.length, self.read, self.release = length, read, release
+
+async def _no_body() -> bytes:
+    return b""
 
 
 async def _http_get(fs: Any, path: str, start: int, etag: str) -> _Body:
@@ -111,10 +115,10 @@ async def _s3_get(fs: Any, path: str, start: int, etag: str) -> _Body:
         response = await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
     except Exception as e:
         if precondition_failed(e):
-            return _Body(412, None, None, None, None, lambda: None)
-        status = getattr(e, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return _Body(412, None, None, None, _no_body, lambda: None)
+        status = status_of(e)
         if status == 416:
-            return _Body(416, None, None, None, None, lambda: None)
+            return _Body(416, None, None, None, _no_body, lambda: None)
         if status in (None, 408, 429) or status >= 500:
             raise
         from s3fs.errors import translate_boto_error
