@@ -327,6 +327,12 @@ def _exit_with_parent(parent: int) -> Any:
     return context
 
 
+def _file_etag(path: Path) -> str:
+    """The ETag aiohttp's ``FileResponse`` answers for ``path``."""
+    stat = path.stat()
+    return f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+
+
 def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> None:
     import asyncio
     import random
@@ -366,11 +372,15 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
         if attempts[key] > 1:
             return web.FileResponse(path)
         data = path.read_bytes()
+        headers = {"ETag": _file_etag(path)}  # as the whole answer would carry
         if "Range" in request.headers:
             spec = request.headers["Range"].removeprefix("bytes=")
             first, _, last = spec.partition("-")
-            data = data[int(first) : int(last) + 1 if last else None]
-        response = web.StreamResponse(status=206 if "Range" in request.headers else 200)
+            size, data = len(data), data[int(first) : int(last) + 1 if last else None]
+            headers["Content-Range"] = f"bytes {first}-{int(first) + len(data) - 1}/{size}"
+        response = web.StreamResponse(
+            status=206 if "Range" in request.headers else 200, headers=headers
+        )
         response.content_length = len(data)
         await response.prepare(request)
         await response.write(data[: len(data) // 2])
@@ -428,7 +438,7 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
     async def clean(request: web.Request, headers: Any, path: Path | None) -> Any:
         if path is not None:  # as FileResponse answers, for headers the request lacks
             stat = path.stat()
-            etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+            etag = _file_etag(path)
             if headers.get("If-Match", etag) != etag:
                 return web.Response(status=412)
             answer = {"ETag": etag, "Accept-Ranges": "bytes"}
@@ -467,12 +477,15 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
             if path is not None:
                 data = path.read_bytes()
                 first, _, last = asked.removeprefix("bytes=").partition("-")
-                size, data = len(data), data[int(first) : int(last) + 1]
+                size, data = len(data), data[int(first) : int(last) + 1 if last else None]
                 content_range = f"bytes {first}-{int(first) + len(data) - 1}/{size}"
+                etag = _file_etag(path)
             else:
                 _, answered, data = await forward(request, headers)
                 content_range = answered.get("Content-Range", "")
-            response = web.StreamResponse(status=206, headers={"Content-Range": content_range})
+                etag = answered.get("ETag", "")
+            cut_headers = {"Content-Range": content_range, "ETag": etag}
+            response = web.StreamResponse(status=206, headers=cut_headers)
             response.content_length = len(data)
             await response.prepare(request)
             await response.write(data[: len(data) // 2])

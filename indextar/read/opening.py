@@ -2,7 +2,10 @@
 
 :func:`open_stream` gives the shard's uncompressed tar bytes as a file object, for
 :func:`~indextar.tar.stream.iter_members`; the tar room reads file objects and leaves
-URLs, pipes, gzip and zstd to this module.
+URLs, pipes, gzip and zstd to this module. ``http(s)://`` and ``s3://`` shards are one
+streaming GET each (:class:`~indextar.source.objectstream.ObjectStream`), which
+:func:`start_stream` may send before the shard is opened; other fsspec protocols are
+read in prefetched ranged chunks.
 """
 
 from __future__ import annotations
@@ -16,24 +19,40 @@ from typing import Any, BinaryIO
 from ..errors import IndextarError
 from ..source.codecs import decompressing, open_decompressed
 from ..source.location import ShardLocation
+from ..source.objectstream import ObjectStream, streams_protocol
 from ..source.remote import RangeSource, check_pipe_allowed
 from ..source.stream import RemoteStream
 
-__all__ = ["open_stream"]
+__all__ = ["open_stream", "start_stream"]
 
 _BUFFER = 1 << 20
 
 
+def start_stream(
+    url: str, *, storage_options: Mapping[str, Any] | None = None
+) -> ObjectStream | None:
+    """The streaming GET of ``url``, sent now, for :func:`open_stream`'s ``started=``;
+    ``None`` where ``url`` is not read by one (local paths, pipes, other protocols)."""
+    if url.startswith("pipe:") or not streams_protocol(url):
+        return None
+    return ObjectStream(url, storage_options=storage_options).start()
+
+
 @contextlib.contextmanager
 def open_stream(
-    url: str, *, storage_options: Mapping[str, Any] | None = None, allow_pipe: bool = False
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    allow_pipe: bool = False,
+    started: ObjectStream | None = None,
 ) -> Iterator[BinaryIO]:
     """A shard's uncompressed tar bytes, read front to back.
 
     ``url`` is a local path, an fsspec URL or (if allowed) ``pipe:CMD``. gzip and zstd
     are recognised by their magic bytes and decompressed, with errors that name the
     shard and the compressed offset; other compressions raise
-    :class:`~indextar.errors.CompressedShardError`.
+    :class:`~indextar.errors.CompressedShardError`. ``started`` is ``url``'s stream
+    from :func:`start_stream`, if one was sent ahead (it is closed here).
     """
     location = None if url.startswith("pipe:") else ShardLocation.of(url)
     if location is not None and not location.remote:
@@ -49,7 +68,11 @@ def open_stream(
             assert process.stdout is not None
             raw = process.stdout
         else:
-            remote = RemoteStream(RangeSource(url, storage_options=storage_options))
+            remote: io.RawIOBase | None = started or start_stream(
+                url, storage_options=storage_options
+            )
+            if remote is None:
+                remote = RemoteStream(RangeSource(url, storage_options=storage_options))
             stack.callback(remote.close)
             raw = io.BufferedReader(remote, _BUFFER)
         yield stack.enter_context(decompressing(raw, shard=url, reading="streaming"))

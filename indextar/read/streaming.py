@@ -20,10 +20,11 @@ import torch.utils.data
 from ..errors import IndextarError, SampleFormatError
 from ..index.naming import skip_reason, split_name
 from ..patterns import expand_shards
+from ..source.objectstream import ObjectStream
 from ..source.remote import check_pipe_allowed
 from ..tar.stream import iter_members
 from .decode import DecodeArg
-from .opening import open_stream
+from .opening import open_stream, start_stream
 from .sample import Sample, SampleBuilder
 
 __all__ = ["StreamingTarDataset"]
@@ -168,21 +169,39 @@ class StreamingTarDataset(torch.utils.data.IterableDataset[Any]):
 
     def _samples(self, epoch: int, slot: int, slots: int) -> Iterator[Any]:
         empty_run = 0
-        for url in self._shard_passes(epoch, slot, slots):
-            count = 0
-            for sample in self._shard_samples(url):
-                count += 1
-                yield sample
-            empty_run = 0 if count else empty_run + 1
-            if empty_run > len(self.urls):  # every shard gave nothing: never loop forever
-                log.warning("no shard of this reader yields samples; ending the epoch")
-                return
+        urls = self._shard_passes(epoch, slot, slots)
+        url = next(urls, None)
+        started, ahead = self._start(url), None
+        try:
+            while url is not None:
+                # the next shard's GET goes out now, its round trip hidden behind this one
+                following = next(urls, None)
+                ahead = self._start(following)
+                count = 0
+                for sample in self._shard_samples(url, started):
+                    count += 1
+                    yield sample
+                url, started = following, ahead
+                empty_run = 0 if count else empty_run + 1
+                if empty_run > len(self.urls):  # every shard gave nothing: never loop forever
+                    log.warning("no shard of this reader yields samples; ending the epoch")
+                    return
+        finally:  # GETs sent for shards that are not read now (open_stream closes the rest)
+            for stream in (started, ahead):
+                if stream is not None:
+                    stream.close()
 
-    def _shard_samples(self, url: str) -> Iterator[Any]:
+    def _start(self, url: str | None) -> ObjectStream | None:
+        if url is None:
+            return None
+        return start_stream(url, storage_options=self.storage_options)
+
+    def _shard_samples(self, url: str, started: ObjectStream | None) -> Iterator[Any]:
         try:
             with open_stream(
-                url, storage_options=self.storage_options, allow_pipe=self.allow_pipe
-            ) as stream:
+                url, storage_options=self.storage_options, allow_pipe=self.allow_pipe,
+                started=started,
+            ) as stream:  # fmt: skip
                 for sample in _group(iter_members(stream, shard=url), url):
                     if isinstance(sample, SampleFormatError):
                         self._handle(sample, url, None)

@@ -32,7 +32,14 @@ from .fsspec_internals import (
 )
 from .s3direct import S3Direct
 
-__all__ = ["DirectRequest", "RemoteStat", "check_version", "get_ranges", "get_ranges_direct"]
+__all__ = [
+    "DirectRequest",
+    "RemoteStat",
+    "check_version",
+    "get_ranges",
+    "get_ranges_direct",
+    "precondition_failed",
+]
 
 DirectRequest = tuple[str, str, int, int, str, str]
 """A GET for :func:`get_ranges_direct`: ``(bucket, key, start, end, etag, url)``."""
@@ -108,7 +115,7 @@ def _answered_etag(url: str, etag: str, answered: str | None) -> None:
         raise _stale(url, etag, f"the server answered a ranged read with ETag {got!r}")
 
 
-def _precondition_failed(error: BaseException) -> bool:
+def precondition_failed(error: BaseException) -> bool:
     """Whether ``error`` (or its cause) is an HTTP 412 answer."""
     seen: BaseException | None = error
     while seen is not None:
@@ -187,7 +194,7 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     try:
         response = await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
     except Exception as e:
-        if _precondition_failed(e):
+        if precondition_failed(e):
             raise _stale(url, etag, _PRECONDITION_FAILED) from e
         if _status(e) in (None, 408, 429) or (_status(e) or 0) >= 500:
             raise  # transient, or not an answer: the caller's loop decides
