@@ -8,6 +8,7 @@ compiler is present (``optional = true`` in pyproject.toml):
 * ``_mapread``: a sample's members copied straight out of a shard's memory map, a
   truncated shard's SIGBUS caught;
 * ``_permute``: the keyed permutation of the sampler's orders, element by element;
+* ``_pack``: best and first fit decreasing of documents into packs (sequence packing);
 * ``_gunzip``: a gzip shard decompressed and checked in one pass, its seek points placed
   on the way (the reference: :mod:`zlib`'s checked pass, then ``indexed_gzip``'s).
 
@@ -39,11 +40,24 @@ try:
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _permute = None  # type: ignore[assignment]
 try:
+    from .order import _pack
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _pack = None  # type: ignore[assignment]
+try:
     from .source import _gunzip
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _gunzip = None  # type: ignore[assignment]
 
-__all__ = ["PURE_PYTHON_ENV", "tarwalk", "sqlitebulk", "mapread", "permute", "gunzip", "built"]
+__all__ = [
+    "PURE_PYTHON_ENV",
+    "tarwalk",
+    "sqlitebulk",
+    "mapread",
+    "permute",
+    "pack",
+    "gunzip",
+    "built",
+]
 
 #: Set this environment variable to use only the Python references.
 PURE_PYTHON_ENV = "INDEXTAR_PURE_PYTHON"
@@ -73,6 +87,11 @@ def permute() -> ModuleType | None:
     return _chosen(_permute)
 
 
+def pack() -> ModuleType | None:
+    """Best and first fit decreasing in C (``_pack.c``), or ``None`` for the Python ones."""
+    return _chosen(_pack)
+
+
 def gunzip() -> ModuleType | None:
     """The one-pass gzip decompression with seek points (``_gunzip.c``), or ``None`` for
     zlib's pass and then indexed_gzip's."""
@@ -86,5 +105,6 @@ def built() -> dict[str, bool]:
         "_sqlitebulk": _sqlitebulk is not None,
         "_mapread": _mapread is not None,
         "_permute": _permute is not None,
+        "_pack": _pack is not None,
         "_gunzip": _gunzip is not None,
     }
