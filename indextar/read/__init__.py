@@ -7,7 +7,8 @@ size (``image_decoder``); ``pool`` decodes a batch in threads; ``sample`` makes 
 both datasets return for a sample (``decode=``, ``keys=``); ``lookup`` finds samples by
 key; ``subset`` holds key and ``where`` views; ``selection`` evaluates SQL over the
 indexes (``ds.where``, ``bucket_ids``); ``streaming`` reads shards front to back;
-``remote_options`` chooses how remote shards are read.
+``remote_options`` chooses how remote shards are read; ``lengths`` finds documents'
+token counts in the index and ``packed`` serves packs of them (``PackedDataset``).
 
 May import: the shared modules, ``tar/``, ``source/``, ``index/`` and ``order/``.
 Must not import: ``write/``, ``cli/``.
