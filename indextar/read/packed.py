@@ -235,25 +235,34 @@ def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int =
     if not packs:
         raise ValueError("collate_packs needs at least one pack")
     width = packs[0].max_length
-    input_ids = np.full((len(packs), width), pad_id, np.int64)
-    labels = np.full((len(packs), width), ignore_index, np.int64)
-    positions = np.zeros((len(packs), width), np.int64)
-    segments = [0]
+    rows = len(packs)
+    input_ids = np.full((rows, width), pad_id, np.int64)
+    segments: list[int] = []  # every segment's length, row by row: documents, then padding
+    padding: list[int] = []  # which segments are padding
     for row, pack in enumerate(packs):
         if pack.max_length != width:
             raise ValueError(f"packs of {pack.max_length} and {width} tokens in one batch")
-        at = 0
-        for piece in pack.tokens:
-            end = at + len(piece)
-            input_ids[row, at:end] = piece
-            labels[row, at + 1 : end] = piece[1:]
-            positions[row, at:end] = np.arange(len(piece))
-            segments.append(row * width + end)
-            at = end
-        if at < width:
-            positions[row, at:] = np.arange(width - at)
-            segments.append((row + 1) * width)
-    cu_seqlens = np.asarray(segments, np.int32)
+        sizes = [len(piece) for piece in pack.tokens]
+        used = sum(sizes)
+        if used:
+            input_ids[row, :used] = np.concatenate(pack.tokens)
+        segments += sizes
+        if used < width:
+            padding.append(len(segments))
+            segments.append(width - used)
+    lengths = np.asarray(segments, np.int64)
+    cu_seqlens = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    starts = np.repeat(cu_seqlens[:-1], lengths)
+    positions = (np.arange(rows * width, dtype=np.int64) - starts).reshape(rows, width)
+    labels = input_ids.copy().reshape(-1)
+    labels[cu_seqlens[:-1]] = ignore_index
+    if padding:
+        is_padding = np.zeros(len(lengths), bool)
+        is_padding[padding] = True
+        labels[np.repeat(is_padding, lengths)] = ignore_index
+    labels = labels.reshape(rows, width)
+    cu_seqlens = cu_seqlens.astype(np.int32)
     return {
         "input_ids": torch.from_numpy(input_ids),
         "labels": torch.from_numpy(labels),
