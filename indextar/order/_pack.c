@@ -13,7 +13,8 @@
  *
  *   Returns the packs' offsets into ``packed``, int64[packs + 1], as bytes.
  *
- * Documents are visited longest first (a counting sort by length, stable in ``order``).
+ * Documents are visited longest first (a counting sort by length, stable in ``order``),
+ * each one's length known from its place in that order (no gather of lengths).
  * Best fit keeps the open packs in one stack per remaining room and a two-level bitset
  * of the rooms that have any, so finding the least room >= a length is a few word
  * scans; first fit keeps a max segment tree over the packs' rooms. Both are what
@@ -113,8 +114,7 @@ static int grow(int32_t **array, int64_t *capacity, int64_t need)
 
 /* Best fit: returns the number of packs, or -1 when out of memory. bin[k] is the pack
  * of sorted[k]. */
-static int64_t best_fit(const int32_t *lengths, const int32_t *sorted, int32_t *bin, int64_t n,
-                        int64_t max_length)
+static int64_t best_fit(const int64_t *ends, int32_t *bin, int64_t n, int64_t max_length)
 {
     Rooms rooms;
     rooms.nlow = (max_length >> 6) + 1;
@@ -128,8 +128,11 @@ static int64_t best_fit(const int32_t *lengths, const int32_t *sorted, int32_t *
         goto fail;
     for (int64_t r = 0; r <= max_length; r++)
         top[r] = -1;
+    int64_t shorter = 0; /* max_length - the length of sorted[k] */
     for (int64_t k = 0; k < n; k++) {
-        int64_t length = lengths[sorted[k]];
+        while (k >= ends[shorter])
+            shorter++;
+        int64_t length = max_length - shorter;
         int64_t room = rooms_next(&rooms, length);
         int32_t pack;
         if (room < 0) {
@@ -160,15 +163,17 @@ fail:
 }
 
 /* First fit over a max segment tree of the packs' rooms (leaves at [cap, 2 cap)). */
-static int64_t first_fit(const int32_t *lengths, const int32_t *sorted, int32_t *bin, int64_t n,
-                         int64_t max_length)
+static int64_t first_fit(const int64_t *ends, int32_t *bin, int64_t n, int64_t max_length)
 {
     int64_t cap = 1024, packs = 0;
     int32_t *tree = calloc((size_t)(2 * cap), sizeof(int32_t));
     if (!tree)
         return -1;
+    int64_t shorter = 0;
     for (int64_t k = 0; k < n; k++) {
-        int32_t length = lengths[sorted[k]];
+        while (k >= ends[shorter])
+            shorter++;
+        int32_t length = (int32_t)(max_length - shorter);
         int64_t node;
         if (tree[1] >= length) {
             node = 1;
@@ -259,9 +264,10 @@ static PyObject *fit_decreasing(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++)
         sorted[count[max_length - lengths[order[i]]]++] = order[i];
-    /* order is free now: it holds each sorted document's pack */
-    packs = best ? best_fit(lengths, sorted, order, n, max_length)
-                 : first_fit(lengths, sorted, order, n, max_length);
+    /* count[j] is now where the documents of length max_length - j end in sorted, so
+     * the fits read lengths from there, not at random; order is free now: it holds
+     * each sorted document's pack */
+    packs = best ? best_fit(count, order, n, max_length) : first_fit(count, order, n, max_length);
     Py_END_ALLOW_THREADS
     if (packs < 0) {
         PyErr_NoMemory();

@@ -146,7 +146,9 @@ def plan_packs(
     overlong = int(np.count_nonzero(array > max_length))
     if strategy == "concat-split":
         return _concat_split(array, kept, max_length, rng, overlong, empty)
-    clipped = np.minimum(array if kept is None else array[kept], max_length).astype(np.int32)
+    clipped = np.minimum(array if kept is None else array[kept], max_length).astype(
+        np.int32, copy=False
+    )
     order = np.arange(clipped.size, dtype=np.int32)
     rng.shuffle(order)
     offsets, packed = _fit(clipped, order, max_length, best=strategy == "best-fit")

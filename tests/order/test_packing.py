@@ -38,7 +38,7 @@ def check(plan: PackPlan, lengths: np.ndarray, max_length: int) -> None:
     else:  # concat-split: each document's tokens once, its pieces in order
         order = np.lexsort((plan.starts, documents))
         docs, starts, pieces = documents[order], plan.starts[order], plan.lengths[order]
-        first = np.r_[True, docs[1:] != docs[:-1]]
+        first = np.r_[True, docs[1:] != docs[:-1]][: docs.size]
         assert (starts[first] == 0).all()
         assert (starts[~first] == (starts + pieces)[:-1][~first[1:]]).all()
         assert np.array_equal(np.bincount(docs, pieces, len(lengths)), lengths)
