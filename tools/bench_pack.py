@@ -169,6 +169,45 @@ def padding_table(n: int, report: Report) -> dict[str, Any]:
     return results
 
 
+# -- planning once against planning every epoch --------------------------------------
+
+
+def _neighbours(plan: Any, n: int) -> set[int]:
+    """Pairs of documents side by side in a pack, as ``low * n + high``."""
+    pack_of = np.repeat(np.arange(len(plan)), np.diff(plan.offsets))
+    documents = plan.documents.astype(np.int64)
+    same = pack_of[1:] == pack_of[:-1]
+    a, b = documents[:-1][same], documents[1:][same]
+    return set((np.minimum(a, b) * n + np.maximum(a, b)).tolist())
+
+
+def replan_table(n: int, report: Report) -> dict[str, Any]:
+    report(
+        f"Planning once against every epoch, {n:,} documents at max_length={MAX_LENGTH}: "
+        "packs and padding of epochs 0 and 1, and the share of epoch 0's neighbouring "
+        "pairs that share a pack again in epoch 1's plan (the single plan: 100%):"
+    )
+    report("")
+    report("| lengths | strategy | packs | padding | pairs met again |")
+    report("|---|---|---|---|---|")
+    results = {}
+    for dist, lengths in distributions(n).items():
+        for strategy in ("best-fit", "concat-split"):
+            plans = [
+                indextar.plan_packs(lengths, MAX_LENGTH, strategy=strategy, epoch=e)  # type: ignore[arg-type]
+                for e in (0, 1)
+            ]
+            first, second = (_neighbours(p, n) for p in plans)
+            again = len(first & second) / max(1, len(first))
+            results[f"{dist}/{strategy}"] = again
+            report(
+                f"| {dist} | {strategy} | {len(plans[0]):,} / {len(plans[1]):,} | "
+                f"{plans[0].padding:.4%} / {plans[1].padding:.4%} | {again:.2%} |"
+            )
+    report("")
+    return results
+
+
 # -- planning time and memory, each size in a fresh process ----------------------------
 
 _PLAN_CHILD = """
@@ -313,6 +352,7 @@ def run(
     os.environ.setdefault("TQDM_DISABLE", "1")
     results: dict[str, Any] = {}
     results["padding"] = padding_table(2_000 if quick else 20_000, report)
+    results["replan"] = replan_table(2_000 if quick else 200_000, report)
     sizes = [10**5] if quick else [10**6, 10**7] + ([10**8] if large else [])
     results["planning"] = planning_table(sizes, report)
     with tempfile.TemporaryDirectory() as scratch:
