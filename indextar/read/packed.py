@@ -255,13 +255,13 @@ def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int =
     np.cumsum(lengths, out=cu_seqlens[1:])
     starts = np.repeat(cu_seqlens[:-1], lengths)
     positions = (np.arange(rows * width, dtype=np.int64) - starts).reshape(rows, width)
-    labels = input_ids.copy().reshape(-1)
-    labels[cu_seqlens[:-1]] = ignore_index
+    flat_labels = input_ids.copy().reshape(-1)
+    flat_labels[cu_seqlens[:-1]] = ignore_index
     if padding:
         is_padding = np.zeros(len(lengths), bool)
         is_padding[padding] = True
-        labels[np.repeat(is_padding, lengths)] = ignore_index
-    labels = labels.reshape(rows, width)
+        flat_labels[np.repeat(is_padding, lengths)] = ignore_index
+    labels = flat_labels.reshape(rows, width)
     cu_seqlens = cu_seqlens.astype(np.int32)
     return {
         "input_ids": torch.from_numpy(input_ids),
