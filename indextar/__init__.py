@@ -42,12 +42,14 @@ from .index.meta import IndexMeta
 from .index.naming import split_name
 from .index.shard import ShardIndex, build_index, index_path, open_index
 from .order.buckets import BucketBatchSampler
+from .order.packing import PackPlan, plan_packs
 from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
 from .read.image import image_decoder
 from .read.mixture import MixtureDataset
+from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
 from .read.subset import KeySubset
 from .tar.scan import TarScan, scan_tar
@@ -78,6 +80,12 @@ __all__ = [
     "read_manifest",
     "append_to_manifest",
     "bucket_ids",
+    # packing
+    "PackedDataset",
+    "Pack",
+    "collate_packs",
+    "plan_packs",
+    "PackPlan",
     # sampling
     "ResumableSampler",
     "BucketBatchSampler",

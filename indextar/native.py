@@ -9,6 +9,8 @@ compiler is present (``optional = true`` in pyproject.toml). Each room loads its
 * ``source/_mapread``: a sample's members copied straight out of a shard's memory map,
   a truncated shard's SIGBUS caught;
 * ``order/_permute``: the keyed permutation of the sampler's orders, element by element;
+* ``order/_pack``: best and first fit decreasing of documents into packs (sequence
+  packing);
 * ``source/_gunzip``: a gzip shard decompressed and checked in one pass, its seek points
   placed on the way (the reference: :mod:`zlib`'s checked pass, then
   ``indexed_gzip``'s).
@@ -37,6 +39,7 @@ _ROOMS = {
     "_sqlitebulk": "index",
     "_mapread": "source",
     "_permute": "order",
+    "_pack": "order",
     "_gunzip": "source",
 }
 

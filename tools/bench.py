@@ -517,6 +517,7 @@ SECTIONS = {
     "scale": "Indexing at scale",
     "compressed": "Compressed shards",
     "checksums": "Checksums",
+    "pack": "Sequence packing",
 }
 
 

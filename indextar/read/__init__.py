@@ -9,8 +9,10 @@ threads; ``sample`` makes what both datasets return for a sample (``decode=``,
 ``selection`` evaluates SQL over the indexes (``ds.where``, ``bucket_ids``);
 ``streaming`` reads shards front to back; ``remote_options`` makes a dataset's
 options for opening shards (how remote ones are read) and fetches a batch's remote
-spans together. ``protocols`` says what the views and ``MixtureDataset`` use of a
-dataset (``IndexedShards``, ``BatchReader``), so that none of them imports ``dataset``.
+spans together; ``lengths`` finds documents' token counts in the index and
+``packed`` serves packs of them (``PackedDataset``). ``protocols`` says what the views
+and ``MixtureDataset`` use of a dataset (``IndexedShards``, ``BatchReader``), so that
+none of them imports ``dataset``.
 
 May import: the shared modules, ``tar/``, ``source/``, ``index/`` and ``order/``.
 Must not import: ``write/``, ``cli/``.

@@ -1,0 +1,5 @@
+"""Type stub for best/first fit decreasing in C (indextar/order/_pack.c)."""
+
+def fit_decreasing(
+    lengths: object, order: object, sorted: object, packed: object, max_length: int, best: bool, /
+) -> bytes: ...

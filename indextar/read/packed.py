@@ -1,0 +1,272 @@
+"""PackedDataset: a map-style dataset of packs, planned from the index.
+
+The documents' lengths come from the index (:mod:`indextar.read.lengths`), the plan
+from :func:`~indextar.order.packing.plan_packs`, once, when the dataset is made: a
+pure function of the lengths, ``max_length``, the strategy and the seed, so every
+rank and worker holds the same packs and ``len()`` is known up front. Pack ``i`` is
+read with one grouped read of its documents (the data's ``__getitems__``), and a
+batch of packs with one grouped read of all their documents. The packs are planned
+once; :class:`~indextar.ResumableSampler` shuffles their order every epoch
+(docs/packing.md says why, with the measurements).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SampleFormatError
+from ..order.packing import PackPlan, Strategy, plan_packs
+from .lengths import LengthsArg, document_lengths
+
+__all__ = ["Pack", "PackedDataset", "collate_packs"]
+
+log = logging.getLogger(__name__)
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """One pack: its documents' tokens, in order, and where they came from.
+
+    Attributes
+    ----------
+    tokens
+        Each piece's tokens, a 1-D array (a piece is a whole document, a truncated one,
+        or with ``concat-split`` a part of one).
+    indices
+        The data's index of each piece's document.
+    max_length
+        The pack's capacity; ``collate_packs`` pads to it.
+    """
+
+    tokens: tuple[npt.NDArray[Any], ...]
+    indices: I64
+    max_length: int
+
+    def __len__(self) -> int:
+        return int(sum(len(t) for t in self.tokens))
+
+
+def _as_tokens(sample: Any) -> npt.NDArray[Any]:
+    """A sample that is its tokens, or a one-member tuple of them (``keys="tokens"``)."""
+    if isinstance(sample, tuple) and len(sample) == 1:
+        sample = sample[0]
+    return np.asarray(sample)
+
+
+class PackedDataset:
+    """Packs of documents of at most ``max_length`` tokens, planned from the index.
+
+    Parameters
+    ----------
+    data
+        An :class:`~indextar.IndexedTarDataset`, or a ``where``/``select``/``exclude``
+        view of one, whose samples give tokens (``tokens=``).
+    max_length
+        Tokens per pack.
+    lengths
+        Each document's token count, without reading it: an attribute column or SQL
+        expression over the index (``"num_tokens"``, ``"size(tokens) / 2"``), a
+        callable of a shard's ``ShardArrays``, or an array (see
+        :mod:`indextar.read.lengths`).
+    strategy
+        ``"best-fit"``, ``"first-fit"`` or ``"concat-split"`` (see
+        :mod:`indextar.order.packing`). Fit strategies truncate documents longer than
+        ``max_length``; ``concat-split`` splits them. Both are counted and logged.
+    seed
+        Selects the plan (which documents share a pack).
+    tokens
+        The tokens of a sample as ``data`` returns it, a 1-D array. Default: the sample
+        itself, or the one member of a one-member tuple (``keys="tokens"``).
+
+    Raises
+    ------
+    SelectionError
+        If a length is missing, negative or not an integer for some sample.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        *,
+        max_length: int,
+        lengths: LengthsArg,
+        strategy: Strategy = "best-fit",
+        seed: int = 0,
+        tokens: Callable[[Any], npt.ArrayLike] | None = None,
+    ) -> None:
+        self.data = data
+        self.strategy = strategy
+        self.seed = int(seed)
+        self.epoch = 0
+        self.lengths = document_lengths(data, lengths)
+        """Each document's token count, from the index."""
+        self.plan: PackPlan = plan_packs(self.lengths, max_length, strategy=strategy, seed=seed)
+        """The packs: which documents, which tokens of each."""
+        self._tokens = _as_tokens if tokens is None else tokens
+        self._digest: str | None = None
+        if self.plan.overlong or self.plan.empty:
+            log.info(
+                "%d of %d documents are longer than %d tokens (%s); %d are empty (left out)",
+                self.plan.overlong,
+                len(data),
+                max_length,
+                "split" if strategy == "concat-split" else "truncated",
+                self.plan.empty,
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan the packs again for ``epoch`` (the plan of ``(seed, epoch)``).
+
+        Not needed for training with the block-diagonal mask (``cu_seqlens``), where a
+        pack's documents never see each other; the sampler reshuffles the packs every
+        epoch anyway. Only documents of equal length trade places, so the number of
+        packs and the padding stay the same. Call it before the epoch's DataLoader
+        iterator is made: workers with ``persistent_workers=True`` keep their plan.
+        """
+        self.epoch = int(epoch)
+        self.plan = plan_packs(
+            self.lengths, self.max_length, strategy=self.strategy, seed=self.seed, epoch=epoch
+        )
+
+    @property
+    def max_length(self) -> int:
+        """Tokens per pack."""
+        return self.plan.max_length
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, index: int) -> Pack:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Pack]:
+        """Packs ``indices``: their documents read in one grouped read."""
+        count = len(self.plan)
+        pieces = []
+        for index in indices:
+            position = int(index) + count if int(index) < 0 else int(index)
+            if not 0 <= position < count:
+                raise IndexError(f"pack {index} is out of range for {count} packs")
+            pieces.append(self.plan.pack(position))
+        documents = np.concatenate([p[0] for p in pieces]) if pieces else np.empty(0, np.int64)
+        samples = iter(self._read(documents.tolist()))
+        packs = []
+        for documents_of, starts, lengths in pieces:
+            tokens = []
+            for document, start, length in zip(
+                documents_of.tolist(), starts.tolist(), lengths.tolist()
+            ):
+                tokens.append(self._piece(next(samples), document, start, length))
+            packs.append(Pack(tuple(tokens), documents_of, self.max_length))
+        return packs
+
+    def _read(self, documents: list[int]) -> list[Any]:
+        getitems = getattr(self.data, "__getitems__", None)
+        return list(getitems(documents)) if getitems else [self.data[i] for i in documents]
+
+    def _piece(self, sample: Any, document: int, start: int, length: int) -> npt.NDArray[Any]:
+        tokens = np.asarray(self._tokens(sample))
+        if tokens.ndim != 1 or tokens.size < start + length:
+            key = sample.get("__key__") if isinstance(sample, dict) else None
+            raise SampleFormatError(
+                f"document {document}{f' ({key!r})' if key else ''} has tokens of shape "
+                f"{tokens.shape}; its length in the index says at least {start + length}"
+            )
+        return tokens[start : start + length]
+
+    @property
+    def selection(self) -> dict[str, Any]:
+        """What ``ResumableSampler`` records of this dataset and checks on resume: the
+        plan's strategy, seed and size, a digest of the documents' lengths (which with
+        those fix every epoch's plan), and the data's own selection, if a view's."""
+        if self._digest is None:
+            digest = hashlib.blake2b(digest_size=16)
+            digest.update(np.ascontiguousarray(self.lengths, dtype="<i8").tobytes())
+            self._digest = digest.hexdigest()
+        return {
+            "packing": self.strategy,
+            "max_length": self.max_length,
+            "seed": self.seed,
+            "packs": len(self),
+            "digest": self._digest,
+            "data": getattr(self.data, "selection", None),
+        }
+
+    def close(self) -> None:
+        """Close the data's open shards."""
+        close = getattr(self.data, "close", None)
+        if close is not None:
+            close()
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedDataset({self.data!r}, {len(self)} packs of {self.max_length} tokens, "
+            f"{self.strategy}, padding {self.plan.padding:.2%})"
+        )
+
+
+def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int = -100) -> Any:
+    """A batch of packs as torch tensors, for variable-length attention.
+
+    Returns a dict of:
+
+    * ``input_ids``: ``(batch, max_length)`` int64, each pack's tokens end to end, then
+      ``pad_id``;
+    * ``position_ids``: the same shape, restarting at 0 with each document (and with the
+      padding);
+    * ``labels``: ``input_ids`` with ``ignore_index`` at each document's first token (so
+      no document is trained to follow the one before it) and over the padding;
+    * ``cu_seqlens``: int32, the cumulative lengths of the documents of the flattened
+      batch (``batch * max_length`` tokens, each row's padding one more segment), as
+      flash-attention's varlen functions take them;
+    * ``max_seqlen``: the longest document, an int.
+    """
+    import torch
+
+    if not packs:
+        raise ValueError("collate_packs needs at least one pack")
+    width = packs[0].max_length
+    rows = len(packs)
+    input_ids = np.full((rows, width), pad_id, np.int64)
+    segments: list[int] = []  # every segment's length, row by row: documents, then padding
+    padding: list[int] = []  # which segments are padding
+    for row, pack in enumerate(packs):
+        if pack.max_length != width:
+            raise ValueError(f"packs of {pack.max_length} and {width} tokens in one batch")
+        sizes = [len(piece) for piece in pack.tokens]
+        used = sum(sizes)
+        if used:
+            input_ids[row, :used] = np.concatenate(pack.tokens)
+        segments += sizes
+        if used < width:
+            padding.append(len(segments))
+            segments.append(width - used)
+    lengths = np.asarray(segments, np.int64)
+    cu_seqlens = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    starts = np.repeat(cu_seqlens[:-1], lengths)
+    positions = (np.arange(rows * width, dtype=np.int64) - starts).reshape(rows, width)
+    flat_labels = input_ids.copy().reshape(-1)
+    flat_labels[cu_seqlens[:-1]] = ignore_index
+    if padding:
+        is_padding = np.zeros(len(lengths), bool)
+        is_padding[padding] = True
+        flat_labels[np.repeat(is_padding, lengths)] = ignore_index
+    labels = flat_labels.reshape(rows, width)
+    cu_seqlens = cu_seqlens.astype(np.int32)
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(positions),
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "max_seqlen": int(np.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0,
+    }
