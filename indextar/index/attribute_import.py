@@ -280,6 +280,9 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
             if not _same_build(_read_meta(tmp), index.meta):  # rebuilt since it was opened
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
+                # No journal: the copy is renamed in only once complete, and is deleted
+                # otherwise; a journal would be a file that a killed import leaves behind.
+                conn.execute("PRAGMA journal_mode = OFF")
                 write_attributes(conn, attributes, path=tmp)  # one transaction, or two
     except IndexWriteError:  # an OSError too, already naming the index
         raise
