@@ -116,7 +116,13 @@ def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
     table = pa.parquet.read_table(path, columns=[key, *wanted])
     keys = table.column(key)
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
-        keys = keys.cast(pa.string())
+        try:
+            keys = keys.cast(pa.string())
+        except pa.ArrowException as e:  # a list, a struct: no key a sample could have
+            raise SampleAttributeError(
+                f"the table {os.fspath(path)!r} has a key column {key!r} of type {keys.type}, "
+                f"which is not text ({e})"
+            ) from e
     if keys.null_count:
         row = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
         raise SampleAttributeError(
