@@ -66,6 +66,10 @@ from pathlib import Path
 BLOCK = 512
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 TARGETS = ("scan", "index", "stream", "streamscan", "native")
+# The formats beside the tar (tools/fuzz_formats.py): not in "all"; "formats" runs them.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fuzz_formats import FORMAT_TARGETS, FormatFailure, run_format_target  # noqa: E402
+
 EIB8 = 1 << 63
 
 
@@ -719,7 +723,9 @@ def run_case(
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             with tempfile.TemporaryDirectory(prefix="fuzz-") as folder:
-                if target == "scan":
+                if target in FORMAT_TARGETS:
+                    run_format_target(target, seed, number, counts[target], Path(folder))
+                elif target == "scan":
                     scanned = run_scan(case, counts[target])
                 elif target == "index":
                     run_index(case, counts[target], Path(folder))
@@ -737,7 +743,7 @@ def run_case(
             failures.append(
                 f"{seed}:{number}:{target} hang over {timeout} s ({'; '.join(case.mutations)})"
             )
-        except CaseFailure as e:
+        except (CaseFailure, FormatFailure) as e:
             counts[target]["FAILED: wrong result"] += 1
             failures.append(f"{seed}:{number}:{target} {e} ({'; '.join(case.mutations)})")
         except Exception as e:  # noqa: BLE001 - exactly what the fuzzer is looking for
@@ -835,7 +841,9 @@ def main(argv: list[str] | None = None) -> int:
     budget.add_argument("--cases", type=int, help="number of cases (default 500)")
     budget.add_argument("--seconds", type=float, help="run for this long instead")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target", choices=(*TARGETS, "all"), default="all")
+    parser.add_argument(
+        "--target", choices=(*TARGETS, *FORMAT_TARGETS, "all", "formats"), default="all"
+    )
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per case and target")
     parser.add_argument(
@@ -853,7 +861,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.forged:
         print(forged_table())
         return 0
-    targets = TARGETS if args.target == "all" else (args.target,)
+    groups = {"all": TARGETS, "formats": FORMAT_TARGETS}
+    targets = groups.get(args.target, (args.target,))
     if args.replay:
         seed, number, *rest = args.replay.split(":")
         case = make_case(int(seed), int(number))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["bytes_read", "cpu_seconds"]
+__all__ = ["bytes_read", "cpu_seconds", "rss_bytes"]
 
 
 def bytes_read() -> int:
@@ -20,3 +20,11 @@ def cpu_seconds() -> float:
     they exit); children still running, such as servers, are not counted yet."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of the process ``pid`` (default: this one), in bytes
+    (``VmRSS`` of ``/proc/<pid>/status``)."""
+    status = Path(f"/proc/{pid or 'self'}/status").read_text()
+    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(kib) * 1024

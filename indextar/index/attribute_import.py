@@ -116,7 +116,13 @@ def _read_table(path: PathLike, key: str, columns: Sequence[str] | None) -> Any:
     table = pa.parquet.read_table(path, columns=[key, *wanted])
     keys = table.column(key)
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
-        keys = keys.cast(pa.string())
+        try:
+            keys = keys.cast(pa.string())
+        except pa.ArrowException as e:  # a list, a struct: no key a sample could have
+            raise SampleAttributeError(
+                f"the table {os.fspath(path)!r} has a key column {key!r} of type {keys.type}, "
+                f"which is not text ({e})"
+            ) from e
     if keys.null_count:
         row = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
         raise SampleAttributeError(
@@ -280,6 +286,9 @@ def _rewrite(index: ShardIndex, attributes: AttributeTable) -> None:
             if not _same_build(read_meta(tmp), index.meta):  # rebuilt since it was opened
                 raise IndexWriteError(f"the index {str(index.path)!r} changed during the import")
             with contextlib.closing(sqlite3.connect(tmp, isolation_level=None)) as conn:
+                # No journal: the copy is renamed in only once complete, and is deleted
+                # otherwise; a journal would be a file that a killed import leaves behind.
+                conn.execute("PRAGMA journal_mode = OFF")
                 write_attributes(conn, attributes, path=tmp)  # one transaction, or two
     except IndexWriteError:  # an OSError too, already naming the index
         raise

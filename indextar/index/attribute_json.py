@@ -112,6 +112,8 @@ class AttributeBuilder:
                 parsed = _decode_json(string)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             return None, f"its {ext!r} member is not valid JSON ({e})"
+        except RecursionError:  # json.loads fails so too
+            return None, f"its {ext!r} member nests deeper than Python's json module reads"
         if type(parsed) is not dict:
             return None, f"its {ext!r} member is a JSON {type(parsed).__name__}, not an object"
         if self._names.keys() >= parsed.keys():  # no new field: the common case
@@ -159,8 +161,8 @@ class AttributeBuilder:
                     if end == len(string) and type(parsed) is dict:
                         append(parsed)
                         continue
-                except (StopIteration, ValueError):  # UnicodeDecodeError is a ValueError
-                    pass
+                except (StopIteration, ValueError, RecursionError):  # UnicodeDecodeError
+                    pass  # is a ValueError; add() names the problem
             self.add(text, key)  # anything else: checked, reported or added one by one
         added = records[first:]
         union = dict.fromkeys(itertools.chain.from_iterable(r for r in added if r is not None))

@@ -20,6 +20,7 @@ import contextlib
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -92,6 +93,7 @@ def read_layout(path: Path, meta: IndexMeta) -> CompressedLayout:
                     points=np.array([row[:3] for row in rows], np.int64).reshape(-1, 3),
                     windows=tuple(bytes(row[3] or b"") for row in rows),
                 )
+                _check_layout(path, meta, points.points, _POINT_RULES)
                 return CompressedLayout(meta.compression, seek_points=points)
             rows = conn.execute(
                 "SELECT compressed_offset, compressed_size, uncompressed_offset, "
@@ -107,7 +109,49 @@ def read_layout(path: Path, meta: IndexMeta) -> CompressedLayout:
             f"index {str(path)!r} of a {meta.compression} shard records no frames; rebuild it "
             "with build_index(shard, force=True)"
         )
-    return CompressedLayout(meta.compression, frames=np.array(rows, np.int64).reshape(-1, 4))
+    frames = np.array(rows, np.int64).reshape(-1, 4)
+    _check_layout(path, meta, frames, _FRAME_RULES)
+    return CompressedLayout(meta.compression, frames=frames)
+
+
+# What a table read back must satisfy, else the index is corrupt: each rule a name and
+# a test of the rows (as written, they always hold; reads rely on them).
+_FRAME_RULES: tuple[tuple[str, Any], ...] = (
+    ("sizes are positive", lambda f, m: (f[:, 1] > 0).all() and (f[:, 3] > 0).all()),
+    ("frames follow each other", lambda f, m: (f[1:, 0] >= f[:-1, 0] + f[:-1, 1]).all()),
+    ("the tar is covered in order", lambda f, m: (f[1:, 2] == f[:-1, 2] + f[:-1, 3]).all()),
+    ("the tar starts at 0", lambda f, m: f[0, 2] == 0),
+    (
+        "frames lie inside the file",
+        lambda f, m: f[0, 0] >= 0 and f[-1, 0] + f[-1, 1] <= m.shard_size,
+    ),
+)
+_POINT_RULES: tuple[tuple[str, Any], ...] = (
+    ("bits are 0 to 7", lambda p, m: ((p[:, 1] >= 0) & (p[:, 1] <= 7)).all()),
+    ("points increase", lambda p, m: (np.diff(p[:, 0]) > 0).all() and (np.diff(p[:, 2]) > 0).all()),
+    (
+        "points lie inside the file",
+        lambda p, m: (p[:, 0] >= 1).all() and (p[:, 0] <= m.shard_size).all(),
+    ),
+    (
+        "points lie inside the tar",
+        lambda p, m: (p[:, 2] >= 0).all() and (p[:, 2] <= m.uncompressed_size).all(),
+    ),
+)
+
+
+def _check_layout(path: Path, meta: IndexMeta, rows: npt.NDArray[np.int64], rules: Any) -> None:
+    """Raise ``IndexFormatError`` naming the rule the frames or seek points break."""
+    if not len(rows):
+        return
+    with np.errstate(over="ignore"):
+        broken = [name for name, holds in rules if not holds(rows, meta)]
+    if broken:
+        raise IndexFormatError(
+            f"index {str(path)!r} of a {meta.compression} shard is corrupt: not all its "
+            f"{'seek points' if rows.shape[1] == 3 else 'frames'} hold ({broken[0]}); "
+            "rebuild it with build_index(shard, force=True)"
+        )
 
 
 def decompressing_source(

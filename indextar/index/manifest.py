@@ -19,6 +19,7 @@ against the entry, only when the shard is first read.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 MANIFEST_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,9 @@ def append_to_manifest(path: str | os.PathLike[str], indexes: Sequence[ShardInde
     (:func:`~indextar.atomic.rewrite_lock`): appends at once from many processes all
     land. A manifest not written by :func:`write_manifest` (wids' own) is
     read and rewritten whole. Shards already listed are not looked for: give only
-    new ones.
+    new ones. Shards the manifest already ends with, unchanged and in the same order,
+    are the exception: they are not added again, so a re-run of an append after a
+    crash that may or may not have landed it changes nothing.
 
     Raises
     ------
@@ -186,10 +191,23 @@ def append_to_manifest(path: str | os.PathLike[str], indexes: Sequence[ShardInde
         empty = old.read(1) == b"["
         lines = _entry_lines(indexes, folder)
         added = ("" if empty else ",") + ",".join(lines) + "\n" + _TRAILER
+        if lines and _ends_with(old, size, ",".join(lines) + "\n" + _TRAILER):
+            log.info("%s already ends with these %d shards: not appended again", target, len(lines))
+            return target
         with atomic_path(target) as tmp, open(tmp, "wb") as new:
             _copy_range(old, new, size - len(_TRAILER) - (0 if empty else 1))
             new.write(added.encode())
     return target
+
+
+def _ends_with(file: Any, size: int, tail: str) -> bool:
+    """Whether the manifest ``file`` (of ``size`` bytes) ends with the entries ``tail``
+    (and its trailer), as a whole run of entries: after ``[`` or ``,``."""
+    encoded = tail.encode()
+    if size < len(encoded) + 1:
+        return False
+    file.seek(size - len(encoded) - 1)
+    return file.read(1) in (b"[", b",") and file.read() == encoded
 
 
 def _copy_range(source: Any, target: Any, length: int) -> None:

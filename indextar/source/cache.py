@@ -199,7 +199,13 @@ class ShardCache:
         from filelock import FileLock
 
         with FileLock(self.directory / ".cache.lock"):
-            entries = self._entries()
+            # This shard's own .part, if there is one, is a killed download's (its lock is
+            # ours now): it is replaced below, and so are the others whose lock is free.
+            entries = [
+                entry
+                for entry in self._entries()
+                if entry[0] != part and not (entry[2] and self._remove_dead_download(entry[0]))
+            ]
             used = sum(entry_size for _, entry_size, _ in entries)
             # Oldest first; downloads in progress are not candidates.
             for entry, entry_size, _ in sorted(
@@ -241,6 +247,27 @@ class ShardCache:
             except FileNotFoundError:
                 continue
         return entries
+
+    def _remove_dead_download(self, part: Path) -> bool:
+        """Delete ``part`` if no process holds its download's lock (its downloader was
+        killed: it would otherwise count against the limit for ever); whether it was."""
+        try:
+            fd = os.open(f"{part.with_suffix('')}.lock", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # no downloader ever took it
+            fd = -1
+        try:
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its download is running
+            os.close(fd)
+            return False
+        try:
+            part.unlink(missing_ok=True)
+            log.info("removed %s, left by a download that did not finish", part.name)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return True
 
     def _evict(self, path: Path) -> bool:
         """Delete ``path`` unless a process has it open; whether it was deleted."""

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ShardFormatError, TruncatedShardError
+from ..errors import IndexFormatError, ShardFormatError, TruncatedShardError
 from . import base
 from .base import ByteSource, outside_error
 from .codecs import indexed_gzip
@@ -250,7 +250,14 @@ class GzipSeekSource(ByteSource):
             )
         compressed = self.raw.read(first, c_end - first)
         blob = self.points.windows[point]
-        window = zlib.decompress(blob) if blob else b""
+        try:
+            window = zlib.decompress(blob) if blob else b""
+        except zlib.error as e:
+            raise IndexFormatError(
+                f"the index of {self.url!r} is corrupt: the window of its seek point at "
+                f"compressed offset {c_offset} does not decompress ({e}); rebuild the index "
+                "with build_index(shard, force=True)"
+            ) from e
         gunzip = self._gunzip
         assert gunzip is not None
         try:

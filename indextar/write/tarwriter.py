@@ -295,8 +295,10 @@ class TarWriter(ClosingWriter):
                 os.fsync(self._file.fileno())
                 self._file.close()
                 assert self._path is not None
-                if grouped is not None:  # the shard and its index replace the old pair at once
-                    held.enter_context(index_lock(index_path(self._path)))
+                if grouped is not None:  # the new pair replaces the old; a crash in between
+                    old_index = index_path(self._path)  # leaves no index, which reads build
+                    held.enter_context(index_lock(old_index))
+                    old_index.unlink(missing_ok=True)
                 os.replace(self._tmp, self._path)
                 self._tmp = None
             except BaseException:

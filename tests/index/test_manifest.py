@@ -229,7 +229,21 @@ def test_appending_shards_copies_the_old_entries_unread(
     assert len(ds) == 12 and ds[11]["__key__"] == IndexedTarDataset(indexed[2])[3]["__key__"]
     ds.close()
 
+    # Shards the manifest already ends with (a re-run of the last append, after a crash
+    # that may have landed it) are not added again; others are, listed or not.
+    after = target.read_bytes()
+    append_to_manifest(target, indexes[1:])
+    assert target.read_bytes() == after
+    append_to_manifest(target, indexes[2:])
+    assert [s.url for s in read_manifest(target).shards] == [str(p) for p in indexed]
+    append_to_manifest(target, indexes[:1])
+    assert len(read_manifest(target).shards) == 4
+
     empty = tmp_path / "data" / "empty.json"
+    write_manifest(empty, [])
+    append_to_manifest(empty, indexes[:2])
+    append_to_manifest(empty, indexes[:2])
+    assert [s.url for s in read_manifest(empty).shards] == [str(p) for p in indexed[:2]]
     write_manifest(empty, [])
     append_to_manifest(empty, indexes[:2])
     assert [s.url for s in read_manifest(empty).shards] == [str(p) for p in indexed[:2]]
