@@ -39,6 +39,7 @@ __all__ = [
     "get_ranges",
     "get_ranges_direct",
     "precondition_failed",
+    "s3_get_object",
 ]
 
 DirectRequest = tuple[str, str, int, int, str, str]
@@ -176,6 +177,21 @@ async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: 
         )
 
 
+async def s3_get_object(fs: Any, path: str, byte_range: str, etag: str) -> Any:
+    """botocore's answer to a ``GetObject`` of ``byte_range`` (``"bytes=A-B"`` or
+    ``"bytes=A-"``) of ``path`` on s3fs's client, ``If-Match`` on ``etag`` where there is
+    one; botocore's error as it raises it, for the caller to sort."""
+    bucket, key, version = s3_split_path(fs, path)
+    request = {"Bucket": bucket, "Key": key, "Range": byte_range}
+    if etag:
+        request["IfMatch"] = f'"{etag}"'
+    if version:
+        request["VersionId"] = version
+    await fs.set_session()
+    client = await fs.get_s3(bucket)
+    return await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
+
+
 async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
     """One GET, straight to the botocore client: s3fs's own retries (and botocore's,
     off in the client :func:`~indextar.source.filesystems.filesystem` gives ranged
@@ -183,16 +199,8 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     :mod:`~indextar.source.remote`'s one loop."""
     from s3fs.errors import translate_boto_error
 
-    bucket, key, version = s3_split_path(fs, path)
-    request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
-    if etag:
-        request["IfMatch"] = f'"{etag}"'
-    if version:
-        request["VersionId"] = version
-    await fs.set_session()
-    client = await fs.get_s3(bucket)
     try:
-        response = await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
+        response = await s3_get_object(fs, path, f"bytes={start}-{end - 1}", etag)
     except Exception as e:
         if precondition_failed(e):
             raise _stale(url, etag, _PRECONDITION_FAILED) from e

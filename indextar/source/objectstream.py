@@ -38,15 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import IndextarError, StaleIndexError, WrongRangeError
-from .conditional import RemoteStat, check_version, precondition_failed
+from .conditional import RemoteStat, check_version, precondition_failed, s3_get_object
 from .filesystems import filesystem, without_client_retries
 from .fsspec_internals import (
     http_raise_for_status,
     http_request,
     http_session,
     run_on_loop,
-    s3_method_kwargs,
-    s3_split_path,
 )
 from .retry import DEFAULT_RETRY, RetryPolicy, status_of, with_retries
 
@@ -103,16 +101,8 @@ async def _s3_get(fs: Any, path: str, start: int, etag: str) -> _Body:
     """A signed ``GetObject`` through s3fs's client (its retries off: ours decide), the
     body left open. The one place that signs a streaming S3 GET, so that it can move to
     another signer."""
-    bucket, key, version = s3_split_path(fs, path)
-    request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-"}
-    if etag:
-        request["IfMatch"] = f'"{etag}"'
-    if version:
-        request["VersionId"] = version
-    await fs.set_session()
-    client = await fs.get_s3(bucket)
     try:
-        response = await client.get_object(**s3_method_kwargs(fs, client.get_object, **request))
+        response = await s3_get_object(fs, path, f"bytes={start}-", etag)
     except Exception as e:
         if precondition_failed(e):
             return _Body(412, None, None, None, _no_body, lambda: None)
