@@ -156,3 +156,16 @@ def test_a_server_that_keeps_failing_names_the_shard(http: HttpServer) -> None:
         io.BufferedReader(stream).read()
     assert "500" in str(caught.value)
     stream.close()
+
+
+@pytest.fixture(scope="module")
+def s3_files(http_root: Path) -> list[Path]:
+    return [http_root / f"data-{n}.tar" for n in range(SHARDS)]
+
+
+def test_s3_shards_stream_by_one_signed_get_each(s3: Any, http_root: Path) -> None:
+    """The S3 branch of the streaming GET (s3_get_object on s3fs's client): the exact
+    samples, shard after shard, with the next shard's GET sent early."""
+    shards = [f"s3://shards/data-{n}.tar" for n in range(SHARDS)]
+    got = [strip(s) for s in StreamingTarDataset(shards, storage_options=s3.storage_options())]
+    assert got == local(http_root)
