@@ -281,7 +281,7 @@ def test_verify_decompresses_again_and_compares_frames_and_points(tmp_path: Path
     index = indextar.build_index(framed)
     assert verify_index(archive).ok and verify_index(framed).ok
     with contextlib.closing(sqlite3.connect(index.path)) as conn, conn:
-        conn.execute("UPDATE frames SET compressed_size = compressed_size + 1 WHERE frame_id = 2")
+        conn.execute("UPDATE frames SET compressed_size = compressed_size - 1 WHERE frame_id = 2")
     report = verify_index(framed)
     assert not report.ok and report.problems[0].startswith("frame 2: index has")
     gz_index = indextar.open_index(archive)
