@@ -36,8 +36,8 @@ __all__ = ["ImageStage", "StageBackend", "STAGE_BACKENDS"]
 
 log = logging.getLogger(__name__)
 
-StageBackend = Literal["auto", "nvjpeg", "dali", "cpu"]
-STAGE_BACKENDS = ("auto", "nvjpeg", "dali", "cpu")
+StageBackend = Literal["auto", "nvjpeg", "dali", "cpu", "reference"]
+STAGE_BACKENDS = ("auto", "nvjpeg", "dali", "cpu", "reference")
 DecodeMany = Callable[[list["torch.Tensor"]], list["torch.Tensor | None"]]
 
 
@@ -49,8 +49,10 @@ class ImageStage:
     overlaps it with training. ``backend``: ``"nvjpeg"`` (torchvision's
     ``decode_jpeg`` on the GPU), ``"dali"`` (DALI's mixed decoder: the H100's hardware
     JPEG engines), ``"cpu"`` (``image_decoder``, the same shapes), or ``"auto"``:
-    nvjpeg where CUDA and torchvision are present, else cpu. Arguments as
-    :func:`indextar.on_gpu`.
+    nvjpeg where CUDA and torchvision are present, else cpu. ``"reference"`` does what
+    the GPU backends do (full-size decode, refusals routed to the CPU path, torch's
+    resize by shape) with Pillow on any device: the GPU path's twin, which the tests
+    run where there is no GPU. Arguments as :func:`indextar.on_gpu`.
     """
 
     def __init__(
@@ -87,7 +89,10 @@ class ImageStage:
         self._logged: set[str] = set()
         self._gpu: DecodeMany | None = None
         self._staging: Any = None
-        if backend != "cpu":
+        if backend == "reference":
+            check_filter(resample)
+            self._gpu = _reference(self.device)
+        elif backend != "cpu":
             if self.device.type != "cuda" or not cuda:
                 raise DecodeSpecError(
                     f"on_gpu(backend={backend!r}) needs a CUDA device; got device="
@@ -226,6 +231,28 @@ def _nvjpeg(device: torch.device) -> DecodeMany:
                 decoded.append(io.decode_jpeg(blob, mode=rgb, device=device))
             except RuntimeError:
                 decoded.append(None)
+        return decoded
+
+    return decode
+
+
+def _reference(device: torch.device) -> DecodeMany:
+    import io
+
+    import numpy as np
+    import PIL.Image
+    import torch
+
+    def decode(blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        decoded: list[torch.Tensor | None] = []
+        for blob in blobs:
+            try:
+                with PIL.Image.open(io.BytesIO(blob.numpy().tobytes())) as img:
+                    pixels = np.array(img.convert("RGB"), dtype=np.uint8)
+            except (OSError, ValueError):
+                decoded.append(None)
+                continue
+            decoded.append(torch.from_numpy(pixels).permute(2, 0, 1).to(device))
         return decoded
 
     return decode

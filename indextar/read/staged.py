@@ -172,8 +172,9 @@ def on_gpu(
     backend
         ``"nvjpeg"`` (``torchvision.io.decode_jpeg`` on the GPU), ``"dali"``
         (``nvidia-dali``'s mixed decoder), ``"cpu"`` (``image_decoder``), or ``"auto"``:
-        nvjpeg where CUDA and torchvision are present, else cpu. Images the GPU decoder
-        refuses are decoded on the CPU, counted in ``.stage.fallbacks``.
+        nvjpeg where CUDA and torchvision are present, else cpu. ``"reference"`` is the
+        GPU path's twin on any device (Pillow's full decode, torch's resize). Images the
+        GPU decoder refuses are decoded on the CPU, counted in ``.stage.fallbacks``.
     jpeg_backend
         ``image_decoder``'s ``backend=`` for the images decoded on the CPU.
     pin_memory
