@@ -89,8 +89,8 @@ class EncodedCollate:
         elif isinstance(first, (tuple, list)) and isinstance(self.field, int):
             position = self.field
             blobs = [sample[position] for sample in samples]
-            others = [tuple(s[:position]) + tuple(s[position + 1 :]) for s in samples]
-            rest, field = (tuple(default_collate(others)) if others[0] else ()), position
+            fields = [tuple(s[:position]) + tuple(s[position + 1 :]) for s in samples]
+            rest, field = (tuple(default_collate(fields)) if fields[0] else ()), position
         else:
             raise DecodeSpecError(
                 f"encoded_collate(field={self.field!r}) cannot find the image in a sample "
@@ -111,9 +111,9 @@ class EncodedCollate:
         if get_worker_info() is not None:
             # Put it in shared memory now, as default_collate does in a worker: the
             # DataLoader would otherwise copy it there when it sends the batch.
-            data.share_memory_()
-            offsets.share_memory_()
-        view = memoryview(data.numpy()).cast("B")
+            data.share_memory_()  # type: ignore[no-untyped-call]
+            offsets.share_memory_()  # type: ignore[no-untyped-call]
+        view = memoryview(data.numpy()).cast("B")  # type: ignore[arg-type]
         position = 0
         for blob, size in zip(blobs, sizes):
             view[position : position + size] = blob

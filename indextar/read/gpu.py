@@ -115,8 +115,10 @@ class ImageStage:
         """``batch`` with its images decoded (:meth:`decode`) in their place, and its
         other tensors moved to the device."""
         images = self.decode(batch)
-        return batch.assemble(images) if not batch.rest else _to_device(
-            batch.assemble(images), self.device
+        return (
+            batch.assemble(images)
+            if not batch.rest
+            else _to_device(batch.assemble(images), self.device)
         )
 
     def decode(self, batch: EncodedBatch) -> torch.Tensor | list[torch.Tensor]:

@@ -45,7 +45,7 @@ class DaliDecoder:
 
         capacity = max(count, 2 * self._capacity, 64)
 
-        @pipeline_def(  # type: ignore[misc]
+        @pipeline_def(  # type: ignore[untyped-decorator]
             batch_size=capacity,
             num_threads=_THREADS,
             device_id=self.device_id,

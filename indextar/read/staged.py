@@ -95,7 +95,7 @@ class StagedLoader:
             stream = None
             if cuda:
                 torch.cuda.set_device(self.stage.device)
-                stream = torch.cuda.Stream(self.stage.device)
+                stream = torch.cuda.Stream(self.stage.device)  # type: ignore[no-untyped-call]
             for encoded in self.loader:
                 if stop.is_set():
                     return
@@ -103,7 +103,7 @@ class StagedLoader:
                     batch = self.stage(encoded)
                     event = None
                     if stream is not None:
-                        event = torch.cuda.Event()
+                        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                         event.record(stream)
                 if not put((batch, event)):
                     return

@@ -49,6 +49,6 @@ class PinnedStaging:
         stream."""
         import torch
 
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
         self._events[self._turn] = event
