@@ -55,8 +55,11 @@ class StagedLoader:
     def __iter__(self) -> Iterator[Any]:
         ready: queue.Queue[Any] = queue.Queue(self.prefetch)
         stop = threading.Event()
+        # The DataLoader forks its workers here, in the caller's thread: forking from a
+        # second thread while the caller's runs could copy a lock that thread holds.
+        batches = iter(self.loader)
         thread = threading.Thread(
-            target=self._produce, args=(ready, stop), name="indextar-on-gpu", daemon=True
+            target=self._produce, args=(batches, ready, stop), name="indextar-on-gpu", daemon=True
         )
         thread.start()
         try:
@@ -78,7 +81,9 @@ class StagedLoader:
                 except queue.Empty:
                     pass
 
-    def _produce(self, ready: queue.Queue[Any], stop: threading.Event) -> None:
+    def _produce(
+        self, batches: Iterator[EncodedBatch], ready: queue.Queue[Any], stop: threading.Event
+    ) -> None:
         import torch
 
         def put(item: Any) -> bool:
@@ -96,7 +101,7 @@ class StagedLoader:
             if cuda:
                 torch.cuda.set_device(self.stage.device)
                 stream = torch.cuda.Stream(self.stage.device)  # type: ignore[no-untyped-call]
-            for encoded in self.loader:
+            for encoded in batches:
                 if stop.is_set():
                     return
                 with torch.cuda.stream(stream) if stream is not None else nullcontext():

@@ -5,10 +5,12 @@ image_decoder. tests/read/test_image_gpu.py runs the CUDA half."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import struct
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,12 @@ from indextar import (
     on_gpu,
 )
 from indextar.read.sniff import gpu_refusal
+
+# Python 3.12 warns when a process with threads forks (torch's own thread pools count);
+# DataLoader workers fork so in every torch program.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded:DeprecationWarning"
+)
 
 
 def exif_jpeg(orientation: int) -> bytes:
@@ -132,7 +140,7 @@ def test_workers_hand_over_shared_tensors(shard: Path, method: str) -> None:
 def test_cpu_backend_is_image_decoder(shard: Path, size: int | tuple[int, int], fit: str) -> None:
     ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
     loader = DataLoader(ds, batch_size=7, num_workers=1, collate_fn=encoded_collate())
-    staged = on_gpu(loader, size, fit=fit, backend="auto")  # no CUDA here: cpu
+    staged = on_gpu(loader, size, fit=fit, device="cpu")  # backend="auto": cpu on a CPU
     assert staged.stage.backend == "cpu" and len(staged) == 3
     reference = image_decoder("rgb8", size, fit=fit)
     for images, labels in staged:
@@ -167,6 +175,9 @@ def test_reference_backend_routes_refusals(shard: Path, caplog: pytest.LogCaptur
     assert dict(staged.stage.fallbacks) == expected
     assert set(expected) == {"png", "webp", "cmyk", "orientation"}
     assert len(caplog.records) == 4  # once per reason, over two epochs
+    for _ in staged:
+        break  # leaving part-way stops the thread
+    assert not [t for t in threading.enumerate() if t.name == "indextar-on-gpu"]
 
 
 def test_mixed_aspects_with_an_int_size_give_a_list() -> None:
@@ -177,6 +188,8 @@ def test_mixed_aspects_with_an_int_size_give_a_list() -> None:
 
 
 def test_stage_errors() -> None:
+    gpu = torch.cuda.is_available() and importlib.util.find_spec("torchvision") is not None
+    assert ImageStage().backend == ("nvjpeg" if gpu else "cpu")
     with pytest.raises(DecodeSpecError, match="backend= must be one of"):
         ImageStage(backend="vulkan")  # type: ignore[arg-type]
     with pytest.raises(DecodeSpecError, match="needs a CUDA device"):

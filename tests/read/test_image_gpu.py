@@ -19,7 +19,11 @@ from torch.utils.data import DataLoader
 from indextar import ImageStage, IndexedTarDataset, encoded_collate, image_decoder, on_gpu
 
 torchvision = pytest.importorskip("torchvision")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    # Python 3.12 warns when a process with threads (CUDA's, torch's pools) forks workers
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
 BACKENDS = ["nvjpeg"] + (["dali"] if importlib.util.find_spec("nvidia.dali") else [])
 
 
