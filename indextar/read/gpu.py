@@ -79,6 +79,9 @@ class ImageStage:
             )
         cuda = torch.cuda.is_available()
         self.device = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
+        if self.device.type == "cuda" and self.device.index is None and cuda:
+            # an index, for torch.cuda.set_device in on_gpu's thread (it refuses "cuda")
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if backend == "auto":
             on_cuda = self.device.type == "cuda" and cuda
             backend = "nvjpeg" if on_cuda and _torchvision_io() is not None else "cpu"

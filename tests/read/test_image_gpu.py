@@ -59,7 +59,13 @@ def test_refused_images_fall_back_on_the_device() -> None:
     stage = ImageStage((96, 128), backend="nvjpeg", device="cuda")
     images, labels = stage(encoded_collate()([(blob, i) for i, blob in enumerate(blobs)]))
     assert images.shape == (6, 3, 96, 128) and images.is_cuda and labels.is_cuda
-    assert dict(stage.fallbacks) == {"png": 1, "webp": 1, "cmyk": 1}
+    # nvJPEG builds differ on progressive JPEGs: a refusal falls back as "decoder"
+    assert stage.fallbacks["decoder"] <= 1
+    assert {k: n for k, n in stage.fallbacks.items() if k != "decoder"} == {
+        "png": 1,
+        "webp": 1,
+        "cmyk": 1,
+    }
     want = image_decoder("rgb8", (96, 128))
     for got, blob in zip(images, blobs):
         assert psnr(got.permute(1, 2, 0).cpu().numpy(), want(".jpg", blob)) >= 30
