@@ -47,10 +47,13 @@ from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
+from .read.encoded import EncodedBatch, encoded_collate
+from .read.gpu import ImageStage
 from .read.image import image_decoder
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
+from .read.staged import StagedLoader, on_gpu
 from .read.subset import KeySubset
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
@@ -76,6 +79,12 @@ __all__ = [
     "MixtureDataset",
     "KeySubset",
     "image_decoder",
+    # decoding on the GPU
+    "on_gpu",
+    "encoded_collate",
+    "ImageStage",
+    "EncodedBatch",
+    "StagedLoader",
     "write_manifest",
     "read_manifest",
     "append_to_manifest",
