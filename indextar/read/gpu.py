@@ -65,7 +65,7 @@ class ImageStage:
         device: str | torch.device | None = None,
         backend: StageBackend = "auto",
         jpeg_backend: JpegBackend = "auto",
-        pin_memory: bool = True,
+        pin_memory: bool = False,
     ) -> None:
         import torch
 
