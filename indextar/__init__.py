@@ -9,6 +9,7 @@ from .errors import (
     CacheFullError,
     ChecksumMismatchError,
     CompressedShardError,
+    ConvertError,
     DecodeError,
     DecodeSpecError,
     EncodeError,
@@ -53,6 +54,8 @@ from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
 from .read.subset import KeySubset
 from .tar.scan import TarScan, scan_tar
+from .write.convert import ConvertResult, convert
+from .write.export_parquet import export_parquet
 from .write.shardwriter import ShardWriter
 from .write.tarwriter import TarWriter
 
@@ -93,6 +96,9 @@ __all__ = [
     # writing
     "TarWriter",
     "ShardWriter",
+    "convert",
+    "ConvertResult",
+    "export_parquet",
     # errors
     "IndextarError",
     "ShardFormatError",
@@ -116,6 +122,7 @@ __all__ = [
     "WriterError",
     "EncodeError",
     "ExportError",
+    "ConvertError",
     "RemoteReadError",
     "PipeRefusedError",
     "CacheFullError",

@@ -110,25 +110,43 @@ def add_convert_command(sub: Any) -> None:
         "Run again with the same arguments, it resumes an interrupted conversion.",
     )
     add_options(p, json=True, quiet=True)
-    p.add_argument("src", help="a parquet file or folder, a save_to_disk folder, an MDS or "
-                   "LitData folder")
+    p.add_argument(
+        "src", help="a parquet file or folder, a save_to_disk folder, an MDS or LitData folder"
+    )
     p.add_argument("pattern", help="output shard names with a %%-format: 'out-%%06d.tar'")
     p.add_argument("--format", choices=FORMATS, help="the source's format (default: recognised)")
-    p.add_argument("--member", action="append", metavar="EXT=COLUMN",
-                   help="store COLUMN as the member EXT (repeat it; default: every binary "
-                   "column under its own name)")
-    p.add_argument("--attributes", metavar="COL,COL",
-                   help="columns stored as attributes (default: every column of values)")
+    p.add_argument(
+        "--member",
+        action="append",
+        metavar="EXT=COLUMN",
+        help="store COLUMN as the member EXT (repeat it; default: every binary "
+        "column under its own name)",
+    )
+    p.add_argument(
+        "--attributes",
+        metavar="COL,COL",
+        help="columns stored as attributes (default: every column of values)",
+    )
     p.add_argument("--key", metavar="COLUMN", help="the column of keys (default: row numbers)")
     p.add_argument("--maxcount", type=int, default=10_000, help="rows per shard (10000)")
     p.add_argument("--start-shard", type=int, default=0, help="number of the first shard")
-    p.add_argument("--compress", choices=("gzip", "zstd"),
-                   help="write each sample as its own gzip member or zstd frame")
-    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
-                   help="shards written in parallel")
-    p.add_argument("--dask", metavar="ADDRESS",
-                   help="write the shards on a Dask cluster (its scheduler); the workers must "
-                   "reach the source and the output folder (needs the dask extra)")
-    p.add_argument("--restart", action="store_true",
-                   help="start over instead of resuming an interrupted conversion")
+    p.add_argument(
+        "--compress",
+        choices=("gzip", "zstd"),
+        help="write each sample as its own gzip member or zstd frame",
+    )
+    p.add_argument(
+        "-j", "--jobs", type=int, default=os.cpu_count() or 1, help="shards written in parallel"
+    )
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="write the shards on a Dask cluster (its scheduler); the workers must "
+        "reach the source and the output folder (needs the dask extra)",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start over instead of resuming an interrupted conversion",
+    )
     p.set_defaults(func=_cmd_convert)

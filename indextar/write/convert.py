@@ -129,8 +129,10 @@ def scan_source(path: PathLike, *, format: str | None = None) -> Source:
         elif root.is_dir() and is_litdata_dataset(root):
             format = "litdata"
         else:
-            raise ConvertError(f"not a dataset of a known format ({', '.join(FORMATS)}); "
-                               "name one with format=", source=str(root))
+            raise ConvertError(
+                f"not a dataset of a known format ({', '.join(FORMATS)}); name one with format=",
+                source=str(root),
+            )
     if format not in _FORMATS:
         raise ConvertError(f"unknown format {format!r}; known: {FORMATS}", source=str(root))
     if not root.exists():
@@ -141,7 +143,9 @@ def scan_source(path: PathLike, *, format: str | None = None) -> Source:
 def _tasks(source: Source, names: list[str], maxcount: int) -> list[_Task]:
     """Shard ``i`` takes rows ``i * maxcount`` up to the next shard's, from the pieces
     that hold them."""
-    tasks, pending, first, filled = [], [], 0, 0
+    tasks: list[_Task] = []
+    pending: list[tuple[SourcePiece, int, int]] = []
+    first = filled = 0
     for piece in source.pieces:
         start = 0
         while start < piece.rows:
@@ -182,15 +186,17 @@ def write_converted_shard(
     attributes_from = JSON_EXT if names else None
     seen: set[str] = set()
     number = task.first_row
-    with TarWriter(task.path, encoder=False, compress=compress,
-                   attributes_from=attributes_from) as writer:
+    with TarWriter(
+        task.path, encoder=False, compress=compress, attributes_from=attributes_from
+    ) as writer:
         for piece, start, stop in task.slices:
             for row in read(source, piece, plan, start, stop):
                 key, problem = _key(row, number, width)
                 if key is not None and key in seen:
                     problem = "duplicate-key"
-                record: dict[str, Any] = {ext: data for ext, data in zip(exts, row.members)
-                                          if data is not None}
+                record: dict[str, Any] = {
+                    ext: data for ext, data in zip(exts, row.members) if data is not None
+                }
                 if problem is None and not record:
                     problem = "no-data"
                 if problem is not None:
@@ -203,12 +209,13 @@ def write_converted_shard(
                 record["__key__"] = key
                 fields = dict(zip(names, row.attributes)) if names else None
                 if fields is not None:
-                    record[JSON_EXT] = json.dumps(fields, ensure_ascii=False,
-                                                  separators=(",", ":")).encode("utf-8")
-                writer.append(encode_sample(record, encoder=False, shard=task.path),
-                              attributes=fields)
-    return ConvertedShard(task.path, writer.count, Path(task.path).stat().st_size,
-                          tuple(skipped))
+                    record[JSON_EXT] = json.dumps(
+                        fields, ensure_ascii=False, separators=(",", ":")
+                    ).encode("utf-8")
+                writer.append(
+                    encode_sample(record, encoder=False, shard=task.path), attributes=fields
+                )
+    return ConvertedShard(task.path, writer.count, Path(task.path).stat().st_size, tuple(skipped))
 
 
 def state_path(pattern: str) -> Path:
@@ -235,8 +242,9 @@ def _load_state(path: Path, fingerprint: dict[str, Any], resume: bool) -> dict[s
         state = json.loads(path.read_text())
         done, recorded = state["done"], state["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConvertError(f"cannot read the conversion state {str(path)!r} ({e}); delete it "
-                           "to start over") from e
+        raise ConvertError(
+            f"cannot read the conversion state {str(path)!r} ({e}); delete it to start over"
+        ) from e
     if recorded != fingerprint:
         changed = sorted(k for k in fingerprint if fingerprint[k] != recorded.get(k))
         raise ConvertError(
@@ -244,6 +252,12 @@ def _load_state(path: Path, fingerprint: dict[str, Any], resume: bool) -> dict[s
             f"(state {str(path)!r}); convert with resume=False to start over"
         )
     return dict(done)
+
+
+def _recorded(path: str, entry: dict[str, Any]) -> ConvertedShard:
+    """A shard as the state file recorded it."""
+    skipped = tuple((int(number), str(reason)) for number, reason in entry["skipped"])
+    return ConvertedShard(path, int(entry["samples"]), int(entry["bytes"]), skipped)
 
 
 def convert(
@@ -298,30 +312,41 @@ def convert(
     try:
         names = [pattern % (start_shard + i) for i in range(count)]
     except (TypeError, ValueError) as e:
-        raise ConvertError(f"shard pattern {pattern!r} needs one %-format, such as "
-                           f"'out-%06d.tar' ({e})") from None
+        raise ConvertError(
+            f"shard pattern {pattern!r} needs one %-format, such as 'out-%06d.tar' ({e})"
+        ) from None
     if len(set(names)) < len(names):
         raise ConvertError(f"shard pattern {pattern!r} gives the same name for several shards")
     width = 0 if key is not None else max(9, len(str(max(rows - 1, 0))))
     tasks = _tasks(scanned, names, maxcount)
     state = state_path(pattern)
-    fingerprint = _fingerprint(scanned, plan, {"maxcount": maxcount, "start_shard": start_shard,
-                                                "compress": compress})
+    fingerprint = _fingerprint(
+        scanned, plan, {"maxcount": maxcount, "start_shard": start_shard, "compress": compress}
+    )
     done = _load_state(state, fingerprint, resume)
-    finished = {t.path: ConvertedShard(t.path, done[t.path]["samples"], done[t.path]["bytes"],
-                                       tuple(map(tuple, done[t.path]["skipped"])))  # type: ignore[arg-type]
-                for t in tasks
-                if t.path in done and Path(t.path).is_file() and index_path(t.path).is_file()}
+    finished = {
+        t.path: _recorded(t.path, done[t.path])
+        for t in tasks
+        if t.path in done and Path(t.path).is_file() and index_path(t.path).is_file()
+    }
     resumed = len(finished)
     todo = [t for t in tasks if t.path not in finished]
     Path(names[0]).parent.mkdir(parents=True, exist_ok=True)
-    log.info("converting %d rows of %s into %d shards (%d done before)",
-             rows, scanned.root, len(tasks), resumed)
+    log.info(
+        "converting %d rows of %s into %d shards (%d done before)",
+        rows,
+        scanned.root,
+        len(tasks),
+        resumed,
+    )
     args = (scanned, plan, width, compress)
     for shard in _run(todo, args, jobs, executor):
         finished[shard.path] = shard
-        done[shard.path] = {"samples": shard.samples, "bytes": shard.bytes,
-                            "skipped": [list(s) for s in shard.skipped]}
+        done[shard.path] = {
+            "samples": shard.samples,
+            "bytes": shard.bytes,
+            "skipped": [list(s) for s in shard.skipped],
+        }
         write_atomic(state, json.dumps({"fingerprint": fingerprint, "done": done}, indent=1))
         if progress is not None:
             progress(shard, len(todo))
@@ -330,13 +355,20 @@ def convert(
     for shard in shards:
         for number, reason in shard.skipped:
             skipped.setdefault(reason, []).append(number)
-    return ConvertResult(shards, rows, sum(s.samples for s in shards),
-                         sum(s.bytes for s in shards), dict(sorted(skipped.items())), resumed,
-                         time.perf_counter() - began)
+    return ConvertResult(
+        shards,
+        rows,
+        sum(s.samples for s in shards),
+        sum(s.bytes for s in shards),
+        dict(sorted(skipped.items())),
+        resumed,
+        time.perf_counter() - began,
+    )
 
 
-def _run(tasks: list[_Task], args: tuple[Any, ...], jobs: int,
-         executor: Executor | None) -> Iterator[ConvertedShard]:
+def _run(
+    tasks: list[_Task], args: tuple[Any, ...], jobs: int, executor: Executor | None
+) -> Iterator[ConvertedShard]:
     if executor is None:
         yield from parallel_map(write_converted_shard, tasks, args, workers=max(1, jobs))
         return
@@ -348,4 +380,3 @@ def _run(tasks: list[_Task], args: tuple[Any, ...], jobs: int,
         for future in futures:
             future.cancel()
         raise
-

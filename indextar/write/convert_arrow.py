@@ -70,8 +70,11 @@ def scan_parquet(path: str | Path) -> Source:
     """A parquet file, or a folder of them, as a :class:`Source`."""
     pa = _pyarrow()
     root = Path(path)
-    files = sorted(root.rglob("*.parquet"), key=lambda p: p.relative_to(root).as_posix()) \
-        if root.is_dir() else [root]
+    files = (
+        sorted(root.rglob("*.parquet"), key=lambda p: p.relative_to(root).as_posix())
+        if root.is_dir()
+        else [root]
+    )
     if not files:
         raise ConvertError("no .parquet files in this folder", source=str(root))
     pieces: list[SourcePiece] = []
@@ -80,17 +83,22 @@ def scan_parquet(path: str | Path) -> Source:
         try:
             meta = pa.parquet.ParquetFile(file).metadata
         except (OSError, pa.ArrowException) as e:
-            raise ConvertError(f"{str(file)!r} is not a parquet file ({e})", source=str(root)) from e
+            raise ConvertError(
+                f"{str(file)!r} is not a parquet file ({e})", source=str(root)
+            ) from e
         file_schema = meta.schema.to_arrow_schema()
         if schema is None:
             schema = file_schema
         elif file_schema.names != schema.names:
             raise ConvertError(
                 f"{str(file)!r} has the columns {file_schema.names}; {str(files[0])!r} has "
-                f"{schema.names}", source=str(root)
+                f"{schema.names}",
+                source=str(root),
             )
-        pieces += [SourcePiece(str(file), group, meta.row_group(group).num_rows)
-                   for group in range(meta.num_row_groups)]
+        pieces += [
+            SourcePiece(str(file), group, meta.row_group(group).num_rows)
+            for group in range(meta.num_row_groups)
+        ]
     return Source("parquet", str(root), tuple(pieces), _kinds(pa, schema), source_files(files))
 
 
@@ -113,7 +121,9 @@ def scan_hf(path: str | Path) -> Source:
         state = json.loads((root / "state.json").read_text())
         files = [root / entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConvertError(f"no readable state.json of a saved dataset ({e})", source=str(root)) from e
+        raise ConvertError(
+            f"no readable state.json of a saved dataset ({e})", source=str(root)
+        ) from e
     pieces, schema = [], None
     for file in files:
         with pa.memory_map(str(file)) as mapped:
@@ -153,13 +163,13 @@ def _binary_values(pa: Any, array: Any, folder: Path) -> list[bytes | memoryview
     offsets = np.frombuffer(offsets_buffer, width)[array.offset : array.offset + len(array) + 1]
     data = memoryview(data_buffer) if data_buffer is not None else memoryview(b"")
     bounds = offsets.tolist()
-    values: list[bytes | memoryview | None] = [
+    sliced: list[bytes | memoryview | None] = [
         data[bounds[i] : bounds[i + 1]] for i in range(len(array))
     ]
     if array.null_count:
         for i in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)).tolist():
-            values[i] = None
-    return values
+            sliced[i] = None
+    return sliced
 
 
 def read_arrow(
@@ -175,14 +185,19 @@ def read_arrow(
         for column in plan.attributes:
             array = batch.column(column)
             kind = array.type
-            plain = (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-                     or pa.types.is_string(kind) or pa.types.is_large_string(kind))
+            plain = (
+                pa.types.is_integer(kind)
+                or pa.types.is_floating(kind)
+                or pa.types.is_boolean(kind)
+                or pa.types.is_string(kind)
+                or pa.types.is_large_string(kind)
+            )
             listed = array.to_pylist()
             values.append(listed if plain else [plain_value(v) for v in listed])
         keys = batch.column(plan.key).to_pylist() if plan.key is not None else None
         for i in range(batch.num_rows):
             yield SourceRow(
                 key=None if keys is None else keys[i],
-                members=tuple(m[i] for m in members),  # type: ignore[misc]
+                members=tuple(m[i] for m in members),
                 attributes=tuple(v[i] for v in values),
             )

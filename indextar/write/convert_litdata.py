@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,10 @@ from .convert_source import ColumnKind, ColumnPlan, Source, SourcePiece, SourceR
 
 __all__ = ["scan_litdata", "read_litdata", "is_litdata_dataset"]
 
-_VALUES = {
+_VALUES: dict[str, Callable[[memoryview], object]] = {
     "int": lambda b: int(np.frombuffer(b, np.int64)[0]),
     "float": lambda b: float(np.frombuffer(b, np.float64)[0]),
-    "bool": lambda b: b != b"\x00",
+    "bool": lambda b: bytes(b) != b"\x00",
     "str": lambda b: bytes(b).decode("utf-8"),
     "json": lambda b: json.loads(bytes(b).decode("utf-8")),
 }
@@ -59,9 +59,11 @@ def _arrow_rows(data: bytes, plan: ColumnPlan, start: int, stop: int) -> Iterato
     values = [table.column(name).to_pylist() for name in plan.attributes]
     keys = table.column(plan.key).to_pylist() if plan.key is not None else None
     for i in range(table.num_rows):
-        yield SourceRow(key=None if keys is None else keys[i],
-                        members=tuple(m[i] for m in members),
-                        attributes=tuple(v[i] for v in values))
+        yield SourceRow(
+            key=None if keys is None else keys[i],
+            members=tuple(m[i] for m in members),
+            attributes=tuple(v[i] for v in values),
+        )
 
 
 def is_litdata_dataset(path: Path) -> bool:
@@ -69,7 +71,7 @@ def is_litdata_dataset(path: Path) -> bool:
     index = path / "index.json"
     if not index.is_file():
         return False
-    head = index.read_text()[:1 << 16]
+    head = index.read_text()[: 1 << 16]
     return '"chunks"' in head and '"config"' in head
 
 
@@ -80,13 +82,19 @@ def _index(root: Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConvertError(f"no readable LitData index.json ({e})", source=str(root)) from e
     if config.get("item_loader", "PyTreeLoader") != "PyTreeLoader":
-        raise ConvertError(f"chunks written by the {config['item_loader']!r} item loader; "
-                           "indextar reads the PyTreeLoader's", source=str(root))
+        raise ConvertError(
+            f"chunks written by the {config['item_loader']!r} item loader; "
+            "indextar reads the PyTreeLoader's",
+            source=str(root),
+        )
     if config.get("encryption"):
         raise ConvertError("the chunks are encrypted", source=str(root))
     if config.get("compression") not in (None, "zstd"):
-        raise ConvertError(f"chunks compressed with {config['compression']!r}; indextar reads "
-                           "uncompressed or zstd chunks", source=str(root))
+        raise ConvertError(
+            f"chunks compressed with {config['compression']!r}; indextar reads "
+            "uncompressed or zstd chunks",
+            source=str(root),
+        )
     return {"config": config, "chunks": chunks}
 
 
@@ -99,8 +107,11 @@ def _leaf_names(root: Path, config: dict[str, Any]) -> list[str]:
         if spec["type"] is None:
             return ["0"]
         if any(child["type"] is not None for child in children):
-            raise ConvertError("items nest containers in containers; indextar reads items "
-                               "that are a dict, list or tuple of leaves", source=str(root))
+            raise ConvertError(
+                "items nest containers in containers; indextar reads items "
+                "that are a dict, list or tuple of leaves",
+                source=str(root),
+            )
         if spec["type"] == "builtins.dict":
             return [str(name) for name in json.loads(spec["context"])]
         return [str(i) for i in range(count)]
@@ -115,14 +126,17 @@ def scan_litdata(path: str | Path) -> Source:
     formats = index["config"]["data_format"]
     names = _leaf_names(root, index["config"])
     if len(names) != len(formats):
-        raise ConvertError(f"data_spec names {len(names)} leaves; data_format has "
-                           f"{len(formats)}", source=str(root))
+        raise ConvertError(
+            f"data_spec names {len(names)} leaves; data_format has {len(formats)}", source=str(root)
+        )
     columns: dict[str, ColumnKind] = {
         name: "value" if fmt in _VALUES else "binary" for name, fmt in zip(names, formats)
     }
     chunks = index["chunks"]
-    pieces = tuple(SourcePiece(str(root / c["filename"]), i, int(c["chunk_size"]))
-                   for i, c in enumerate(chunks))
+    pieces = tuple(
+        SourcePiece(str(root / c["filename"]), i, int(c["chunk_size"]))
+        for i, c in enumerate(chunks)
+    )
     files = [root / "index.json", *(root / c["filename"] for c in chunks)]
     return Source("litdata", str(root), pieces, columns, source_files(files))
 
@@ -156,11 +170,15 @@ def read_litdata(
             spans.append(view[at : at + size])
             at += size
         if at != offsets[item + 1]:
-            raise ConvertError(f"item {item} of {Path(piece.path).name!r} ends at byte {at}; "
-                               f"the chunk's offsets say {offsets[item + 1]}", source=str(root))
+            raise ConvertError(
+                f"item {item} of {Path(piece.path).name!r} ends at byte {at}; "
+                f"the chunk's offsets say {offsets[item + 1]}",
+                source=str(root),
+            )
         members = tuple(spans[position[name]] for _, name in plan.members)
-        values = tuple(_VALUES[formats[position[name]]](spans[position[name]])
-                       for name in plan.attributes)
+        values = tuple(
+            _VALUES[formats[position[name]]](spans[position[name]]) for name in plan.attributes
+        )
         key = None
         if plan.key is not None:
             i = position[plan.key]

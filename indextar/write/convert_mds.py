@@ -35,19 +35,34 @@ from .convert_source import ColumnKind, ColumnPlan, Source, SourcePiece, SourceR
 __all__ = ["scan_mds", "read_mds", "is_mds_dataset"]
 
 _NUMBERS = {
-    "int": np.int64, "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
-    "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
-    "float16": np.float16, "float32": np.float32, "float64": np.float64,
+    "int": np.int64,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
 }
 _TEXT: dict[str, Callable[[str], Any]] = {
-    "str": str, "str_int": int, "str_float": float, "str_decimal": str, "json": json.loads,
+    "str": str,
+    "str_int": int,
+    "str_float": float,
+    "str_decimal": str,
+    "json": json.loads,
 }
 
 
 def is_mds_dataset(path: Path) -> bool:
     """Whether ``path`` is a folder with an MDS ``index.json``."""
     index = path / "index.json"
-    return index.is_file() and '"mds"' in index.read_text()[:4096] and '"shards"' in index.read_text()
+    return (
+        index.is_file() and '"mds"' in index.read_text()[:4096] and '"shards"' in index.read_text()
+    )
 
 
 def _index(root: Path) -> list[dict[str, Any]]:
@@ -57,8 +72,10 @@ def _index(root: Path) -> list[dict[str, Any]]:
         raise ConvertError(f"no readable MDS index.json ({e})", source=str(root)) from e
     for shard in shards:
         if shard.get("format") != "mds":
-            raise ConvertError(f"shard {shard.get('raw_data')} is {shard.get('format')!r}, "
-                               "not 'mds'", source=str(root))
+            raise ConvertError(
+                f"shard {shard.get('raw_data')} is {shard.get('format')!r}, not 'mds'",
+                source=str(root),
+            )
     return list(shards)
 
 
@@ -72,24 +89,28 @@ def scan_mds(path: str | Path) -> Source:
     shards = _index(root)
     columns: dict[str, ColumnKind] = {}
     for shard in shards:
-        found = {name: _kind(enc)
-                 for name, enc in zip(shard["column_names"], shard["column_encodings"])}
+        found = {
+            name: _kind(enc) for name, enc in zip(shard["column_names"], shard["column_encodings"])
+        }
         if columns and found != columns:
-            raise ConvertError(f"shard {shard['raw_data']['basename']!r} has the columns "
-                               f"{found}, not {columns}", source=str(root))
+            raise ConvertError(
+                f"shard {shard['raw_data']['basename']!r} has the columns {found}, not {columns}",
+                source=str(root),
+            )
         columns = found
     files = [_shard_file(root, shard) for shard in shards]
-    pieces = tuple(SourcePiece(str(root / "index.json"), i, int(shard["samples"]))
-                   for i, shard in enumerate(shards))
-    return Source("mds", str(root), pieces, columns,
-                  source_files([root / "index.json", *files]))
+    pieces = tuple(
+        SourcePiece(str(root / "index.json"), i, int(shard["samples"]))
+        for i, shard in enumerate(shards)
+    )
+    return Source("mds", str(root), pieces, columns, source_files([root / "index.json", *files]))
 
 
 def _shard_file(root: Path, shard: dict[str, Any]) -> Path:
-    raw = root / shard["raw_data"]["basename"]
+    raw = root / str(shard["raw_data"]["basename"])
     if raw.is_file() or not shard.get("zip_data"):
         return raw
-    return root / shard["zip_data"]["basename"]
+    return root / str(shard["zip_data"]["basename"])
 
 
 def _shard_bytes(root: Path, shard: dict[str, Any]) -> bytes:
@@ -106,8 +127,11 @@ def _shard_bytes(root: Path, shard: dict[str, Any]) -> bytes:
         return gzip.decompress(data)
     if codec == "bz2":
         return bz2.decompress(data)
-    raise ConvertError(f"shard {file.name!r} is compressed with {codec!r}; indextar reads MDS "
-                       "shards that are uncompressed or zstd, gz or bz2", source=str(root))
+    raise ConvertError(
+        f"shard {file.name!r} is compressed with {codec!r}; indextar reads MDS "
+        "shards that are uncompressed or zstd, gz or bz2",
+        source=str(root),
+    )
 
 
 def _decode(encoding: str, data: bytes) -> Any:
@@ -137,27 +161,26 @@ def read_mds(
         for j, i in enumerate(variable):
             lengths[i] = struct.unpack_from("<I", data, at + 4 * j)[0]
         at += 4 * len(variable)
-        spans = []
+        spans: list[memoryview] = []
         for length in lengths:
-            spans.append((at, at + length))
+            spans.append(view[at : at + length])
             at += length
         if at != offsets[sample + 1]:
-            raise ConvertError(f"sample {sample} of {shard['raw_data']['basename']!r} ends at "
-                               f"byte {at}; the shard's offsets say {offsets[sample + 1]}",
-                               source=str(root))
-
-        def column(name: str) -> tuple[str, memoryview]:
-            i = position[name]
-            return encodings[i], view[spans[i][0] : spans[i][1]]
-
-        members = tuple(column(name)[1] for _, name in plan.members)
-        values = tuple(_decode(*map(_as_bytes, column(name))) for name in plan.attributes)
-        key = None if plan.key is None else _key_value(*column(plan.key))
+            raise ConvertError(
+                f"sample {sample} of {shard['raw_data']['basename']!r} ends at "
+                f"byte {at}; the shard's offsets say {offsets[sample + 1]}",
+                source=str(root),
+            )
+        members = tuple(spans[position[name]] for _, name in plan.members)
+        values = tuple(
+            _decode(encodings[position[name]], bytes(spans[position[name]]))
+            for name in plan.attributes
+        )
+        key = None
+        if plan.key is not None:
+            i = position[plan.key]
+            key = _key_value(encodings[i], spans[i])
         yield SourceRow(key=key, members=members, attributes=values)
-
-
-def _as_bytes(value: Any) -> Any:
-    return bytes(value) if isinstance(value, memoryview) else value
 
 
 def _key_value(encoding: str, data: memoryview) -> object:

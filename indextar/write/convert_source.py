@@ -158,8 +158,11 @@ def plan_columns(
     for ext, column in chosen.items():
         known(column, f"the member {ext!r}")
         if source.columns[column] != "binary":
-            raise ConvertError(f"column {column!r} holds values, not bytes: it cannot be "
-                               f"the member {ext!r}; store it as an attribute", source=where)
+            raise ConvertError(
+                f"column {column!r} holds values, not bytes: it cannot be "
+                f"the member {ext!r}; store it as an attribute",
+                source=where,
+            )
         if not ext or ext != ext.lower() or "/" in ext or ext == JSON_EXT:
             raise ConvertError(
                 f"member extension {ext!r} (column {column!r}) must be lowercase, without "
@@ -168,18 +171,24 @@ def plan_columns(
             )
     taken = {column for column in chosen.values()} | {key}
     if attributes is None:
-        wanted = [name for name, kind in source.columns.items()
-                  if kind == "value" and name not in taken]
+        wanted = [
+            name for name, kind in source.columns.items() if kind == "value" and name not in taken
+        ]
     else:
         wanted = list(attributes)
     for column in wanted:
         known(column, "an attribute")
         if source.columns[column] != "value":
-            raise ConvertError(f"column {column!r} holds bytes: it cannot be an attribute; "
-                               "store it as a member", source=where)
+            raise ConvertError(
+                f"column {column!r} holds bytes: it cannot be an attribute; store it as a member",
+                source=where,
+            )
         if column.lower() in RESERVED_NAMES:
-            raise ConvertError(f"column {column!r} is named as a selection's own field; "
-                               "leave it out of the attributes", source=where)
+            raise ConvertError(
+                f"column {column!r} is named as a selection's own field; "
+                "leave it out of the attributes",
+                source=where,
+            )
     return ColumnPlan(members=tuple(sorted(chosen.items())), attributes=tuple(wanted), key=key)
 
 

@@ -35,13 +35,15 @@ def write_parquet(folder: Path, rows: int, *, files: int = 2, group: int = 3) ->
     per_file = -(-rows // files)
     for f in range(files):
         numbers = range(f * per_file, min(rows, (f + 1) * per_file))
-        table = pa.table({
-            "image": pa.array([image(i) for i in numbers], pa.binary()),
-            "label": [i % 3 for i in numbers],
-            "caption": [f"a photo {i}" for i in numbers],
-            "tags": [[f"t{i}", "x"] for i in numbers],
-            "id": [f"img{i:04d}" for i in numbers],
-        })
+        table = pa.table(
+            {
+                "image": pa.array([image(i) for i in numbers], pa.binary()),
+                "label": [i % 3 for i in numbers],
+                "caption": [f"a photo {i}" for i in numbers],
+                "tags": [[f"t{i}", "x"] for i in numbers],
+                "id": [f"img{i:04d}" for i in numbers],
+            }
+        )
         pq.write_table(table, folder / f"train-{f:05d}.parquet", row_group_size=group)
     return folder
 
@@ -60,7 +62,10 @@ def test_parquet_rows_become_samples_and_attributes(tmp_path: Path) -> None:
     assert [s["__key__"] for s in samples] == [f"{i:09d}" for i in range(10)]
     assert [s["image"] for s in samples] == [image(i) for i in range(10)]
     assert json.loads(samples[7]["json"]) == {
-        "label": 1, "caption": "a photo 7", "tags": ["t7", "x"], "id": "img0007"
+        "label": 1,
+        "caption": "a photo 7",
+        "tags": ["t7", "x"],
+        "id": "img0007",
     }
     first = Path(result.shards[0].path)
     written = attributes(first.with_name(first.name + ".idx.sqlite"))
@@ -74,8 +79,9 @@ def test_parquet_rows_become_samples_and_attributes(tmp_path: Path) -> None:
 
 def test_key_column_members_and_attributes_chosen(tmp_path: Path) -> None:
     src = write_parquet(tmp_path / "src", 6)
-    result = convert(src, str(tmp_path / "d-%04d.tar"), key="id", members={"jpg": "image"},
-                     attributes=["label"])
+    result = convert(
+        src, str(tmp_path / "d-%04d.tar"), key="id", members={"jpg": "image"}, attributes=["label"]
+    )
     samples = wds_read([s.path for s in result.shards])
     assert [s["__key__"] for s in samples] == [f"img{i:04d}" for i in range(6)]
     assert sorted(samples[2]) == ["__key__", "jpg", "json"]
@@ -83,14 +89,19 @@ def test_key_column_members_and_attributes_chosen(tmp_path: Path) -> None:
 
 
 def test_skipped_rows_are_counted_by_reason(tmp_path: Path) -> None:
-    table = pa.table({
-        "id": ["a", None, "b.c", "a", "d", "e"],
-        "image": [b"1", b"2", b"3", b"4", None, b"6"],
-    })
+    table = pa.table(
+        {
+            "id": ["a", None, "b.c", "a", "d", "e"],
+            "image": [b"1", b"2", b"3", b"4", None, b"6"],
+        }
+    )
     pq.write_table(table, tmp_path / "t.parquet")
     result = convert(tmp_path / "t.parquet", str(tmp_path / "d-%04d.tar"), key="id")
     assert result.skipped == {
-        "duplicate-key": [3], "invalid-key": [2], "no-data": [4], "null-key": [1]
+        "duplicate-key": [3],
+        "invalid-key": [2],
+        "no-data": [4],
+        "null-key": [1],
     }
     assert [s["__key__"] for s in wds_read([s.path for s in result.shards])] == ["a", "e"]
 
@@ -163,8 +174,9 @@ def test_saved_hugging_face_dataset(tmp_path: Path) -> None:
         {"image": images, "label": [i % 2 for i in range(7)], "text": [f"t{i}" for i in range(7)]}
     ).cast_column("image", datasets.Image())
     data.save_to_disk(str(tmp_path / "hf"), num_shards=2)
-    result = convert(tmp_path / "hf", str(tmp_path / "d-%04d.tar"), members={"png": "image"},
-                     maxcount=4)
+    result = convert(
+        tmp_path / "hf", str(tmp_path / "d-%04d.tar"), members={"png": "image"}, maxcount=4
+    )
     samples = wds_read([s.path for s in result.shards])
     assert [s["png"] for s in samples] == [Path(p).read_bytes() for p in images]
     assert [json.loads(s["json"]) for s in samples] == [

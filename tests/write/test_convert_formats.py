@@ -29,7 +29,11 @@ def check_fixture_samples(samples: list[dict[str, bytes]]) -> None:
         pixels = Image.open(io.BytesIO(sample["image"]))
         assert (pixels.size, pixels.getpixel((0, 0))) == ((4, 3), (i * 20 % 256, 7, 99))
         fields = json.loads(sample["json"])
-        assert (fields["label"], fields["caption"], fields["score"]) == (i % 3, f"sample {i}", i / 4)
+        assert (fields["label"], fields["caption"], fields["score"]) == (
+            i % 3,
+            f"sample {i}",
+            i / 4,
+        )
 
 
 @pytest.mark.parametrize("name", ["mds", "litdata", "litdata-array"])
@@ -45,8 +49,9 @@ def test_fixtures_written_by_the_real_libraries(tmp_path: Path, name: str) -> No
 
 
 def test_mds_key_column_and_format_mismatch(tmp_path: Path) -> None:
-    result = convert(DATA / "mds", str(tmp_path / "d-%04d.tar"), format="mds", key="label",
-                     maxcount=COUNT)
+    result = convert(
+        DATA / "mds", str(tmp_path / "d-%04d.tar"), format="mds", key="label", maxcount=COUNT
+    )
     assert result.skipped == {"duplicate-key": list(range(3, COUNT))}
     with pytest.raises(ConvertError, match="no readable LitData index.json"):
         convert(DATA / "mds", str(tmp_path / "e-%04d.tar"), format="litdata")
@@ -62,10 +67,12 @@ def test_export_parquet_of_the_attributes(tmp_path: Path) -> None:
     assert table.column("__shard__").to_pylist()[5] == shards[1]
     # and back: the exported table converts (its key column keeps the keys)
     pq.write_table(table.append_column("image", pa.array([b"x"] * COUNT)), tmp_path / "t.parquet")
-    again = convert(tmp_path / "t.parquet", str(tmp_path / "e-%04d.tar"), key="__key__",
-                    attributes=["caption"])
+    again = convert(
+        tmp_path / "t.parquet", str(tmp_path / "e-%04d.tar"), key="__key__", attributes=["caption"]
+    )
     assert [s["__key__"] for s in wds_read([s.path for s in again.shards])][:2] == [
-        "000000000", "000000001"
+        "000000000",
+        "000000001",
     ]
 
 

@@ -76,10 +76,15 @@ def write_litdata(out: Path, with_array: bool = False) -> None:
 
 
 if __name__ == "__main__":
+
     def write_litdata_array(out: Path) -> None:
         write_litdata(out, with_array=True)
 
-    writers = (("mds", write_mds), ("litdata", write_litdata), ("litdata-array", write_litdata_array))
+    writers = (
+        ("mds", write_mds),
+        ("litdata", write_litdata),
+        ("litdata-array", write_litdata_array),
+    )
     for name, write in writers:
         out = HERE / name
         shutil.rmtree(out, ignore_errors=True)
