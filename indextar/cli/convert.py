@@ -5,12 +5,9 @@ indexed shards (:func:`indextar.write.convert.convert`), with a progress bar and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
-from concurrent.futures import Executor
 from dataclasses import asdict
 from typing import Any
 
@@ -18,6 +15,7 @@ from tqdm import tqdm
 
 from ..errors import IndextarError
 from ..write.convert import FORMATS, ConvertedShard, convert
+from .indexing import dask_executor
 from .options import add_options, count
 
 __all__ = ["add_convert_command"]
@@ -35,21 +33,6 @@ def _members(pairs: list[str] | None) -> dict[str, str] | None:
     return members
 
 
-@contextlib.contextmanager
-def _executor(address: str | None) -> Iterator[Executor | None]:
-    if address is None:
-        yield None
-        return
-    try:
-        from distributed import Client
-    except ImportError as e:
-        raise IndextarError(
-            f"--dask needs the Dask distributed scheduler: pip install 'indextar[dask]' ({e})"
-        ) from e
-    with Client(address) as client:  # type: ignore[no-untyped-call]
-        yield client.get_executor()
-
-
 def _cmd_convert(args: argparse.Namespace) -> int:
     bar = tqdm(desc="converting", unit="shard", disable=args.quiet or None, file=sys.stderr)
     samples = 0
@@ -61,7 +44,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"{samples:,} samples", refresh=False)
         bar.update()
 
-    with _executor(args.dask) as executor:
+    with dask_executor(args.dask) as executor:
         try:
             result = convert(
                 args.src,

@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConvertError
-from .convert_source import ColumnKind, ColumnPlan, Source, SourcePiece, SourceRow, source_files
+from .convert_source import (
+    ColumnKind,
+    ColumnPlan,
+    Source,
+    SourcePiece,
+    SourceRow,
+    record_spans,
+    source_files,
+)
 
 __all__ = ["scan_litdata", "read_litdata", "is_litdata_dataset"]
 
@@ -165,16 +173,8 @@ def read_litdata(
         at = offsets[item]
         sizes = struct.unpack_from(f"<{leaves}I", data, at)
         at += 4 * leaves
-        spans = []
-        for size in sizes:
-            spans.append(view[at : at + size])
-            at += size
-        if at != offsets[item + 1]:
-            raise ConvertError(
-                f"item {item} of {Path(piece.path).name!r} ends at byte {at}; "
-                f"the chunk's offsets say {offsets[item + 1]}",
-                source=str(root),
-            )
+        what = f"item {item} of {Path(piece.path).name!r}"
+        spans = record_spans(view, at, sizes, offsets[item + 1], what=what, source=str(root))
         members = tuple(spans[position[name]] for _, name in plan.members)
         values = tuple(
             _VALUES[formats[position[name]]](spans[position[name]]) for name in plan.attributes

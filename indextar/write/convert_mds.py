@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConvertError
-from .convert_source import ColumnKind, ColumnPlan, Source, SourcePiece, SourceRow, source_files
+from .convert_source import (
+    ColumnKind,
+    ColumnPlan,
+    Source,
+    SourcePiece,
+    SourceRow,
+    record_spans,
+    source_files,
+)
 
 __all__ = ["scan_mds", "read_mds", "is_mds_dataset"]
 
@@ -161,16 +169,8 @@ def read_mds(
         for j, i in enumerate(variable):
             lengths[i] = struct.unpack_from("<I", data, at + 4 * j)[0]
         at += 4 * len(variable)
-        spans: list[memoryview] = []
-        for length in lengths:
-            spans.append(view[at : at + length])
-            at += length
-        if at != offsets[sample + 1]:
-            raise ConvertError(
-                f"sample {sample} of {shard['raw_data']['basename']!r} ends at "
-                f"byte {at}; the shard's offsets say {offsets[sample + 1]}",
-                source=str(root),
-            )
+        what = f"sample {sample} of {shard['raw_data']['basename']!r}"
+        spans = record_spans(view, at, lengths, offsets[sample + 1], what=what, source=str(root))
         members = tuple(spans[position[name]] for _, name in plan.members)
         values = tuple(
             _decode(encodings[position[name]], bytes(spans[position[name]]))

@@ -35,6 +35,7 @@ __all__ = [
     "SourceRow",
     "plan_columns",
     "plain_value",
+    "record_spans",
     "source_files",
 ]
 
@@ -206,6 +207,21 @@ def plain_value(value: object) -> object:
     if hasattr(value, "tolist"):  # a numpy scalar or array
         return plain_value(value.tolist())
     return str(value)
+
+
+def record_spans(
+    view: memoryview, at: int, lengths: Sequence[int], end: int, *, what: str, source: str
+) -> list[memoryview]:
+    """The fields of a record of ``lengths`` bytes each, laid end to end from ``at``; a
+    record that does not end at ``end`` (its file's offsets table) is an error naming
+    ``what`` (``"sample 3 of 'shard.00000.mds'"``)."""
+    spans = []
+    for length in lengths:
+        spans.append(view[at : at + length])
+        at += length
+    if at != end:
+        raise ConvertError(f"{what} ends at byte {at}; the file's offsets say {end}", source=source)
+    return spans
 
 
 def source_files(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:

@@ -185,3 +185,23 @@ def test_saved_hugging_face_dataset(tmp_path: Path) -> None:
     datasets.DatasetDict({"train": data}).save_to_disk(str(tmp_path / "dict"))
     with pytest.raises(ConvertError, match="DatasetDict; convert one of its splits"):
         convert(tmp_path / "dict", str(tmp_path / "e-%04d.tar"))
+
+
+def test_on_a_dask_cluster_the_same_shards(tmp_path: Path) -> None:
+    distributed = pytest.importorskip("distributed")
+    src = write_parquet(tmp_path / "src", 9)
+    here = convert(src, str(tmp_path / "a" / "d-%04d.tar"), maxcount=4)
+    with (
+        distributed.LocalCluster(
+            n_workers=1,  # in this process: the pool tests already pickle the tasks
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=None,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        there = convert(
+            src, str(tmp_path / "b" / "d-%04d.tar"), maxcount=4, executor=client.get_executor()
+        )
+    for a, b in zip(here.shards, there.shards, strict=True):
+        assert Path(a.path).read_bytes() == Path(b.path).read_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -88,3 +89,19 @@ def test_cli_convert_prints_a_summary_and_resumes(
     assert (summary["resumed"], summary["samples"], len(summary["shards"])) == (3, 12, 3)
     assert main(["export", "--parquet", str(tmp_path / "a.parquet"), *summary["shards"]]) == 0
     assert pq.read_table(tmp_path / "a.parquet").num_rows == 12
+
+
+def test_a_corrupt_mds_shard_names_the_sample_and_byte(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "mds", tmp_path / "mds")
+    shard = tmp_path / "mds" / "shard.00000.mds"
+    data = bytearray(shard.read_bytes())
+    count = int.from_bytes(data[:4], "little")
+    last = 4 + 4 * count  # the end offset of the last sample
+    data[last : last + 4] = (int.from_bytes(data[last : last + 4], "little") + 1).to_bytes(
+        4, "little"
+    )
+    shard.write_bytes(bytes(data))
+    with pytest.raises(
+        ConvertError, match=rf"sample {count - 1} of 'shard.00000.mds' ends at byte"
+    ):
+        convert(tmp_path / "mds", str(tmp_path / "d-%04d.tar"))
