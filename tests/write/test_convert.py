@@ -205,3 +205,16 @@ def test_on_a_dask_cluster_the_same_shards(tmp_path: Path) -> None:
         )
     for a, b in zip(here.shards, there.shards, strict=True):
         assert Path(a.path).read_bytes() == Path(b.path).read_bytes()
+
+
+def test_parquet_image_structs_as_the_hub_stores_them(tmp_path: Path) -> None:
+    (tmp_path / "on-disk.jpg").write_bytes(b"from the file")
+    images = pa.array(
+        [{"bytes": b"embedded", "path": "a.jpg"}, {"bytes": None, "path": "on-disk.jpg"}, None],
+        pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+    )
+    pq.write_table(pa.table({"image": images, "n": [1, 2, 3]}), tmp_path / "hub.parquet")
+    result = convert(tmp_path / "hub.parquet", str(tmp_path / "d-%04d.tar"))
+    samples = wds_read([s.path for s in result.shards])
+    assert [s["image"] for s in samples] == [b"embedded", b"from the file"]
+    assert result.skipped == {"no-data": [2]}
