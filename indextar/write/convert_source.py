@@ -190,6 +190,15 @@ def plan_columns(
                 "leave it out of the attributes",
                 source=where,
             )
+    folded: dict[str, str] = {}
+    for column in wanted:  # SQLite column names ignore ASCII case
+        other = folded.setdefault(column.lower(), column)
+        if other != column:
+            raise ConvertError(
+                f"columns {other!r} and {column!r} differ only in case: they cannot both be "
+                "attributes; leave one out with attributes=",
+                source=where,
+            )
     return ColumnPlan(members=tuple(sorted(chosen.items())), attributes=tuple(wanted), key=key)
 
 

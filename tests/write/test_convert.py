@@ -112,6 +112,9 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
         convert(src, str(tmp_path / "d-%04d.tar"), key="nope")
     with pytest.raises(ConvertError, match="holds values, not bytes"):
         convert(src, str(tmp_path / "d-%04d.tar"), members={"txt": "caption"})
+    pq.write_table(pa.table({"Score": [1], "score": [2], "png": [b"x"]}), tmp_path / "c.parquet")
+    with pytest.raises(ConvertError, match="'Score' and 'score' differ only in case"):
+        convert(tmp_path / "c.parquet", str(tmp_path / "d-%04d.tar"))
     with pytest.raises(ConvertError, match="not a dataset of a known format"):
         convert(tmp_path / "d-%04d.tar", str(tmp_path / "x-%04d.tar"))
 
