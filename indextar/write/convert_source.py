@@ -25,6 +25,7 @@ from typing import Literal
 
 from ..errors import ConvertError
 from ..index.attributes import RESERVED_NAMES
+from ..index.naming import split_name
 from .sample import Buffer
 
 __all__ = [
@@ -164,10 +165,11 @@ def plan_columns(
                 f"the member {ext!r}; store it as an attribute",
                 source=where,
             )
-        if not ext or ext != ext.lower() or "/" in ext or ext == JSON_EXT:
+        if split_name(f"k.{ext}") != ("k", ext) or ext.startswith("_") or ext == JSON_EXT:
             raise ConvertError(
                 f"member extension {ext!r} (column {column!r}) must be lowercase, without "
-                f"'/', and not {JSON_EXT!r} (each sample's attributes go there)",
+                f"'/', NUL or newline, not start with '_', and not be {JSON_EXT!r} (each "
+                "sample's attributes go there); name it with members=",
                 source=where,
             )
     taken = {column for column in chosen.values()} | {key}

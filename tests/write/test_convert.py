@@ -112,6 +112,8 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
         convert(src, str(tmp_path / "d-%04d.tar"), key="nope")
     with pytest.raises(ConvertError, match="holds values, not bytes"):
         convert(src, str(tmp_path / "d-%04d.tar"), members={"txt": "caption"})
+    with pytest.raises(ConvertError, match="member extension '_raw'"):
+        convert(src, str(tmp_path / "d-%04d.tar"), members={"_raw": "image"})
     pq.write_table(pa.table({"Score": [1], "score": [2], "png": [b"x"]}), tmp_path / "c.parquet")
     with pytest.raises(ConvertError, match="'Score' and 'score' differ only in case"):
         convert(tmp_path / "c.parquet", str(tmp_path / "d-%04d.tar"))
