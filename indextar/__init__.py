@@ -9,6 +9,7 @@ from .errors import (
     CacheFullError,
     ChecksumMismatchError,
     CompressedShardError,
+    ConvertError,
     DecodeError,
     DecodeSpecError,
     EncodeError,
@@ -56,6 +57,8 @@ from .read.selection import bucket_ids
 from .read.staged import StagedLoader, on_gpu
 from .read.subset import KeySubset
 from .tar.scan import TarScan, scan_tar
+from .write.convert import ConvertResult, convert
+from .write.export_parquet import export_parquet
 from .write.shardwriter import ShardWriter
 from .write.tarwriter import TarWriter
 
@@ -102,6 +105,9 @@ __all__ = [
     # writing
     "TarWriter",
     "ShardWriter",
+    "convert",
+    "ConvertResult",
+    "export_parquet",
     # errors
     "IndextarError",
     "ShardFormatError",
@@ -125,6 +131,7 @@ __all__ = [
     "WriterError",
     "EncodeError",
     "ExportError",
+    "ConvertError",
     "RemoteReadError",
     "PipeRefusedError",
     "CacheFullError",
