@@ -45,13 +45,13 @@ from .order.buckets import BucketBatchSampler
 from .order.packing import PackPlan, plan_packs
 from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
-from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
 from .read.image import image_decoder
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
 from .read.subset import KeySubset
+from .source.patterns import expand_shards
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
 from .write.tarwriter import TarWriter

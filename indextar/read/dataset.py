@@ -26,9 +26,9 @@ from ..errors import SampleIndexError
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
 from ..index.opener import open_entry, open_entry_index
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import expand_shards
 from ..source.local import LRUCache
 from ..source.location import remote_shards
+from ..source.patterns import expand_shards
 from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries

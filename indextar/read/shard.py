@@ -22,7 +22,6 @@ from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource, Span, split_members
 from ..source.extensions import mapread
-from ..source.location import url_scheme
 from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
@@ -52,6 +51,9 @@ class OpenShard:
         Whether a read checks that the span's headers name the sample's key, or (where
         the index found a global PAX header naming members, ``IndexMeta.span_names``)
         only their checksums.
+    remote
+        Whether the shard is a remote object, whose span that fails its checksum is
+        read once more (its location says so).
     checksums, checksum
         Each sample's checksum and their algorithm, where the index records them: a
         read then hashes the sample's span before splitting it, and refuses a span that
@@ -66,6 +68,7 @@ class OpenShard:
     key_blob: bytes
     ext_names: tuple[str, ...]
     check_names: bool = True
+    remote: bool = False
     checksums: npt.NDArray[np.uint64] | None = None
     checksum: str = ""
 
@@ -88,6 +91,7 @@ class OpenShard:
             key_blob=arrays.key_blob,
             ext_names=arrays.ext_names,
             check_names=index.meta.span_names,
+            remote=index.location.remote,
             checksums=arrays.checksums if index.meta.checksum else None,
             checksum=index.meta.checksum,
         )
@@ -192,7 +196,7 @@ class OpenShard:
         hash_ = hasher(self.checksum)
         expected = int(self.checksums[local])  # type: ignore[index]
         got = hash_(span)
-        if got != expected and url_scheme(self.shard):
+        if got != expected and self.remote:
             log.warning(
                 "%s: sample %r at byte offset %d does not match its %s checksum; reading "
                 "it again", self.shard, key.decode("utf-8", "surrogateescape"), start,
