@@ -75,8 +75,10 @@ def open_stream(
                 remote = RemoteStream(RangeSource(url, storage_options=storage_options))
             stack.callback(remote.close)
             raw = io.BufferedReader(remote, _BUFFER)
-        remote = location is not None and location.remote
-        yield stack.enter_context(decompressing(raw, shard=url, reading="streaming", remote=remote))
+        from_url = location is not None and location.remote  # not a pipe
+        yield stack.enter_context(
+            decompressing(raw, shard=url, reading="streaming", remote=from_url)
+        )
 
 
 def _check_pipe(process: subprocess.Popen[bytes], url: str) -> None:
