@@ -7,7 +7,8 @@ of its first sample, and records every call into a file of ``indextar/``. A step
 goes from a room to the same or a lower one (``read`` > ``index`` > ``source`` >
 ``tar`` > the shared modules); a *climb* goes from a lower room back up into a higher
 one (a callback, or a record of a higher room asked from below).
-``tests/test_shard_path.py`` holds each kind of shard to at most 8 files and no climb.
+``tests/test_shard_path.py`` holds the open of each kind of shard to no climb, and a
+plain one's (local or remote) to at most 8 files.
 
 ``python tools/shard_path.py`` prints the traces of a plain, a gzip and a zstd shard,
 on disk and over HTTP (a loopback server).
@@ -93,7 +94,7 @@ def trace_first_read(dataset: indextar.IndexedTarDataset, shard_no: int = 0) -> 
     return traced(lambda: dataset._shard(shard_no).read(0))[1]
 
 
-def _shards(folder: Path) -> list[Path]:
+def make_shards(folder: Path) -> list[Path]:
     """A plain, a gzip and a zstd shard in ``folder``, each indexed beside it."""
     import gzip
     import io
@@ -126,13 +127,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        shards = _shards(folder)
+        shards = make_shards(folder)
         idx = folder / "idx"
         with HttpServer(folder) as server:
             for shard in shards:
                 for name, index_dir in ((str(shard), None), (server.url(shard.name), idx)):
-                    dataset = indextar.IndexedTarDataset([name], index_dir=index_dir)
-                    print(f"{name.replace(tmp, '')}: {trace_first_read(dataset).describe()}")
+                    for label, trace in (("open", trace_open), ("open+read", trace_first_read)):
+                        dataset = indextar.IndexedTarDataset([name], index_dir=index_dir)
+                        described = trace(dataset).describe()
+                        print(f"{name.replace(tmp, '')} {label}: {described}")
 
 
 if __name__ == "__main__":
