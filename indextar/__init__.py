@@ -46,7 +46,6 @@ from .order.buckets import BucketBatchSampler
 from .order.packing import PackPlan, plan_packs
 from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
-from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
 from .read.encoded import EncodedBatch, encoded_collate
 from .read.gpu import ImageStage
@@ -56,6 +55,7 @@ from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
 from .read.staged import StagedLoader, on_gpu
 from .read.subset import KeySubset
+from .source.patterns import expand_shards
 from .tar.scan import TarScan, scan_tar
 from .write.convert import ConvertResult, convert
 from .write.export_parquet import export_parquet

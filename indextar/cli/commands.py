@@ -21,7 +21,7 @@ from ..index.decompress import DEFAULT_SEEK_SPACING
 from ..index.opener import open_shard_index
 from ..index.shard import ShardIndex
 from ..index.verify import verify_index
-from ..patterns import expand_shards
+from ..source.patterns import expand_shards
 from .compress import add_compress_commands
 from .convert import add_convert_command
 from .indexing import FAILURES_FILE, add_index_options, run_index

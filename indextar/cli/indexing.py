@@ -29,8 +29,8 @@ from ..index.jobs import ShardOutcome
 from ..index.manifest import append_to_manifest, write_manifest
 from ..index.options import BuildOptions
 from ..index.remote import default_index_dir
-from ..patterns import expand_shards
 from ..source.location import ShardLocation, remote_shards
+from ..source.patterns import expand_shards
 from .options import count
 
 __all__ = ["run_index", "add_index_options", "dask_executor", "FAILURES_FILE"]

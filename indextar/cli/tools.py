@@ -15,10 +15,10 @@ from typing import Any
 from tqdm import tqdm
 
 from ..index.shard import ShardIndex
-from ..patterns import expand_shards
 from ..read.dataset import IndexedTarDataset
 from ..read.lookup import describe_sample, read_member, shard_members
 from ..read.subset import read_keys, report_unmatched
+from ..source.patterns import expand_shards
 from ..write.create import create_shards
 from ..write.export import export_dali, export_wids
 from ..write.export_parquet import export_parquet

@@ -1,6 +1,7 @@
 """Reading samples: open shards, ``IndexedTarDataset``, ``StreamingTarDataset``.
 
-``shard`` holds one opened shard's arrays and byte source; ``entries`` lists a
+``shard`` holds one opened shard's arrays and byte source, and the LRU of a process's
+open shards; ``entries`` lists a
 dataset's shards from their indexes (each is opened by ``index.opener``); ``dataset``
 is the map-style dataset; ``decode`` turns members into values; ``image`` decodes
 images straight to training size (``image_decoder``); ``pool`` decodes a batch in
