@@ -325,7 +325,9 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
         todo = batches if name != "cpu" else batches[: max(1, 256 // BATCH)]
         for warm in todo[:2]:
             stage.decode(warm)
-        label = f"in-memory ceiling: `ImageStage`, {name}" + (", with a pinned copy" if options else "")
+        label = f"in-memory ceiling: `ImageStage`, {name}" + (
+            ", with a pinned copy" if options else ""
+        )
         bench.measure(label, 0, lambda s=stage, t=todo: consume((s.decode(b),) for b in t))
         if name == backend and not options and name != "cpu":
             bench.measure(
