@@ -36,6 +36,8 @@ __all__ = [
     "DirectRequest",
     "RemoteStat",
     "check_version",
+    "get_range",
+    "get_range_direct",
     "get_ranges",
     "get_ranges_direct",
     "precondition_failed",
@@ -315,6 +317,18 @@ async def _gather(
 
     await asyncio.gather(*(worker() for _ in range(min(max_in_flight, len(requests)))))
     return results
+
+
+async def get_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    """One attempt at bytes ``start .. end`` of ``path`` on an async filesystem, as
+    :func:`get_ranges` reads each (conditional, its answer checked); not retried."""
+    return await _get_range(fs, path, start, end, etag, url)
+
+
+async def get_range_direct(client: S3Direct, request: DirectRequest) -> bytes:
+    """One attempt at a :data:`DirectRequest` through the direct S3 client, as
+    :func:`get_ranges_direct` reads each; not retried. Await it on fsspec's loop."""
+    return await _direct_range(client, *request)
 
 
 def get_ranges(

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,16 @@ from ..errors import (
     WrongRangeError,
 )
 from .base import ByteSource, Span, fork_generation, split_members
-from .conditional import RemoteStat, check_version, get_ranges, get_ranges_direct
+from .conditional import (
+    RemoteStat,
+    check_version,
+    get_range,
+    get_range_direct,
+    get_ranges,
+    get_ranges_direct,
+)
 from .filesystems import filesystem, without_client_retries
+from .fsspec_internals import default_loop
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 from .s3direct import S3Direct, direct_client_for
 
@@ -205,6 +214,22 @@ class RangeSource(ByteSource):
         else:
             got = fs.cat_file(path, start=offset, end=offset + length)
         return self._checked(got, offset, length)
+
+    def range_coroutine(self, offset: int, length: int) -> Callable[[], Awaitable[bytes]] | None:
+        """A function whose coroutine makes one attempt at the range on fsspec's own
+        event loop (:func:`~indextar.source.fsspec_internals.default_loop`), conditional
+        and checked as :meth:`read` is, not retried; None where this shard's reads go
+        through a filesystem with a loop of its own, or a blocking one. Call it in a
+        reader's thread, never on the loop: the first call may check the object first."""
+        self._ready()
+        end = offset + length
+        if self._direct is not None:
+            request = (self._bucket, self._key, offset, end, self.etag, self.url)
+            return functools.partial(get_range_direct, self._direct, request)
+        fs, path = self._filesystem()
+        if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is default_loop():
+            return functools.partial(get_range, fs, path, offset, end, self.etag, self.url)
+        return None
 
     def read(self, offset: int, length: int) -> bytes:
         self._ready()
