@@ -42,9 +42,10 @@ from .conditional import (
     get_range_direct,
     get_ranges,
     get_ranges_direct,
+    head_direct,
 )
 from .filesystems import filesystem, without_client_retries
-from .fsspec_internals import default_loop
+from .fsspec_internals import default_loop, run_on_default_loop
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 from .s3direct import S3Direct, direct_client_for
 
@@ -96,20 +97,9 @@ class RangeSource(ByteSource):
     """
 
     __slots__ = (
-        "url",
-        "expected",
-        "storage_options",
-        "retry",
-        "max_in_flight",
-        "_fs",
-        "_path",
-        "_generation",
-        "_fs_generation",
-        "_stat",
-        "_direct",
-        "_bucket",
-        "_key",
-    )
+        "url", "expected", "storage_options", "retry", "max_in_flight", "_fs", "_path",
+        "_generation", "_fs_generation", "_stat", "_direct", "_bucket", "_key",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -140,7 +130,6 @@ class RangeSource(ByteSource):
         if self._fs_generation != fork_generation():
             options = without_client_retries(self.url, self.storage_options)
             self._fs, self._path = filesystem(self.url, options)
-            self._stat = None
             self._fs_generation = fork_generation()
         return self._fs, self._path
 
@@ -152,6 +141,7 @@ class RangeSource(ByteSource):
         if self._generation == fork_generation():
             return
         self._generation = fork_generation()
+        self._stat = None  # a forked child asks again
         try:
             self._direct = direct_client_for(self.url, self.storage_options)
             if self._direct is not None:
@@ -163,13 +153,24 @@ class RangeSource(ByteSource):
             raise
 
     def stat(self) -> RemoteStat:
-        """The object's current size and ETag (one metadata request per process)."""
-        fs, path = self._filesystem()
+        """The object's current size and ETag (one metadata request per process:
+        a HEAD through the direct S3 client where it reads, else fsspec's ``info``)."""
+        self._ready()
         if self._stat is None:
-            info = with_retries(
-                lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
-            )
-            self._stat = RemoteStat.from_info(info, self.url)
+            direct, bucket, key = self._direct, self._bucket, self._key
+            if direct is not None:
+                head = functools.partial(head_direct, direct, bucket, key, self.url)
+                stat = with_retries(
+                    lambda: run_on_default_loop(head), self.retry, url=self.url,
+                    offset=None, length=None,
+                )  # fmt: skip
+            else:
+                fs, path = self._filesystem()
+                info = with_retries(
+                    lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
+                )
+                stat = RemoteStat.from_info(info, self.url)
+            self._stat = stat
         return self._stat
 
     def _check_fresh(self) -> None:
