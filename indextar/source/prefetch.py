@@ -164,6 +164,7 @@ class Prefetcher(Generic[K]):
         self._done = threading.Condition(self._lock)
         self._started: list[threading.Thread] = []
         self._closed = False
+        self._waiting = 0  # readers waiting for a span in flight
         self._held = self._flight = self._peak = 0
         self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0}
 
@@ -195,7 +196,9 @@ class Prefetcher(Generic[K]):
             if entry is not None and entry.state == _FLIGHT:
                 self._counts["waited"] += 1
                 while entry.state == _FLIGHT and self._entries.get(key) is entry:
+                    self._waiting += 1
                     self._done.wait()
+                    self._waiting -= 1
             if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
                 if entry is not None and self._entries.get(key) is entry:
                     del self._entries[key]  # queued: the caller fetches it instead
@@ -254,7 +257,8 @@ class Prefetcher(Generic[K]):
         if entry.state == _HELD:
             self._held -= entry.length
             entry.data = None
-            self._work.notify()  # room for another chunk
+            if self._started:
+                self._work.notify()  # room for another chunk
             self._wake()  # and for more requests on the loop
 
     def _queued(self, queue: deque[tuple[K, _Entry]]) -> deque[tuple[K, _Entry]]:
@@ -326,7 +330,8 @@ class Prefetcher(Generic[K]):
             self._aflight -= 1
             self._landed(key, entry, data)
             self._fill()
-            self._done.notify_all()
+            if self._waiting:  # notify_all costs its checks even with no one waiting
+                self._done.notify_all()
 
     def _start_threads(self) -> None:
         while len(self._started) < self._threads:
