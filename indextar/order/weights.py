@@ -47,7 +47,10 @@ def part_counts(
 
     exact = [Fraction(w) for w in weights]
     if units is not None:
-        exact = [w * items / tokens if tokens else Fraction(0) for w, (tokens, items) in zip(exact, units)]
+        exact = [
+            w * items / tokens if tokens else Fraction(0)
+            for w, (tokens, items) in zip(exact, units)
+        ]
     total = sum(exact, Fraction(0))
     quotas = [w * epoch_length / total for w in exact]
     counts = [math.floor(q) for q in quotas]

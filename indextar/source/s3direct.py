@@ -104,20 +104,23 @@ class S3Direct:
         self._sessions: dict[tuple[int, int], Any] = {}
         self.proxy = _proxy(endpoint)
 
-    def _signed(self, host: str, path: str, query: str, headers: dict[str, str]) -> dict[str, str]:
+    def _signed(
+        self, method: str, host: str, path: str, query: str, headers: dict[str, str]
+    ) -> dict[str, str]:
         if self._credentials is None:
             return headers
         credentials = self._credentials.current()
         signer = self._signer
         if signer is None or signer.credentials != credentials:
             signer = self._signer = SigV4Signer(credentials, self.region)
-        return signer.sign("GET", host, path, query, headers)
+        return signer.sign(method, host, path, query, headers)
 
     def request(
-        self, bucket: str, key: str, start: int, end: int, etag: str
+        self, bucket: str, key: str, start: int, end: int, etag: str, *, method: str = "GET"
     ) -> tuple[str, dict[str, str]]:
         """The URL (encoded) and the signed headers of a GET of bytes ``start .. end``
-        of ``bucket/key``, conditional on ``etag`` where it is not empty."""
+        of ``bucket/key`` (all of it where ``end <= start``; ``method="HEAD"``: its
+        metadata), conditional on ``etag`` where it is not empty."""
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"
@@ -125,10 +128,12 @@ class S3Direct:
         else:
             netloc, host = endpoint.netloc, endpoint.host
             path = f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
-        headers = {**self._headers, "range": f"bytes={start}-{end - 1}"}
+        headers = dict(self._headers)
+        if end > start:
+            headers["range"] = f"bytes={start}-{end - 1}"
         if etag:
             headers["if-match"] = f'"{etag}"'
-        return f"{endpoint.scheme}://{netloc}{path}", self._signed(host, path, "", headers)
+        return f"{endpoint.scheme}://{netloc}{path}", self._signed(method, host, path, "", headers)
 
     async def session(self) -> Any:
         """This event loop's aiohttp session (made on first use, in this process)."""
