@@ -296,7 +296,10 @@ def _token_units(data_source: Any) -> tuple[tuple[int, int], ...] | None:
     datasets = getattr(data_source, "datasets", None)
     if datasets is None or getattr(data_source, "cumulative_sizes", None) is None:
         return None
-    counts = [getattr(dataset, "token_count", None) for dataset in datasets]
-    if not counts or any(count is None for count in counts):
-        return None
-    return tuple((int(count), len(dataset)) for count, dataset in zip(counts, datasets))
+    units = []
+    for dataset in datasets:
+        count = getattr(dataset, "token_count", None)
+        if count is None:
+            return None
+        units.append((int(count), len(dataset)))
+    return tuple(units) if units else None
