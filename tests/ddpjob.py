@@ -1,7 +1,8 @@
 """Real torch.distributed jobs for the tests: gloo on 127.0.0.1, each rank a subprocess
 running a worker script (tests/_*_ddp_worker.py).
 
-The driver side launches the ranks, waits for them or kills them (a real SIGKILL) once
+The driver side launches the ranks (forked by tests/_rank_zygote.py, which has imported
+torch once for them all), waits for them or kills them (a real SIGKILL) once
 each has written ``<phase>-rank<r>.ready``, and reads the batches each logged to
 ``<phase>-rank<r>.jsonl``. The worker side parses the arguments every rank takes, joins
 the process group, and at the end meets the other ranks and writes its ``.ready``.
@@ -13,9 +14,11 @@ import argparse
 import datetime
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,33 +45,101 @@ class IndexDataset(Dataset[int]):
         return self.start + index
 
 
-def launch(
-    worker: Path, log_dir: Path, phase: str, world: int, *args: str
-) -> list[subprocess.Popen[bytes]]:
+class Rank:
+    """One rank, forked by the zygote (tests/_rank_zygote.py): what the tests use of a
+    ``Popen`` (``pid``, ``poll``, ``wait``, ``returncode``)."""
+
+    def __init__(self, pid: int, zygote: _Zygote) -> None:
+        self.pid, self._zygote = pid, zygote
+
+    @property
+    def returncode(self) -> int | None:
+        return self._zygote.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._zygote.ended:
+            if not self._zygote.ended.wait_for(lambda: self.pid in self._zygote.codes, timeout):
+                raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0)
+        return self._zygote.codes[self.pid]
+
+
+class _Zygote:
+    """The test process's one zygote: started at its first job, ended with the process."""
+
+    _the: _Zygote | None = None
+
+    def __init__(self) -> None:
+        script = Path(__file__).resolve().parent / "_rank_zygote.py"
+        self.process = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        self.codes: dict[int, int] = {}
+        self.ended = threading.Condition()
+        self.pids: queue.Queue[int] = queue.Queue()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Zygote:
+        if cls._the is None or cls._the.process.poll() is not None:
+            cls._the = cls()
+        return cls._the
+
+    def _listen(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            if "pid" in message:
+                with self.ended:  # a pid used again: the old rank's code is not the new one's
+                    self.codes.pop(message["pid"], None)
+                self.pids.put(message["pid"])
+            else:
+                with self.ended:
+                    self.codes[message["exit"]] = message["code"]
+                    self.ended.notify_all()
+
+    def fork(self, argv: list[str], out: Path, env: dict[str, str]) -> Rank:
+        request = {"argv": argv, "out": str(out), "env": env}
+        assert self.process.stdin is not None
+        with self.lock:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+            try:
+                return Rank(self.pids.get(timeout=TIMEOUT), self)
+            except queue.Empty:
+                code = self.process.poll()
+                raise RuntimeError(f"the rank zygote did not fork: exit {code}") from None
+
+
+def launch(worker: Path, log_dir: Path, phase: str, world: int, *args: str) -> list[Rank]:
     """Start ``world`` ranks of ``worker``; each one's output goes to ``<phase>-rank<r>.out``."""
     port = free_ports(1)[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    processes = []
+    zygote = _Zygote.get()
+    ranks = []
     for rank in range(world):
-        command = [
-            sys.executable, str(worker), "--rank", str(rank), "--world", str(world),
-            "--port", str(port), "--phase", phase, "--log-dir", str(log_dir), *args,
+        argv = [
+            str(worker), "--rank", str(rank), "--world", str(world), "--port", str(port),
+            "--phase", phase, "--log-dir", str(log_dir), *args,
         ]  # fmt: skip
-        with (log_dir / f"{phase}-rank{rank}.out").open("wb") as output:  # the child keeps a copy
-            processes.append(
-                subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
-            )
-    return processes
+        ranks.append(zygote.fork(argv, log_dir / f"{phase}-rank{rank}.out", env))
+    return ranks
 
 
-def wait_all(processes: list[subprocess.Popen[bytes]], log_dir: Path, phase: str) -> None:
+def wait_all(processes: list[Rank], log_dir: Path, phase: str) -> None:
     """Every rank exits 0 (else the failing rank's output is the assertion's message)."""
     for rank, process in enumerate(processes):
         code = process.wait(timeout=TIMEOUT)
         assert code == 0, (log_dir / f"{phase}-rank{rank}.out").read_text()
 
 
-def crash_after_ready(processes: list[subprocess.Popen[bytes]], log_dir: Path, phase: str) -> None:
+def crash_after_ready(processes: list[Rank], log_dir: Path, phase: str) -> None:
     """SIGKILL every rank once all have written their ``.ready`` file."""
     deadline = time.monotonic() + TIMEOUT
     for rank, process in enumerate(processes):

@@ -29,8 +29,12 @@ increasing, the end marker inside the file, a re-scan equal) and agrees with the
 references: the scan of the same bytes for the index and the stream, and
 ``tarfile`` wherever ``tarfile`` reads the whole mutated archive without error.
 Anything else fails the case: another exception type, a hang (``--timeout`` per
-case), or a memory blow-up (the process runs under ``RLIMIT_AS``, and a case may
-not raise the peak RSS by more than ``--max-rss-mb``).
+case and target; a case stuck in C, out of ``SIGALRM``'s reach, is killed 5 s after
+its targets' timeouts), a worker process that dies (a crash in C), or a memory
+blow-up (the process runs under ``RLIMIT_AS``, and a case may not raise the peak RSS
+by more than ``--max-rss-mb``). Each failure names its case (``seed:case:target``).
+A ``--seconds`` run stops handing out cases at its deadline, and cuts off any case
+still running 2 s later (``tools/fuzz_runner.py``).
 
 Usage::
 
@@ -46,6 +50,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import functools
 import io
 import json
 import os
@@ -59,7 +64,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +74,7 @@ TARGETS = ("scan", "index", "stream", "streamscan", "native")
 # The formats beside the tar (tools/fuzz_formats.py): not in "all"; "formats" runs them.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_formats import FORMAT_TARGETS, FormatFailure, run_format_target  # noqa: E402
+from fuzz_runner import run_cases  # noqa: E402
 
 EIB8 = 1 << 63
 
@@ -761,24 +767,15 @@ def run_case(
     return {"counts": counts, "failures": failures}  # type: ignore[dict-item]
 
 
-def _worker_init(memory_limit_mb: int) -> None:
+def _worker_init(memory_limit_mb: int, scratch: str) -> None:
     signal.signal(signal.SIGALRM, _alarm)
+    # Every temporary file of the worker's cases (and the ztables target's base shards)
+    # goes under the run's folder, which the parent removes even if it killed the worker.
+    tempfile.tempdir = scratch
     if memory_limit_mb:
         limit = memory_limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import indextar  # noqa: F401 - import before the first deadline starts
-
-
-def _run_chunk(args: tuple[int, list[int], tuple[str, ...], float, float]) -> dict[str, object]:
-    seed, numbers, targets, timeout, max_rss_mb = args
-    total: dict[str, Counter[str]] = {t: Counter() for t in targets}
-    failures: list[str] = []
-    for number in numbers:
-        result = run_case(seed, number, targets, timeout, max_rss_mb)
-        for target, counter in result["counts"].items():  # type: ignore[union-attr]
-            total[target].update(counter)
-        failures.extend(result["failures"])  # type: ignore[arg-type]
-    return {"counts": total, "failures": failures, "cases": len(numbers)}
 
 
 @dataclass
@@ -800,39 +797,50 @@ def fuzz(
     max_rss_mb: float = 200.0,
     memory_limit_mb: int = 4096,
 ) -> FuzzResult:
-    """Run cases ``0, 1, ...`` of ``seed`` until ``cases`` are done or ``seconds`` pass."""
-    import multiprocessing
+    """Run cases ``0, 1, ...`` of ``seed`` until ``cases`` are done or ``seconds`` pass.
 
+    A case that does not answer within ``timeout`` per target and 5 s more (stuck where
+    ``SIGALRM`` cannot reach it, in C), or whose worker process dies, is a failure that
+    names it; a case still running at the end of ``seconds`` is cut off 2 s later and
+    not counted.
+    """
     start = time.monotonic()
     total: dict[str, Counter[str]] = {t: Counter() for t in targets}
     failures: list[str] = []
-    chunk = 25
-    done = 0
 
-    def chunks() -> Iterator[tuple[int, list[int], tuple[str, ...], float, float]]:
-        number = 0
-        while (cases is None or number < cases) and (
-            seconds is None or time.monotonic() - start < seconds
-        ):
-            stop = number + chunk if cases is None else min(cases, number + chunk)
-            yield seed, list(range(number, stop)), targets, timeout, max_rss_mb
-            number = stop
+    def add(number: int, result: dict[str, object]) -> None:
+        for target, counter in result["counts"].items():  # type: ignore[attr-defined]
+            total[target].update(counter)
+        failures.extend(result["failures"])  # type: ignore[arg-type]
 
-    # An import that fails must fail here: in the workers' initializer the pool would
-    # start new workers for ever.
+    # An import that fails must fail here, not in every worker's start-up.
     import indextar  # noqa: F401
 
-    # A fresh process per run: RLIMIT_AS and SIGALRM stay out of the caller.
-    ctx = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    with ctx.Pool(
-        jobs, initializer=_worker_init, initargs=(memory_limit_mb,), maxtasksperchild=40
-    ) as pool:
-        for result in pool.imap(_run_chunk, chunks()):
-            for target, counter in result["counts"].items():  # type: ignore[attr-defined]
-                total[target].update(counter)
-            failures.extend(result["failures"])  # type: ignore[arg-type]
-            done += result["cases"]  # type: ignore[operator]
-    return FuzzResult(done, total, failures, time.monotonic() - start)
+    # Worker processes: RLIMIT_AS and SIGALRM stay out of the caller.
+    with tempfile.TemporaryDirectory(prefix="fuzz-run-") as scratch:
+        done, lost = run_cases(
+            functools.partial(
+                run_case, seed, targets=targets, timeout=timeout, max_rss_mb=max_rss_mb
+            ),
+            add,
+            cases=cases,
+            seconds=None if seconds is None else seconds - (time.monotonic() - start),
+            jobs=jobs,
+            hang_after=timeout * len(targets) + 5.0,
+            initializer=_worker_init,
+            initargs=(memory_limit_mb, scratch),
+        )
+    for case in lost:
+        total[targets[0]][f"FAILED: {case.kind}"] += 1
+        replay = f"{seed}:{case.number}" + (f":{targets[0]}" if len(targets) == 1 else "")
+        what = ""
+        if set(targets) & set(TARGETS):
+            what = f" ({'; '.join(make_case(seed, case.number).mutations)})"
+        failures.append(
+            f"{seed}:{case.number}:{','.join(targets)} {case.why}{what}; "
+            f"replay: python tools/fuzz.py --replay {replay}"
+        )
+    return FuzzResult(done + len(lost), total, failures, time.monotonic() - start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,8 @@ _BASES: dict[str, tuple[Path, dict[str, bytes], bytes]] = {}  # per worker proce
 
 
 def _bases() -> dict[str, tuple[Path, dict[str, bytes], bytes]]:
-    """The pristine shards (built once per process, removed at its exit): name ->
+    """The pristine shards (built once per process, removed at its exit, or with the
+    fuzz run's temporary folder: atexit does not run in its workers): name ->
     (shard, samples, index bytes)."""
     if _BASES:
         return _BASES

@@ -84,14 +84,19 @@ def _wait_until(
     raise RuntimeError(f"{what} was not ready after {timeout}s")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def _stop(process: subprocess.Popen[bytes], grace: float = 3) -> None:
+    """Stop the server's process group: SIGTERM, and SIGKILL after ``grace`` seconds
+    (at once where ``grace`` is 0)."""
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(3)
+            if grace:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(grace)
+                return
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            pass
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 @dataclass(frozen=True)
@@ -302,8 +307,11 @@ class SeaweedServer:
         }
 
     def __exit__(self, *exc: object) -> None:
+        # SIGKILL at once: on SIGTERM weed takes some 25 s (its volume server's
+        # preStopSeconds, 10 s, and more), so _stop's 3 s always ran out, and a SIGKILL
+        # followed anyway; its folder is scratch, with nothing to flush.
         if self._process is not None:
-            _stop(self._process)
+            _stop(self._process, grace=0)
 
 
 # -- the aiohttp apps, run in the child process ------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
 from pathlib import Path
 
 import ddpjob
@@ -20,9 +19,7 @@ SIZE, BATCH, EPOCH, SEED = 101, 4, 3, 1234
 pytestmark = pytest.mark.timeout(240)
 
 
-def launch(
-    log_dir: Path, phase: str, world: int, workers: int, *extra: str
-) -> list[subprocess.Popen[bytes]]:
+def launch(log_dir: Path, phase: str, world: int, workers: int, *extra: str) -> list[ddpjob.Rank]:
     return ddpjob.launch(
         WORKER, log_dir, phase, world, "--workers", str(workers), "--batch", str(BATCH),
         "--size", str(SIZE), "--epoch", str(EPOCH), *extra,

@@ -6,7 +6,6 @@ world size gives, token for token. Each rank runs tests/_packed_ddp_worker.py.""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import ddpjob
@@ -22,9 +21,7 @@ FIELDS = ("input_ids", "position_ids", "cu_seqlens")
 pytestmark = pytest.mark.timeout(300)
 
 
-def launch(
-    log_dir: Path, phase: str, world: int, workers: int, *extra: str
-) -> list[subprocess.Popen[bytes]]:
+def launch(log_dir: Path, phase: str, world: int, workers: int, *extra: str) -> list[ddpjob.Rank]:
     return ddpjob.launch(
         WORKER, log_dir, phase, world, "--workers", str(workers), "--batch", str(BATCH),
         "--epoch", str(EPOCH), *extra,

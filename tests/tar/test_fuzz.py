@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 from pathlib import Path
 
 import fuzz
 import pytest
 from conftest import FORMATS
+from fuzz_runner import run_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runner_probe import stuck_or_dead
 from tarcraft import blocks, header, pax_records
 
 from indextar import (
@@ -48,6 +51,31 @@ def test_fuzz_slice(seed: int) -> None:
         native["equals reference: C walked"] > 5 and native["equals reference: C handed over"] > 5
     )
     assert sum(n for k, n in native.items() if k.endswith("PAX folded")) > 1, native
+
+
+def test_a_seconds_run_ends_on_time() -> None:
+    # ztables cases take tens of ms: Pool.imap had queued minutes of them by the deadline.
+    began = time.monotonic()
+    result = fuzz.fuzz(seed=0, seconds=3, targets=("ztables",), jobs=1)
+    took = time.monotonic() - began
+    # (On a loaded machine the workers' start-up, within the 3 s, may leave no case run.)
+    assert not result.failures, "\n".join(result.failures[:3])
+    assert took < 3 + 4, f"a 3 s run took {took:.1f} s ({result.cases} cases)"
+
+
+def test_a_hung_case_and_a_dead_worker_are_findings_and_the_run_goes_on() -> None:
+    answers: dict[int, int] = {}
+    began = time.monotonic()
+    done, lost = run_cases(
+        stuck_or_dead, answers.__setitem__, cases=8, seconds=None, jobs=2, hang_after=1.0
+    )
+    assert time.monotonic() - began < 30
+    assert done == 6 and answers == {n: n * 10 for n in (0, 1, 3, 5, 6, 7)}
+    assert [(c.number, c.kind) for c in sorted(lost, key=lambda c: c.number)] == [
+        (2, "hang"),
+        (4, "crash"),
+    ]
+    assert "SIGKILL" in next(c.why for c in lost if c.number == 4)
 
 
 # -- inputs that once escaped as another exception, or allocated a forged size -------------
