@@ -35,6 +35,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "train": frozenset({"order", "read"}),
     # other frameworks' pipelines (optional extras, never imported by `import indextar`)
     "grain": frozenset({"read"}),
+    "ray": frozenset({"index", "read"}),
     "cli": frozenset({"tar", "source", "index", "order", "read", "write", "train"}),
 }
 TOP_LEVEL_API = frozenset({"__init__", "__main__"})  # the public API: every room
