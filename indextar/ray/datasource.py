@@ -37,7 +37,8 @@ MAX_BLOCK_ROWS = 4096
 MIN_TASK_ROWS, MIN_TASK_BYTES = 256, 16 << 20
 """A read task has at least this many samples or bytes, when there are enough: each
 costs Ray some milliseconds to schedule, and its own open of each shard it reads."""
-FIELDS = ("__key__", "__shard__", "__index__")
+FIELDS = (("__key__", pa.string()), ("__shard__", pa.string()), ("__index__", pa.int64()))
+"""A row's columns before the members': the sample's key, shard and dataset index."""
 _THREADS = 8  # indexes queried at once (SQLite releases the GIL while it steps)
 
 Array = npt.NDArray[np.int64]
@@ -55,7 +56,8 @@ class IndextarDatasource(Datasource):
         SQL over each sample's attributes, ``__key__`` and ``size(ext)`` (see
         ``IndexedTarDataset.where``): only the samples it keeps are read.
     keys
-        The member extensions to return as columns (all of them by default).
+        The member extensions to return as columns (all of them by default), a
+        sequence or one space-separated string.
     index_dir, storage_options
         As :class:`~indextar.IndexedTarDataset` has them.
     """
@@ -85,7 +87,7 @@ class IndextarDatasource(Datasource):
         if keys is None:
             self.columns: tuple[str, ...] = tuple(sorted(counts))
         else:
-            wanted = [keys] if isinstance(keys, str) else list(keys)
+            wanted = keys.split() if isinstance(keys, str) else list(keys)
             missing = [ext for ext in wanted if ext not in counts]
             if missing:
                 log.warning(
@@ -95,10 +97,7 @@ class IndextarDatasource(Datasource):
                 )
             self.columns = tuple(wanted)
         """The member extensions returned, one binary column each."""
-        self.schema = pa.schema(
-            [("__key__", pa.string()), ("__shard__", pa.string()), ("__index__", pa.int64())]
-            + [(ext, pa.large_binary()) for ext in self.columns]
-        )
+        self.schema = pa.schema([*FIELDS, *((ext, pa.large_binary()) for ext in self.columns)])
         """The rows' Arrow schema."""
         sizes = dataset.shard_sizes
         self._sample_bytes = np.divide(
@@ -109,9 +108,11 @@ class IndextarDatasource(Datasource):
         """The selected samples' member bytes, as their shards' indexes count them."""
         return self._bytes(self.positions)
 
+    def _shard_nos(self, positions: Array) -> Array:
+        return self.dataset.shard_starts.searchsorted(positions, side="right") - 1
+
     def _bytes(self, positions: Array) -> int:
-        shard_nos = self.dataset.shard_starts.searchsorted(positions, side="right") - 1
-        return int(self._sample_bytes[shard_nos].sum())
+        return int(self._sample_bytes[self._shard_nos(positions)].sum())
 
     def get_read_tasks(
         self,
@@ -134,7 +135,9 @@ class IndextarDatasource(Datasource):
             metadata = BlockMetadata(
                 num_rows=int(chunk.size),
                 size_bytes=size,
-                input_files=None,
+                input_files=tuple(
+                    self.dataset.shards[n] for n in np.unique(self._shard_nos(chunk))
+                ),
                 exec_stats=None,
             )
             tasks.append(
