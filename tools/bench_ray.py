@@ -8,8 +8,9 @@ Ray (``ray.init(num_cpus=2)``), each dataset is read to the end on the driver
 
 * every sample: ``read_indextar(paths)`` against ``read_webdataset(paths, decoder=None)``;
 * one in ten (``label < 10``): ``read_indextar(paths, where="label < 10")``, which
-  reads only those samples, against ``read_webdataset(...).filter(...)``, which reads
-  every sample and parses its ``json`` to keep it or not.
+  reads only those samples, against ``read_webdataset(...)`` filtered row by row
+  (``.filter(fn)``) and a batch at a time (``.map_batches``), which read every sample
+  and parse its ``json`` to keep it or not. The target is judged against the faster.
 
 Rows/s: the best of 3 rounds, the cases interleaved, after one warm-up read of each (a
 warm page cache, Ray's workers started). The target: at least 5x with the filter.
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
+import pyarrow as pa  # noqa: E402
 import ray  # noqa: E402
 from benchlib import interleaved  # noqa: E402
 
@@ -68,6 +70,12 @@ def _kept(row: dict[str, Any]) -> bool:
     return label < 10
 
 
+def _kept_rows(batch: pa.Table) -> pa.Table:
+    """The rows of a batch whose ``json`` label is below 10: ``filter`` a batch at a time."""
+    labels = [json.loads(data)["label"] for data in batch.column("json").to_pylist()]
+    return batch.filter(pa.array([label < 10 for label in labels]))
+
+
 def _rows_per_s(make: Callable[[], Any]) -> Callable[[], float]:
     def case() -> float:
         start = time.perf_counter()
@@ -92,6 +100,9 @@ def run(report: Callable[[str], None] = print, *, quick: bool = False) -> dict[s
             "webdataset filter": lambda: ray.data.read_webdataset(paths, decoder=None).filter(
                 _kept
             ),
+            "webdataset map_batches": lambda: ray.data.read_webdataset(
+                paths, decoder=None
+            ).map_batches(_kept_rows, batch_format="pyarrow"),
         }
         for make in cases.values():  # warm-up: workers, page cache, selection cache
             _rows_per_s(make)()
@@ -106,13 +117,16 @@ def run(report: Callable[[str], None] = print, *, quick: bool = False) -> dict[s
     report("|---|---:|---:|---:|")
     for label, ours, theirs in (
         ("all", "indextar", "webdataset"),
-        (f"`{WHERE}` (10%)", "indextar where", "webdataset filter"),
+        (f"`{WHERE}` (10%), `.filter(row)`", "indextar where", "webdataset filter"),
+        (f"`{WHERE}` (10%), `.map_batches`", "indextar where", "webdataset map_batches"),
     ):
         ratio = best[ours] / best[theirs]
         report(
             f"| {label} | {best[ours]:,.0f} rows/s | {best[theirs]:,.0f} rows/s | {ratio:.2f}x |"
         )
-    ratio = best["indextar where"] / best["webdataset filter"]
+    # Judged against webdataset's faster way to filter.
+    theirs = max(best["webdataset filter"], best["webdataset map_batches"])
+    ratio = best["indextar where"] / theirs
     report(f"- {'PASS' if ratio >= 5 else 'FAIL'} with the 10% where: indextar >= 5x: {ratio:.2f}x")
     report("")
     return {"rows_per_s": best, "figures": figures}
