@@ -16,9 +16,12 @@ loop); ``scale`` runs ``tools/bench_scale.py`` (10k and 100k shards, a Dask clus
 remote shards scanned as they stream); ``compressed`` runs ``tools/bench_compressed.py``
 (per-sample gzip and zstd shards next to plain ones, a foreign ``.tar.gz`` against
 ratarmountcore); ``checksums`` runs ``tools/bench_checksums.py`` (what per-sample
-checksums cost a read and a build); ``grain`` runs ``tools/bench_grain.py`` (per-record
-reads against ArrayRecord); ``ray`` runs ``tools/bench_ray.py`` (rows/s against
-``ray.data.read_webdataset``, with and without a ``where``). Each ``tools/bench_*.py``
+checksums cost a read and a build); ``convert`` runs ``tools/bench_convert.py``
+(``indextar convert`` from parquet with image bytes, against webdataset's
+``ShardWriter`` fed row by row, img2dataset-style); ``grain`` runs
+``tools/bench_grain.py`` (per-record reads against ArrayRecord); ``ray`` runs
+``tools/bench_ray.py`` (rows/s against ``ray.data.read_webdataset``, with and without
+a ``where``). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -520,6 +523,7 @@ SECTIONS = {
     "compressed": "Compressed shards",
     "checksums": "Checksums",
     "pack": "Sequence packing",
+    "convert": "Converting parquet",
     "grain": "Grain data source",
     "ray": "Ray Data",
 }

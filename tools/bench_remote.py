@@ -36,7 +36,14 @@ converting for the peers and the slow i.i.d. rows); the default reads ten times 
 samples, with the i.i.d. rows at today's 0.3-0.5k samples/s taking most of it.
 
 Needs the ``test`` extra (SeaweedFS, webdataset) and, for every row, the ``bench``
-extra (obstore, mosaicml-streaming, litdata). Writes its table into
+extra (obstore) and the ``bench-peers`` packages, installed apart so that they leave
+the pinned torch alone::
+
+    pip install --target /tmp/benchdeps --no-deps mosaicml-streaming litdata ...
+    PYTHONPATH=/tmp/benchdeps python tools/bench_remote.py
+
+Writes its tables, each followed by the issue's target ratios (indextar i.i.d. with
+read-ahead and 2 workers against the raw client, Mosaic and LitData), into
 docs/benchmarks-remote.md between the ``bench_remote`` markers (``--no-write`` to skip).
 """
 
@@ -290,6 +297,23 @@ def table(rows: list[Row], span_bytes: int) -> str:
     return "\n".join(lines + ["| " + " | ".join(row.cells(span_bytes)) + " |" for row in rows])
 
 
+IID = "indextar i.i.d. ranges + read-ahead, 2 workers"
+AGAINST = {"the raw aiohttp client": "raw aiohttp", "Mosaic": "Mosaic", "LitData": "LitData"}
+
+
+def ratios(rows: list[Row]) -> str:
+    """The issue's targets, as ratios of samples/s within this table's run."""
+    rate = {row.case: row.samples / row.seconds for row in rows if row.samples}
+    if IID not in rate:
+        return ""
+    found = []
+    for name, prefix in AGAINST.items():
+        other = next((r for case, r in rate.items() if case.startswith(prefix)), None)
+        if other:
+            found.append(f"{rate[IID] / other:.2f}x {name}")
+    return f"{IID}: " + ", ".join(found) + "." if found else ""
+
+
 def write_doc(text: str, marker: str = "bench_remote") -> None:
     """Replace what lies between the doc's ``marker`` comments (or append them)."""
     begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
@@ -373,7 +397,7 @@ def main() -> None:
                     rows = rows_for(store, args.in_flight, args.only)
                 sections.append(
                     f"**{delay:g} ms added to every response** (load average before: {before})"
-                    f"\n\n{table(rows, store.span_bytes)}"
+                    f"\n\n{table(rows, store.span_bytes)}\n\n{ratios(rows)}".rstrip()
                 )
                 print(sections[-1] + "\n", flush=True)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"

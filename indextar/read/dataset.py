@@ -26,9 +26,9 @@ from ..errors import SampleIndexError
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
 from ..index.opener import open_entry, open_entry_index
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import expand_shards
-from ..source.local import LRUCache
+from ..order.readahead import Hint
 from ..source.location import remote_shards
+from ..source.patterns import expand_shards
 from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
@@ -37,7 +37,7 @@ from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from .remote_batch import RemoteBatches
 from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
-from .shard import OpenShard
+from .shard import LRUCache, OpenShard
 from .subset import KeyViews
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
@@ -256,9 +256,17 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         (after its own reads: the first batch is not kept waiting behind them)."""
         batch = self.read_batch(self._positions(indices))
         hint = getattr(indices, "hint", None)
-        if hint is not None and self._has_ranges:
-            self._ahead.announce(hint, self._plan_ahead)
+        if hint is not None:
+            self.read_ahead(hint)
         return batch
+
+    def read_ahead(self, hint: Hint) -> None:
+        """Start fetching the remote samples of the batches ``hint`` names (those this
+        process will read, within ``prefetch_bytes``); a batch of
+        :class:`~indextar.ReadAheadBatches` does it in ``__getitems__``. Datasets built
+        on this one (a mixture, packs) pass their hints on through it."""
+        if self._has_ranges:
+            self._ahead.announce(hint, self._plan_ahead)
 
     def read_batch(
         self, positions: npt.NDArray[np.int64], extra: dict[str, Any] | None = None

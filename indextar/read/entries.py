@@ -7,6 +7,7 @@ entry's shard again wherever it is needed (a DataLoader worker, ``indextar get``
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from pathlib import Path
 
@@ -17,9 +18,12 @@ from ..index.opener import OpenOptions, find_index
 from ..index.shard import ShardIndex, index_path, open_index
 from ..source.location import ShardLocation, remote_shards
 
-__all__ = ["index_entries"]
+__all__ = ["OPEN_THREADS", "index_entries"]
 
 log = logging.getLogger(__name__)
+
+OPEN_THREADS = 32
+"""Remote shards whose indexes are found (and checked, one HEAD each) at once."""
 
 
 def index_entries(
@@ -39,8 +43,7 @@ def index_entries(
     MissingIndexError
         If ``build_missing`` is false and local shards lack an index (all are named).
     """
-    remote = remote_shards(shards)
-    opened = {shards[n]: find_index(ShardLocation.of(shards[n]), options) for n in sorted(remote)}
+    opened = _open_remote_indexes([shards[n] for n in sorted(remote_shards(shards))], options)
     local = [shard for shard in shards if shard not in opened]
     indexes = _open_local_indexes(
         local,
@@ -60,6 +63,19 @@ def index_entries(
         )
         for index in (opened[shard] for shard in shards)
     ]
+
+
+def _open_remote_indexes(urls: list[str], options: OpenOptions) -> dict[str, ShardIndex]:
+    """Each remote shard's index, found (fetched, or built) and checked against its
+    object, ``OPEN_THREADS`` shards at once: a dataset of many shards opens in a few
+    round trips, not one per shard. The first shard's error in order is raised."""
+    if len(urls) <= 1:
+        return {url: find_index(ShardLocation.of(url), options) for url in urls}
+    with concurrent.futures.ThreadPoolExecutor(
+        min(OPEN_THREADS, len(urls)), thread_name_prefix="indextar-open"
+    ) as pool:
+        futures = [pool.submit(find_index, ShardLocation.of(url), options) for url in urls]
+        return {url: future.result() for url, future in zip(urls, futures)}
 
 
 def _open_local_indexes(

@@ -10,6 +10,7 @@ O(shards) numbers for parts that are IndexedTarDatasets, read as one list of sha
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import operator
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleIndexError
+from ..order.readahead import Hint
 from ..source.base import fork_generation
 from .protocols import BatchReader, SampleBuild
 
@@ -123,7 +125,35 @@ class MixtureDataset:
         return _with_source(self.datasets[part][local], name)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch, each part's samples fetched together (its ``__getitems__`` if it has one)."""
+        """A batch, each part's samples fetched together (its ``__getitems__`` if it has
+        one); a :class:`~indextar.ReadAheadBatches` batch then starts each part's
+        read-ahead of the next batches (:meth:`read_ahead`)."""
+        batch = self._read_batch(indices)
+        hint = getattr(indices, "hint", None)
+        if isinstance(hint, Hint):
+            self.read_ahead(hint)
+        return batch
+
+    def read_ahead(self, hint: Hint) -> None:
+        """Hand each part that reads ahead (``read_ahead``) its share of ``hint``'s
+        batches, as its own indices: the mixture's order is the sampler's, a pure
+        function of seed, epoch and position, so every part's future is known."""
+        ahead = hint.ahead[(hint.ahead >= 0) & (hint.ahead < self._len)]
+        sizes = np.array(hint.sizes, dtype=np.int64)
+        if ahead.size != sizes.sum():  # an index out of range: its batch is short
+            return
+        batch_of = np.repeat(np.arange(sizes.size), sizes)
+        parts = np.searchsorted(self._ends, ahead, side="right")
+        for part, dataset in enumerate(self.datasets):
+            read_ahead = getattr(dataset, "read_ahead", None)
+            if read_ahead is None:
+                continue
+            mine = parts == part
+            counts = np.bincount(batch_of[mine], minlength=sizes.size)
+            local = (ahead[mine] - self._starts[part]).astype(np.int64)
+            read_ahead(dataclasses.replace(hint, ahead=local, sizes=tuple(counts.tolist())))
+
+    def _read_batch(self, indices: Sequence[int]) -> list[Any]:
         positions = np.fromiter(map(operator.index, indices), np.int64, len(indices))
         if positions.size and (positions.min() < 0 or positions.max() >= self._len):
             for position in positions.tolist():

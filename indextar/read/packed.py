@@ -12,6 +12,7 @@ once; :class:`~indextar.ResumableSampler` shuffles their order every epoch
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ import numpy.typing as npt
 
 from ..errors import SampleFormatError
 from ..order.packing import PackPlan, Strategy, plan_packs
+from ..order.readahead import Hint, HintedBatch
 from .lengths import LengthsArg, document_lengths
 
 __all__ = ["Pack", "PackedDataset", "collate_packs"]
@@ -145,6 +147,12 @@ class PackedDataset:
     def __len__(self) -> int:
         return len(self.plan)
 
+    @property
+    def token_count(self) -> int:
+        """Tokens in all packs (padding not counted). A ``ResumableSampler`` over a
+        ``MixtureDataset`` whose parts all have it reads ``weights=`` as shares of tokens."""
+        return self.plan.tokens
+
     def __getitem__(self, index: int) -> Pack:
         return self.__getitems__([index])[0]
 
@@ -158,7 +166,11 @@ class PackedDataset:
                 raise IndexError(f"pack {index} is out of range for {count} packs")
             pieces.append(self.plan.pack(position))
         documents = np.concatenate([p[0] for p in pieces]) if pieces else np.empty(0, np.int64)
-        samples = iter(self._read(documents.tolist()))
+        hint = getattr(indices, "hint", None)
+        wanted: list[int] = documents.tolist()
+        if isinstance(hint, Hint):  # ReadAheadBatches: the next batches' documents
+            wanted = HintedBatch(wanted, self._documents_hint(hint))
+        samples = iter(self._read(wanted))
         packs = []
         for documents_of, starts, lengths in pieces:
             tokens = []
@@ -168,6 +180,19 @@ class PackedDataset:
                 tokens.append(self._piece(next(samples), document, start, length))
             packs.append(Pack(tuple(tokens), documents_of, self.max_length))
         return packs
+
+    def _documents_hint(self, hint: Hint) -> Hint:
+        """``hint``'s batches of packs as batches of their documents (a pure function
+        of the plan, which every worker holds)."""
+        count = len(self.plan)
+        batches, sizes = [], []
+        for _, packs in hint.batches():
+            ok = packs[(packs >= 0) & (packs < count)].tolist()
+            documents = [self.plan.pack(pack)[0] for pack in ok]
+            batches += documents
+            sizes.append(sum(map(len, documents)))
+        ahead = np.concatenate(batches).astype(np.int64) if batches else np.empty(0, np.int64)
+        return dataclasses.replace(hint, ahead=ahead, sizes=tuple(sizes))
 
     def _read(self, documents: list[int]) -> list[Any]:
         getitems = getattr(self.data, "__getitems__", None)

@@ -19,7 +19,7 @@ its prefetcher and threads on the first hinted batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from ..order.readahead import Hint
 from ..source import prefetch
 from ..source.base import ByteSource, fork_generation
 from ..source.frames import FramedSource
+from ..source.fsspec_internals import default_loop
 from ..source.prefetch import Prefetcher, PrefetchStats, SpanFetch
 from ..source.remote import RangeSource
 
@@ -38,6 +39,7 @@ __all__ = [
     "ReadAhead",
     "SampleKey",
     "fetchable_ahead",
+    "start_on_loop",
 ]
 
 DEFAULT_PREFETCH_BYTES = 256 << 20
@@ -55,6 +57,14 @@ def fetchable_ahead(source: ByteSource) -> bool:
     object, plain or in frames (not a ``.tar.gz`` read from seek points, one stream)."""
     raw = source.raw if isinstance(source, FramedSource) else source
     return isinstance(raw, RangeSource)
+
+
+def start_on_loop(
+    source: ByteSource, offset: int, length: int
+) -> Callable[[], Awaitable[bytes]] | None:
+    """How the prefetcher fetches a plain remote shard's span on fsspec's event loop
+    (:meth:`RangeSource.range_coroutine`); None for others (its threads fetch those)."""
+    return source.range_coroutine(offset, length) if isinstance(source, RangeSource) else None
 
 
 def _workers() -> int:
@@ -115,6 +125,8 @@ class ReadAhead:
                 budget=self.budget,
                 in_flight=self.in_flight or prefetch.DEFAULT_IN_FLIGHT,
                 chunk=prefetch.DEFAULT_CHUNK,
+                start=start_on_loop,
+                loop=default_loop,
             )
         if hint.token != self._token:  # a new pass: what was wanted before is not
             prefetcher.clear()

@@ -224,10 +224,18 @@ class KeySubset:
         mapped = self.base_indices(np.fromiter(indices, np.int64, len(indices))).tolist()
         hint = getattr(indices, "hint", None)
         if isinstance(hint, Hint):  # ReadAheadBatches: the next batches, as base indices
-            ahead = self.base_indices(hint.ahead).astype(np.int64)
-            mapped = HintedBatch(mapped, dataclasses.replace(hint, ahead=ahead))
+            mapped = HintedBatch(mapped, self._base_hint(hint))
         getitems = getattr(self.base, "__getitems__", None)
         return list(getitems(mapped)) if getitems else [self.base[i] for i in mapped]
+
+    def read_ahead(self, hint: Hint) -> None:
+        """The base dataset's ``read_ahead`` of ``hint``'s batches (as base indices)."""
+        read_ahead = getattr(self.base, "read_ahead", None)
+        if read_ahead is not None:
+            read_ahead(self._base_hint(hint))
+
+    def _base_hint(self, hint: Hint) -> Hint:
+        return dataclasses.replace(hint, ahead=self.base_indices(hint.ahead).astype(np.int64))
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._len):

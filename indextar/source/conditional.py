@@ -36,8 +36,11 @@ __all__ = [
     "DirectRequest",
     "RemoteStat",
     "check_version",
+    "get_range",
+    "get_range_direct",
     "get_ranges",
     "get_ranges_direct",
+    "head_direct",
     "precondition_failed",
     "s3_get_object",
 ]
@@ -315,6 +318,39 @@ async def _gather(
 
     await asyncio.gather(*(worker() for _ in range(min(max_in_flight, len(requests)))))
     return results
+
+
+async def get_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
+    """One attempt at bytes ``start .. end`` of ``path`` on an async filesystem, as
+    :func:`get_ranges` reads each (conditional, its answer checked); not retried."""
+    return await _get_range(fs, path, start, end, etag, url)
+
+
+async def get_range_direct(client: S3Direct, request: DirectRequest) -> bytes:
+    """One attempt at a :data:`DirectRequest` through the direct S3 client, as
+    :func:`get_ranges_direct` reads each; not retried. Await it on fsspec's loop."""
+    return await _direct_range(client, *request)
+
+
+async def head_direct(client: S3Direct, bucket: str, key: str, url: str) -> RemoteStat:
+    """The object's size and ETag from one HEAD through the direct S3 client (no
+    botocore client to build, as s3fs's ``info`` must); errors as :func:`_direct_range`
+    raises them. Await it on fsspec's loop."""
+    from yarl import URL
+
+    target, headers = client.request(bucket, key, 0, 0, "", method="HEAD")
+    session = await client.session()
+    async with session.head(
+        URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
+    ) as response:
+        if response.status >= 300:
+            raise _s3_error(url, response, b"")
+        length = response.headers.get("Content-Length")
+        info = {
+            "size": None if length is None else int(length),
+            "ETag": response.headers.get("ETag"),
+        }
+        return RemoteStat.from_info(info, url)
 
 
 def get_ranges(

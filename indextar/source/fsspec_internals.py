@@ -15,6 +15,7 @@ extra).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "cached_instances",
     "cat_file_async",
     "configured_options",
+    "default_loop",
     "http_raise_for_status",
     "http_request",
     "http_session",
@@ -185,6 +187,14 @@ def run_on_default_loop(function: Callable[[], Awaitable[T]]) -> T:
 
     result: T = fsspec.asyn.sync(fsspec.asyn.get_loop(), function)
     return result
+
+
+def default_loop() -> asyncio.AbstractEventLoop:
+    """fsspec's own event loop (running in its thread; a forked child gets a fresh one)."""
+    import fsspec.asyn
+
+    loop: asyncio.AbstractEventLoop = fsspec.asyn.get_loop()
+    return loop
 
 
 def configured_options(protocol: str) -> dict[str, Any]:

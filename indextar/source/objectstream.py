@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import IndextarError, StaleIndexError, WrongRangeError
 from .conditional import RemoteStat, check_version, precondition_failed, s3_get_object
-from .filesystems import filesystem, without_client_retries
+from .filesystems import filesystem, split_url, without_client_retries
 from .fsspec_internals import (
     http_raise_for_status,
     http_request,
@@ -59,7 +59,7 @@ _STREAMING_PROTOCOLS = ("http", "https", "s3", "s3a")
 
 def streams_protocol(url: str) -> bool:
     """Whether ``url`` is read by one streaming GET (:class:`ObjectStream`)."""
-    return "://" in url and url.partition("://")[0] in _STREAMING_PROTOCOLS
+    return split_url(url)[0] in _STREAMING_PROTOCOLS
 
 
 @dataclass(frozen=True, slots=True)

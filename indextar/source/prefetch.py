@@ -14,22 +14,36 @@ Each span wanted carries the number of the batch it is for; :meth:`~Prefetcher.f
 drops what earlier batches wanted and did not take (a prediction that did not come
 true), so that the budget never fills with spans nobody will read.
 
+Spans whose source can be read on an event loop (``start(source, offset, length)``
+gives a coroutine function, :meth:`~indextar.source.remote.RangeSource.range_coroutine`)
+are fetched there instead, one request each, ``in_flight`` of them at once across
+batches: no thread per chunk, no chunk waiting on its slowest span. The threads serve
+the others (a compressed shard's frames, a blocking filesystem).
+
 The fetching threads are daemons and are started lazily; a forked child must make its
-own :class:`Prefetcher` (its parent's threads do not exist there).
+own :class:`Prefetcher` (its parent's threads and loop do not exist there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .base import ByteSource
 
-__all__ = ["DEFAULT_CHUNK", "DEFAULT_IN_FLIGHT", "PrefetchStats", "Prefetcher", "SpanFetch"]
+__all__ = [
+    "DEFAULT_CHUNK",
+    "DEFAULT_IN_FLIGHT",
+    "PrefetchStats",
+    "Prefetcher",
+    "SpanFetch",
+    "SpanStart",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +53,10 @@ SpanFetch = Callable[[Sequence[ByteSource], Sequence[int], Sequence[int]], list[
 """``fetch(sources, offsets, lengths)``: span ``i`` of ``sources[i]`` for every ``i``,
 all requests in flight together; raises if any cannot be read. The seam where a faster
 client plugs in."""
+
+SpanStart = Callable[[ByteSource, int, int], Callable[[], Awaitable[bytes]] | None]
+"""``start(source, offset, length)``: a function whose coroutine fetches the span on
+the prefetcher's event loop (one attempt), or None where ``fetch`` must fetch it."""
 
 DEFAULT_IN_FLIGHT = 128
 """Spans a prefetcher keeps in flight: enough for 6,400 samples/s at 20 ms a request."""
@@ -56,6 +74,7 @@ class _Entry:
     dues: list[int] = field(default_factory=list)  # the batches that will take it
     state: int = _QUEUED
     data: bytes | None = None
+    start: Callable[[], Awaitable[bytes]] | None = None  # fetched on the loop, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +125,9 @@ class Prefetcher(Generic[K]):
         Spans in flight at once: ``in_flight // chunk`` threads each fetch ``chunk``.
     chunk
         Spans per call of ``fetch``.
+    start, loop
+        Spans ``start`` can fetch go out on ``loop()``'s event loop, ``in_flight`` at once
+        (besides the threads'); without them every span goes through ``fetch``.
     """
 
     def __init__(
@@ -115,6 +137,8 @@ class Prefetcher(Generic[K]):
         budget: int,
         in_flight: int = DEFAULT_IN_FLIGHT,
         chunk: int = DEFAULT_CHUNK,
+        start: SpanStart | None = None,
+        loop: Callable[[], asyncio.AbstractEventLoop] | None = None,
     ):
         if budget < 0 or in_flight < 1 or chunk < 1:
             raise ValueError(f"need budget >= 0, in_flight >= 1, chunk >= 1; got {budget}, "
@@ -125,30 +149,45 @@ class Prefetcher(Generic[K]):
         self._threads = max(1, in_flight // self._chunk)
         self._entries: dict[K, _Entry] = {}
         self._queue: deque[tuple[K, _Entry]] = deque()
+        # The loop's: its own queue, requests in flight, tasks, and a wake-up pending.
+        self._start = start if loop is not None else None
+        self._loop_of = loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._in_flight = in_flight
+        self._aqueue: deque[tuple[K, _Entry]] = deque()
+        self._aflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake_pending = False
         self._lock = threading.Lock()
         # Two waits on one lock: fetching threads wait for work, readers for a span.
         self._work = threading.Condition(self._lock)
         self._done = threading.Condition(self._lock)
         self._started: list[threading.Thread] = []
         self._closed = False
+        self._waiting = 0  # readers waiting for a span in flight
         self._held = self._flight = self._peak = 0
         self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0}
 
     def want(self, spans: Iterable[tuple[K, ByteSource, int, int]], due: int) -> None:
         """Fetch each ``(key, source, offset, length)`` span, which batch ``due`` will
         take as ``key``; a span wanted twice is fetched once and taken twice."""
+        spans = [span for span in spans if span[3] <= self.budget]
+        starts: list[Any] = [None] * len(spans)
+        if self._start is not None:  # outside the lock: a source's first use may check it
+            starts = [self._start(source, offset, length) for _, source, offset, length in spans]
+            if self._loop is None and any(starts):
+                self._loop = self._loop_of()  # type: ignore[misc]
         with self._lock:
-            for key, source, offset, length in spans:
-                if length > self.budget:
-                    continue
+            for (key, source, offset, length), start in zip(spans, starts):
                 entry = self._entries.get(key)
                 if entry is None:
-                    entry = self._entries[key] = _Entry(source, offset, length)
-                    self._queue.append((key, entry))
+                    entry = self._entries[key] = _Entry(source, offset, length, start=start)
+                    (self._queue if start is None else self._aqueue).append((key, entry))
                 entry.dues.append(due)
             if self._queue:
                 self._start_threads()
                 self._work.notify(-(-len(self._queue) // self._chunk))
+            self._wake()
 
     def take(self, key: K) -> bytes | None:
         """The span wanted as ``key``, once fetched; ``None`` if the caller must fetch it."""
@@ -157,7 +196,9 @@ class Prefetcher(Generic[K]):
             if entry is not None and entry.state == _FLIGHT:
                 self._counts["waited"] += 1
                 while entry.state == _FLIGHT and self._entries.get(key) is entry:
+                    self._waiting += 1
                     self._done.wait()
+                    self._waiting -= 1
             if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
                 if entry is not None and self._entries.get(key) is entry:
                     del self._entries[key]  # queued: the caller fetches it instead
@@ -180,12 +221,8 @@ class Prefetcher(Generic[K]):
                     if entry.state == _HELD:
                         self._counts["wasted"] += 1
                     self._drop(key, entry)
-            # Taken or forgotten while queued: out of the queue too (it stays short).
-            self._queue = deque(
-                (key, entry)
-                for key, entry in self._queue
-                if entry.state == _QUEUED and self._entries.get(key) is entry
-            )
+            # Taken or forgotten while queued: out of the queues too (they stay short).
+            self._queue, self._aqueue = self._queued(self._queue), self._queued(self._aqueue)
 
     def clear(self) -> None:
         """Forget everything wanted (a new pass over the data)."""
@@ -198,6 +235,7 @@ class Prefetcher(Generic[K]):
                 else:
                     entry.dues = []
             self._queue.clear()
+            self._aqueue.clear()
 
     def stats(self) -> PrefetchStats:
         """Its figures now."""
@@ -219,7 +257,81 @@ class Prefetcher(Generic[K]):
         if entry.state == _HELD:
             self._held -= entry.length
             entry.data = None
-            self._work.notify()  # room for another chunk
+            if self._started:
+                self._work.notify()  # room for another chunk
+            self._wake()  # and for more requests on the loop
+
+    def _queued(self, queue: deque[tuple[K, _Entry]]) -> deque[tuple[K, _Entry]]:
+        return deque(
+            (key, entry)
+            for key, entry in queue
+            if entry.state == _QUEUED and self._entries.get(key) is entry
+        )
+
+    def _landed(self, key: K, entry: _Entry, data: bytes | None) -> None:
+        """A fetch of ``entry`` ended with ``data`` (None: it failed)."""
+        self._flight -= entry.length
+        if data is None or self._entries.get(key) is not entry or not entry.dues:
+            self._counts["wasted"] += data is not None
+            entry.state = _QUEUED  # failed or forgotten: never handed out
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+            return
+        entry.state, entry.data = _HELD, data
+        self._held += entry.length
+        self._counts["fetched"] += 1
+
+    # -- the event loop's requests ------------------------------------------------------
+
+    def _wake(self) -> None:
+        """Have the loop start what it can of its queue (from any thread, at most one
+        wake-up pending)."""
+        if self._aqueue and not self._wake_pending and not self._closed and self._loop:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+            self._fill()
+
+    def _fill(self) -> None:
+        """On the loop, under the lock: a task for each queued span that fits, up to
+        ``in_flight`` requests."""
+        assert self._loop is not None
+        queue = self._aqueue
+        while queue and self._aflight < self._in_flight and not self._closed:
+            key, entry = queue[0]
+            if entry.state != _QUEUED or self._entries.get(key) is not entry:
+                queue.popleft()  # taken or forgotten while queued
+                continue
+            if self._held + self._flight + entry.length > self.budget:
+                break  # a take or a forget wakes the loop again
+            queue.popleft()
+            entry.state = _FLIGHT
+            self._flight += entry.length
+            self._aflight += 1
+            task = self._loop.create_task(self._fetch_one(key, entry))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._peak = max(self._peak, self._held + self._flight)
+
+    async def _fetch_one(self, key: K, entry: _Entry) -> None:
+        start, entry.start = entry.start, None
+        data: bytes | None = None
+        try:
+            assert start is not None
+            data = await start()
+            if len(data) != entry.length:
+                data = None  # the reader's own fetch says what is wrong
+        except Exception as e:  # the reader's own fetch raises it, or succeeds
+            log.debug("read-ahead of %s failed: %s: %s", key, type(e).__name__, e)
+        with self._lock:
+            self._aflight -= 1
+            self._landed(key, entry, data)
+            self._fill()
+            if self._waiting:  # notify_all costs its checks even with no one waiting
+                self._done.notify_all()
 
     def _start_threads(self) -> None:
         while len(self._started) < self._threads:
@@ -271,14 +383,6 @@ class Prefetcher(Generic[K]):
                 got = [None] * len(chunk)
             with self._lock:
                 for (key, entry), data in zip(chunk, got):
-                    self._flight -= entry.length
-                    if data is None or self._entries.get(key) is not entry or not entry.dues:
-                        self._counts["wasted"] += data is not None
-                        entry.state = _QUEUED  # failed or forgotten: never handed out
-                        if self._entries.get(key) is entry:
-                            del self._entries[key]
-                        continue
-                    entry.state, entry.data = _HELD, data
-                    self._held += entry.length
-                    self._counts["fetched"] += 1
+                    self._landed(key, entry, data)
                 self._done.notify_all()
+                self._wake()  # the budget they held is the loop's too

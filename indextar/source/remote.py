@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,17 @@ from ..errors import (
     WrongRangeError,
 )
 from .base import ByteSource, Span, fork_generation, split_members
-from .conditional import RemoteStat, check_version, get_ranges, get_ranges_direct
-from .filesystems import filesystem, without_client_retries
+from .conditional import (
+    RemoteStat,
+    check_version,
+    get_range,
+    get_range_direct,
+    get_ranges,
+    get_ranges_direct,
+    head_direct,
+)
+from .filesystems import filesystem, split_url, without_client_retries
+from .fsspec_internals import default_loop, run_on_default_loop
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 from .s3direct import S3Direct, direct_client_for
 
@@ -87,20 +97,9 @@ class RangeSource(ByteSource):
     """
 
     __slots__ = (
-        "url",
-        "expected",
-        "storage_options",
-        "retry",
-        "max_in_flight",
-        "_fs",
-        "_path",
-        "_generation",
-        "_fs_generation",
-        "_stat",
-        "_direct",
-        "_bucket",
-        "_key",
-    )
+        "url", "expected", "storage_options", "retry", "max_in_flight", "_fs", "_path",
+        "_generation", "_fs_generation", "_stat", "_direct", "_bucket", "_key",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -131,7 +130,6 @@ class RangeSource(ByteSource):
         if self._fs_generation != fork_generation():
             options = without_client_retries(self.url, self.storage_options)
             self._fs, self._path = filesystem(self.url, options)
-            self._stat = None
             self._fs_generation = fork_generation()
         return self._fs, self._path
 
@@ -143,10 +141,11 @@ class RangeSource(ByteSource):
         if self._generation == fork_generation():
             return
         self._generation = fork_generation()
+        self._stat = None  # a forked child asks again
         try:
             self._direct = direct_client_for(self.url, self.storage_options)
             if self._direct is not None:
-                self._bucket, _, self._key = self.url.partition("://")[2].partition("/")
+                self._bucket, _, self._key = split_url(self.url)[1].partition("/")
             if self._direct is None or self.expected is None or not self.expected.etag:
                 self._check_fresh()
         except BaseException:
@@ -154,13 +153,24 @@ class RangeSource(ByteSource):
             raise
 
     def stat(self) -> RemoteStat:
-        """The object's current size and ETag (one metadata request per process)."""
-        fs, path = self._filesystem()
+        """The object's current size and ETag (one metadata request per process:
+        a HEAD through the direct S3 client where it reads, else fsspec's ``info``)."""
+        self._ready()
         if self._stat is None:
-            info = with_retries(
-                lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
-            )
-            self._stat = RemoteStat.from_info(info, self.url)
+            direct, bucket, key = self._direct, self._bucket, self._key
+            if direct is not None:
+                head = functools.partial(head_direct, direct, bucket, key, self.url)
+                stat = with_retries(
+                    lambda: run_on_default_loop(head), self.retry, url=self.url,
+                    offset=None, length=None,
+                )  # fmt: skip
+            else:
+                fs, path = self._filesystem()
+                info = with_retries(
+                    lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
+                )
+                stat = RemoteStat.from_info(info, self.url)
+            self._stat = stat
         return self._stat
 
     def _check_fresh(self) -> None:
@@ -205,6 +215,22 @@ class RangeSource(ByteSource):
         else:
             got = fs.cat_file(path, start=offset, end=offset + length)
         return self._checked(got, offset, length)
+
+    def range_coroutine(self, offset: int, length: int) -> Callable[[], Awaitable[bytes]] | None:
+        """A function whose coroutine makes one attempt at the range on fsspec's own
+        event loop (:func:`~indextar.source.fsspec_internals.default_loop`), conditional
+        and checked as :meth:`read` is, not retried; None where this shard's reads go
+        through a filesystem with a loop of its own, or a blocking one. Call it in a
+        reader's thread, never on the loop: the first call may check the object first."""
+        self._ready()
+        end = offset + length
+        if self._direct is not None:
+            request = (self._bucket, self._key, offset, end, self.etag, self.url)
+            return functools.partial(get_range_direct, self._direct, request)
+        fs, path = self._filesystem()
+        if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is default_loop():
+            return functools.partial(get_range, fs, path, offset, end, self.etag, self.url)
+        return None
 
     def read(self, offset: int, length: int) -> bytes:
         self._ready()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import fork_generation
+from .filesystems import split_url
 from .fsspec_internals import configured_options
 from .sigv4 import Credentials, SigV4Signer, quote_key
 
@@ -103,20 +104,23 @@ class S3Direct:
         self._sessions: dict[tuple[int, int], Any] = {}
         self.proxy = _proxy(endpoint)
 
-    def _signed(self, host: str, path: str, query: str, headers: dict[str, str]) -> dict[str, str]:
+    def _signed(
+        self, method: str, host: str, path: str, query: str, headers: dict[str, str]
+    ) -> dict[str, str]:
         if self._credentials is None:
             return headers
         credentials = self._credentials.current()
         signer = self._signer
         if signer is None or signer.credentials != credentials:
             signer = self._signer = SigV4Signer(credentials, self.region)
-        return signer.sign("GET", host, path, query, headers)
+        return signer.sign(method, host, path, query, headers)
 
     def request(
-        self, bucket: str, key: str, start: int, end: int, etag: str
+        self, bucket: str, key: str, start: int, end: int, etag: str, *, method: str = "GET"
     ) -> tuple[str, dict[str, str]]:
         """The URL (encoded) and the signed headers of a GET of bytes ``start .. end``
-        of ``bucket/key``, conditional on ``etag`` where it is not empty."""
+        of ``bucket/key`` (all of it where ``end <= start``; ``method="HEAD"``: its
+        metadata), conditional on ``etag`` where it is not empty."""
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"
@@ -124,10 +128,12 @@ class S3Direct:
         else:
             netloc, host = endpoint.netloc, endpoint.host
             path = f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
-        headers = {**self._headers, "range": f"bytes={start}-{end - 1}"}
+        headers = dict(self._headers)
+        if end > start:
+            headers["range"] = f"bytes={start}-{end - 1}"
         if etag:
             headers["if-match"] = f'"{etag}"'
-        return f"{endpoint.scheme}://{netloc}{path}", self._signed(host, path, "", headers)
+        return f"{endpoint.scheme}://{netloc}{path}", self._signed(method, host, path, "", headers)
 
     async def session(self) -> Any:
         """This event loop's aiohttp session (made on first use, in this process)."""
@@ -211,7 +217,7 @@ def direct_client(storage_options: Mapping[str, Any]) -> S3Direct | None:
 def direct_client_for(url: str, storage_options: Mapping[str, Any]) -> S3Direct | None:
     """:func:`direct_client` for an ``s3://bucket/key`` URL; None for other URLs, for a
     version (``?versionId=``) and for an access point (s3fs and botocore resolve those)."""
-    protocol, _, path = url.partition("://")
+    protocol, path = split_url(url)
     bucket, _, key = path.partition("/")
     if protocol not in ("s3", "s3a") or not bucket or not key or "?versionId=" in key:
         return None

@@ -337,3 +337,28 @@ def test_a_key_view_passes_the_hint_on_as_base_indices(http: HttpServer, tmp_pat
     assert got == [expected[i] for i in order]
     stats = ds.prefetch_stats()
     assert stats is not None and stats.taken >= len(view) - 2 * BATCH and stats.wasted == 0
+
+
+def test_what_the_read_ahead_allocates_stays_within_the_budget_plus_a_constant(
+    http: HttpServer, root: Path, tmp_path: Path
+) -> None:
+    import tracemalloc
+
+    name, size, count, batch = "ra-big.tar", 256 << 10, 48, 4
+    (root / name).write_bytes(tar_bytes({f"b{i:03d}.bin": bytes([i]) * size for i in range(count)}))
+    budget = 4 * (size + 1024)  # four spans: a sample and its headers
+    ds = IndexedTarDataset([http.url(name)], index_dir=tmp_path / "ix", prefetch_bytes=budget)
+    ds[0]  # the index, the shard and the client, before measuring
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for hinted in ReadAheadBatches(ResumableSampler(ds, seed=1), batch, depth=count):
+            assert len(ds.__getitems__(hinted)) == len(hinted)  # and dropped
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    stats = ds.prefetch_stats()
+    assert stats is not None and stats.taken >= count // 2
+    # The budget, a batch being read and built (twice its bytes), and 4 MiB for the
+    # requests in flight (their buffers are joined once: up to the budget again).
+    assert peak <= 2 * budget + 2 * batch * size + (4 << 20), peak

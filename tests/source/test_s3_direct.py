@@ -120,3 +120,33 @@ def test_a_process_reading_with_an_indexs_etag_imports_no_botocore(
         [sys.executable, "-c", READER, argument], check=True, capture_output=True, text=True
     ).stdout
     assert json.loads(out) == [200, []]
+
+
+STATTER = """
+import json, sys
+from indextar.source.remote import RangeSource
+url, options = json.loads(sys.argv[1])
+stat = RangeSource(url, storage_options=options).stat()
+heavy = sorted(m for m in ("s3fs", "aiobotocore", "botocore") if m in sys.modules)
+print(json.dumps([stat.size, stat.etag, heavy]))
+"""
+
+
+@pytest.mark.parametrize("anon", [False, True])
+def test_an_objects_size_and_etag_come_from_one_direct_head(
+    seaweed: SeaweedServer, anon: bool
+) -> None:
+    import s3fs
+
+    options = seaweed.storage_options()
+    url = f"s3://signed/{KEYS[2]}"
+    info = s3fs.S3FileSystem(skip_instance_cache=True, **options).info(url)
+    if anon:
+        options = {"anon": True, "endpoint_url": options["endpoint_url"]}
+    out = subprocess.run(
+        [sys.executable, "-c", STATTER, json.dumps([url, options])],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert json.loads(out) == [info["size"], info["ETag"].strip('"'), []]  # no botocore client
+    with pytest.raises(ShardNotFoundError, match="missing.tar"):
+        RangeSource("s3://signed/missing.tar", storage_options=options, retry=FAST).stat()
