@@ -33,6 +33,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "read": frozenset({"tar", "source", "index", "order"}),
     "write": frozenset({"tar", "source", "index"}),
     "train": frozenset({"order", "read"}),
+    # other frameworks' pipelines (optional extras, never imported by `import indextar`)
+    "grain": frozenset({"read"}),
+    "ray": frozenset({"index", "read"}),
     "cli": frozenset({"tar", "source", "index", "order", "read", "write", "train"}),
 }
 TOP_LEVEL_API = frozenset({"__init__", "__main__"})  # the public API: every room
