@@ -113,10 +113,11 @@ class S3Direct:
         return signer.sign("GET", host, path, query, headers)
 
     def request(
-        self, bucket: str, key: str, start: int, end: int, etag: str
+        self, bucket: str, key: str, start: int, end: int | None, etag: str
     ) -> tuple[str, dict[str, str]]:
         """The URL (encoded) and the signed headers of a GET of bytes ``start .. end``
-        of ``bucket/key``, conditional on ``etag`` where it is not empty."""
+        of ``bucket/key`` (``end=None``: to the object's end), conditional on ``etag``
+        where it is not empty."""
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"
@@ -124,7 +125,8 @@ class S3Direct:
         else:
             netloc, host = endpoint.netloc, endpoint.host
             path = f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
-        headers = {**self._headers, "range": f"bytes={start}-{end - 1}"}
+        last = "" if end is None else end - 1
+        headers = {**self._headers, "range": f"bytes={start}-{last}"}
         if etag:
             headers["if-match"] = f'"{etag}"'
         return f"{endpoint.scheme}://{netloc}{path}", self._signed(host, path, "", headers)
