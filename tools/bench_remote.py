@@ -106,6 +106,7 @@ class Store:
     spans: list[list[tuple[int, int]]]  # per shard, per sample
     index_dir: Path
     work: Path
+    stats: list[Any]  # per shard, its RemoteStat (size, ETag), as an index records it
 
     @property
     def urls(self) -> list[str]:
@@ -252,6 +253,7 @@ def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
 
 
 def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> list[Row]:
+    from bench_remote_chunked import chunked_streaming
     from bench_remote_clients import obstore_get_ranges, obstore_ranges, raw_aiohttp
     from bench_remote_peers import peer_rows
 
@@ -262,6 +264,8 @@ def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> lis
         ("indextar i.i.d. ranges + read-ahead, 2 workers", indextar_iid(2, ahead=True)),
         ("indextar `StreamingTarDataset`", indextar_streaming),
         ("webdataset streaming (`pipe:curl`)", webdataset_streaming),
+        ("streaming by ranged GETs, 1 MiB x 8 in flight", chunked_streaming(1 << 20, 8)),
+        ("streaming by ranged GETs, 8 MiB x 4 in flight", chunked_streaming(8 << 20, 4)),
         (f"raw aiohttp ranged GETs, {in_flight} in flight", raw_aiohttp(in_flight)),
     ]
     try:
@@ -347,18 +351,24 @@ def main() -> None:
         with upstream_cm as upstream:
             if args.store == "s3":
                 upstream.upload(BUCKET, paths)
-                prepare_peers(folder, paths, upstream)
+                if not args.only or any(o in p for o in args.only for p in ("Mosaic", "LitData")):
+                    prepare_peers(folder, paths, upstream)  # only for the peers' rows
                 origin = f"http://127.0.0.1:{upstream.port}"
             else:
                 origin = f"http://127.0.0.1:{upstream.port}"
+            stats: list[Any] = []
             for delay in args.delay_ms:
                 with DelayProxy(origin, delay_ms=delay) as proxy:
                     store = Store(
                         args.store, proxy, [p.name for p in paths], spans,
-                        folder / f"index-{args.store}", folder,
+                        folder / f"index-{args.store}", folder, stats,
                     )  # fmt: skip
                     if delay == args.delay_ms[0]:  # build the indexes once, outside the rows
+                        from bench_remote_chunked import stats_of
+
                         from indextar import IndexedTarDataset
+
+                        stats[:] = stats_of(store.urls, store.storage_options)
 
                         built = IndexedTarDataset(
                             store.urls, index_dir=store.index_dir,
