@@ -9,7 +9,11 @@ Each row reads every sample once, on the same server:
 * indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
   ``DataLoader(batch_size=64)`` with 0 and 2 workers, and the same with read-ahead
   (``batch_sampler=ReadAheadBatches(sampler, 64)``);
-* indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``);
+* indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``),
+  and streaming by pipelined ranged GETs instead of one GET per shard
+  (tools/bench_remote_chunked.py);
+* indextar ``remote="cache"`` filled by whole shards and by the ranged reads, first
+  and second epoch (tools/bench_remote_cache.py);
 * raw clients on the same spans in the sampler's order, the ceiling: aiohttp ranged
   GETs, ``--in-flight`` (256) at once, unsigned; obstore ``get_range_async`` the same
   way, and obstore ``get_ranges`` per shard over windows of 256 samples (its merging;
@@ -253,6 +257,7 @@ def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
 
 
 def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> list[Row]:
+    from bench_remote_cache import cache_rows
     from bench_remote_chunked import chunked_streaming
     from bench_remote_clients import obstore_get_ranges, obstore_ranges, raw_aiohttp
     from bench_remote_peers import peer_rows
@@ -267,6 +272,7 @@ def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> lis
         ("streaming by ranged GETs, 1 MiB x 8 in flight", chunked_streaming(1 << 20, 8)),
         ("streaming by ranged GETs, 8 MiB x 4 in flight", chunked_streaming(8 << 20, 4)),
         (f"raw aiohttp ranged GETs, {in_flight} in flight", raw_aiohttp(in_flight)),
+        *cache_rows(),
     ]
     try:
         import obstore  # noqa: F401
