@@ -1,7 +1,7 @@
 """remote="cache" with cache_fill="ranges": the ranged reads of an epoch fill the shard
-cache (source/fillcache.py) against the loopback HTTP server, with DataLoader workers:
-every sample exact, each shard cached whole after the epoch and the next epoch served
-locally; a changed object refused and never cached; a part of another boot never
+cache (source/fillcache.py) against the loopback HTTP server, with DataLoader workers
+and the read-ahead: every sample exact, each shard cached whole after the epoch and the
+next epoch served locally; a changed object refused and never cached; a part of another boot never
 trusted."""
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def dataset(http: HttpServer, tmp_path: Path, **options: Any) -> indextar.Indexe
 
 
 def epoch(ds: indextar.IndexedTarDataset, workers: int, seed: int) -> dict[str, bytes]:
+    batches = indextar.ReadAheadBatches(indextar.ResumableSampler(ds, seed=seed), 8)
     loader = torch.utils.data.DataLoader(
-        ds, sampler=indextar.ResumableSampler(ds, seed=seed), batch_size=8,
-        num_workers=workers, collate_fn=list,
-    )  # fmt: skip
+        ds, batch_sampler=batches, num_workers=workers, collate_fn=list
+    )  # the read-ahead's threads fill the cache along with the batches
     return {s["__key__"]: s["bin"] for batch in loader for s in batch}
 
 
