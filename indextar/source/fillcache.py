@@ -43,7 +43,7 @@ from typing import Any
 
 from .base import ByteSource, fork_generation
 from .cache import CachedSource, ShardCache
-from .conditional import RemoteStat
+from .conditional import RemoteStat, check_version
 from .remote import RangeSource, fetch_ranges
 
 __all__ = ["FillingSource", "cache_source"]
@@ -309,9 +309,18 @@ class FillingSource(RangeSource):
     def fetch_length(self, offset: int, length: int) -> int:
         """To the next 512-byte block: a sample's span ends at its last member's data,
         and the padding after it would otherwise be left for the end, one tiny request
-        per sample."""
+        per sample. A read that is not inside the object is asked as it is (refused)."""
         size: int = self.expected.size  # type: ignore[union-attr]
-        return min(-(-(offset + length) // 512) * 512, size) - offset
+        end = offset + length
+        if offset < 0 or length <= 0 or end >= size:
+            return length
+        return min(-(-end // 512) * 512, size) - offset
+
+    def check_unchanged(self) -> None:
+        """Refuse an object that is no longer the version this source serves bytes of
+        (those the cache holds are never read again from it): one metadata request."""
+        fresh = RangeSource(self.url, storage_options=self.storage_options, retry=self.retry)
+        check_version(self.url, self.expected, fresh.stat())  # type: ignore[arg-type]
 
     def _finish(self, fill: _Fill) -> None:
         """Fetch what the part lacks and make it the cached shard: one process does,
