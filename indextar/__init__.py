@@ -9,6 +9,7 @@ from .errors import (
     CacheFullError,
     ChecksumMismatchError,
     CompressedShardError,
+    ConvertError,
     DecodeError,
     DecodeSpecError,
     EncodeError,
@@ -45,14 +46,19 @@ from .order.buckets import BucketBatchSampler
 from .order.packing import PackPlan, plan_packs
 from .order.readahead import ReadAheadBatches
 from .order.sampler import ResumableSampler
-from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
+from .read.encoded import EncodedBatch, encoded_collate
+from .read.gpu import ImageStage
 from .read.image import image_decoder
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
+from .read.staged import StagedLoader, on_gpu
 from .read.subset import KeySubset
+from .source.patterns import expand_shards
 from .tar.scan import TarScan, scan_tar
+from .write.convert import ConvertResult, convert
+from .write.export_parquet import export_parquet
 from .write.shardwriter import ShardWriter
 from .write.tarwriter import TarWriter
 
@@ -76,6 +82,12 @@ __all__ = [
     "MixtureDataset",
     "KeySubset",
     "image_decoder",
+    # decoding on the GPU
+    "on_gpu",
+    "encoded_collate",
+    "ImageStage",
+    "EncodedBatch",
+    "StagedLoader",
     "write_manifest",
     "read_manifest",
     "append_to_manifest",
@@ -93,6 +105,9 @@ __all__ = [
     # writing
     "TarWriter",
     "ShardWriter",
+    "convert",
+    "ConvertResult",
+    "export_parquet",
     # errors
     "IndextarError",
     "ShardFormatError",
@@ -116,6 +131,7 @@ __all__ = [
     "WriterError",
     "EncodeError",
     "ExportError",
+    "ConvertError",
     "RemoteReadError",
     "PipeRefusedError",
     "CacheFullError",

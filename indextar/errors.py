@@ -43,6 +43,7 @@ __all__ = [
     "SelectionError",
     "ChecksumMismatchError",
     "MissingAttributesError",
+    "ConvertError",
 ]
 
 
@@ -334,6 +335,21 @@ class CacheFullError(IndextarError, OSError):
 
 class ExportError(IndextarError, ValueError):
     """A shard's index cannot be expressed in another tool's format (DALI, wids)."""
+
+
+class ConvertError(IndextarError, ValueError):
+    """A dataset cannot be converted to shards: an unknown or malformed source format, a
+    column that cannot be stored, or a conversion resumed with other options.
+
+    Attributes
+    ----------
+    source
+        The source dataset's path (a folder or a file), when known.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None):
+        self.source = source
+        super().__init__(f"{source!r}: {message}" if source is not None else message)
 
 
 class SampleAttributeError(IndextarError, ValueError):

@@ -2,7 +2,7 @@
 
 Lower rooms never import higher ones, so a change cannot quietly make ``tar/`` import
 ``read/``. The rules are the ones each room's ``__init__`` docstring states; the
-shared top-level modules (``errors``, ``patterns``, ``atomic``, ``native``,
+shared top-level modules (``errors``, ``atomic``, ``native``,
 ``_version``) may be imported by every room and import no room themselves: each room
 loads its own C extension, and ``native`` only says whether to use them. Only ``cli/``
 prints or exits.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "indextar"
-SHARED = frozenset({"errors", "patterns", "atomic", "native", "_version"})
+SHARED = frozenset({"errors", "atomic", "native", "_version"})
 # room -> the rooms it may import (each may import itself and the shared modules)
 ALLOWED: dict[str, frozenset[str]] = {
     "tar": frozenset(),
@@ -312,3 +312,85 @@ def test_a_circle_through_a_function_or_type_checking_is_caught(tmp_path: Path) 
     graph = import_graph(package)
     assert graph["read.decode"] == {"read.dataset"} and graph[""] == {"read.dataset"}
     assert circles(graph) == [["read.dataset", "read.lookup", "read.subset"]]
+
+
+# -- where a shard lives ---------------------------------------------------------------
+
+# Whether a shard is local or remote is decided from its name in these modules only: the
+# location type (ShardLocation.of and url_scheme, the one test) and the scheme registry
+# (filesystems.split_url, which splits a URL already known to be remote, for the
+# backend of its scheme). Every other module asks a ShardLocation (``.remote``,
+# ``.scheme``; remote_shards for a dataset's names at once), or is told (``remote=``).
+DECIDES_WHERE = frozenset({"source/location.py", "source/filesystems.py"})
+# The string tests: a call of one is a decision, wherever it stands.
+SCHEME_TESTS = frozenset({"url_scheme", "is_url"})
+SCHEMES = frozenset({"http", "https", "s3", "s3a", "gs", "gcs", "az", "abfs", "hf", "file"})
+
+
+def _decides(node: ast.AST) -> str:
+    """Why ``node`` decides from a name whether it is a URL, or ``""``: a scheme test
+    called, ``"://"`` looked for (``in``, ``partition``, ``split``, ...), a name tested
+    for a scheme's prefix (``startswith("http")``)."""
+    if isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+        if any(isinstance(o, ast.Constant) and o.value == "://" for o in operands):
+            return "'://' in"
+    if not isinstance(node, ast.Call):
+        return ""
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    if called in SCHEME_TESTS:
+        return f"{called}()"
+    texts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if isinstance(func, ast.Attribute) and any("://" in text for text in texts):
+        return f"{called}('://')"
+    if called in ("startswith", "removeprefix") and any(
+        text.lower().rstrip(":/") in SCHEMES for text in texts
+    ):
+        return f"{called}() of a scheme"
+    return ""
+
+
+def deciding_sites(package: Path) -> list[str]:
+    """``file:line: why`` of every place that decides from a name whether it is a URL."""
+    found = []
+    for _name, path in modules(package):
+        where = path.relative_to(package).as_posix()
+        lines = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            why = _decides(node)
+            if why:
+                lines.setdefault(node.lineno, why)  # type: ignore[attr-defined]
+        found += [f"{where}:{line}: {why}" for line, why in sorted(lines.items())]
+    return found
+
+
+def test_only_the_location_and_its_registry_decide_where_a_shard_lives() -> None:
+    found = deciding_sites(PACKAGE)
+    assert [site for site in found if site.split(":")[0] not in DECIDES_WHERE] == []
+    assert {site.split(":")[0] for site in found} == DECIDES_WHERE and len(DECIDES_WHERE) <= 3
+
+
+def test_a_new_place_that_decides_where_a_shard_lives_is_caught(tmp_path: Path) -> None:
+    package = write(
+        tmp_path / "indextar",
+        {
+            "__init__.py": "",
+            "source/__init__.py": "",
+            "source/location.py": 'def url_scheme(n):\n    """A://b."""\n    return "://" in n\n',
+            "read/__init__.py": "",
+            "read/shard.py": (
+                "from ..source.location import url_scheme\n"
+                "def f(n, s):\n    return url_scheme(n), f'{s}://{n}', print(help='a://b')\n"
+                "def g(n):\n    return n.startswith('http')\n"
+            ),
+            "index/__init__.py": "",
+            "index/manifest.py": "def g(n):\n    return n.partition('://')[0]\n",
+        },
+    )
+    assert deciding_sites(package) == [
+        "index/manifest.py:2: partition('://')",
+        "read/shard.py:3: url_scheme()",
+        "read/shard.py:5: startswith() of a scheme",
+        "source/location.py:3: '://' in",
+    ]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from indextar import ShardNotFoundError, expand_shards
-from indextar.patterns import is_url
+from indextar.source.location import url_scheme
 
 
 def touch(folder: Path, *names: str) -> None:
@@ -85,8 +85,9 @@ def test_urls_are_not_globbed() -> None:
         "https://h/d-0.tar?x=[1]",
         "https://h/d-1.tar?x=[1]",
     ]
-    assert is_url("gs://b/o") and is_url("http://h/x")
-    assert not is_url("file:///tmp/x.tar") and not is_url("/tmp/a://b") and not is_url("C:/x.tar")
+    assert url_scheme("gs://b/o") and url_scheme("http://h/x")
+    assert not url_scheme("file:///tmp/x.tar") and not url_scheme("/tmp/a://b")
+    assert not url_scheme("C:/x.tar")
 
 
 def test_a_folder_is_its_tar_files_in_order(tmp_path: Path) -> None:

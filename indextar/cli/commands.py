@@ -21,8 +21,9 @@ from ..index.decompress import DEFAULT_SEEK_SPACING
 from ..index.opener import open_shard_index
 from ..index.shard import ShardIndex
 from ..index.verify import verify_index
-from ..patterns import expand_shards
+from ..source.patterns import expand_shards
 from .compress import add_compress_commands
+from .convert import add_convert_command
 from .indexing import FAILURES_FILE, add_index_options, run_index
 from .messages import error_message
 from .options import add_options, count
@@ -281,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(p, index_dir=True, json=True, quiet=True)
     p.set_defaults(func=_cmd_verify)
     add_tool_commands(sub)
+    add_convert_command(sub)
     add_query_commands(sub)
     add_compress_commands(sub)
     return parser

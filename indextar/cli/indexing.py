@@ -29,11 +29,11 @@ from ..index.jobs import ShardOutcome
 from ..index.manifest import append_to_manifest, write_manifest
 from ..index.options import BuildOptions
 from ..index.remote import default_index_dir
-from ..patterns import expand_shards
 from ..source.location import ShardLocation, remote_shards
+from ..source.patterns import expand_shards
 from .options import count
 
-__all__ = ["run_index", "add_index_options", "FAILURES_FILE"]
+__all__ = ["run_index", "add_index_options", "dask_executor", "FAILURES_FILE"]
 
 #: Where a run lists the shards that failed, in the current folder (``--failed-file``
 #: changes it, ``--no-failed-file`` writes none).
@@ -105,7 +105,7 @@ def run_index(args: argparse.Namespace) -> int:
         return _dry_run(shards, options, args)
     start = time.perf_counter()
     outcomes: list[ShardOutcome] = []
-    with _executor(args.dask) as executor, _Progress(len(shards), args) as progress:
+    with dask_executor(args.dask) as executor, _Progress(len(shards), args) as progress:
         for outcome in iter_builds(shards, options, workers=args.jobs, executor=executor):
             outcomes.append(progress.update(outcome))
     order = {shard: i for i, shard in enumerate(shards)}
@@ -163,7 +163,8 @@ def _index_dir(args: argparse.Namespace, shards: list[str]) -> str | None:
 
 
 @contextlib.contextmanager
-def _executor(address: str | None) -> Iterator[Executor | None]:
+def dask_executor(address: str | None) -> Iterator[Executor | None]:
+    """The executor of the Dask cluster at ``address`` (``None``: no cluster, ``None``)."""
     if address is None:
         yield None
         return

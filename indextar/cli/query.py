@@ -14,10 +14,10 @@ import numpy as np
 
 from ..errors import IndextarError, MissingAttributesError
 from ..index.attribute_import import import_attributes
-from ..patterns import expand_shards
 from ..read.dataset import IndexedTarDataset
 from ..read.lookup import sample_keys
 from ..read.selection import where_rows
+from ..source.patterns import expand_shards
 from .options import add_options, count
 
 __all__ = ["add_query_commands"]

@@ -15,12 +15,13 @@ from typing import Any
 from tqdm import tqdm
 
 from ..index.shard import ShardIndex
-from ..patterns import expand_shards
 from ..read.dataset import IndexedTarDataset
 from ..read.lookup import describe_sample, read_member, shard_members
 from ..read.subset import read_keys, report_unmatched
+from ..source.patterns import expand_shards
 from ..write.create import create_shards
 from ..write.export import export_dali, export_wids
+from ..write.export_parquet import export_parquet
 from ..write.reshard import reshard
 from .options import add_options
 
@@ -191,6 +192,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.dali:
         paths = export_dali(shards, args.dali, index_dir=args.index_dir)
         written = [str(p) for p in paths]
+    elif args.parquet:
+        written = [str(export_parquet(shards, args.parquet, index_dir=args.index_dir))]
     else:
         written = [str(export_wids(shards, args.wids, index_dir=args.index_dir))]
     if args.json:
@@ -280,12 +283,16 @@ def add_tool_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "export",
-        help="write DALI indexes or a wids shard list",
-        description="Write DALI wds2idx v1.2 index files, or a wids shard list, from the indexes.",
+        help="write DALI indexes, a wids shard list, or the attributes as parquet",
+        description="Write DALI wds2idx v1.2 index files, a wids shard list, or a parquet "
+        "table of every sample's shard, index, key and attributes, from the indexes.",
     )
     add_options(p, index_dir=True, json=True, quiet=True)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--dali", metavar="OUTDIR", help="write <shard>.idx files into OUTDIR")
     target.add_argument("--wids", metavar="FILE.json", help="write a wids shard list")
+    target.add_argument(
+        "--parquet", metavar="FILE.parquet", help="write the samples' attributes as parquet"
+    )
     p.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     p.set_defaults(func=_cmd_export)

@@ -144,6 +144,31 @@ class AttributeBuilder:
                     self._folded[name.lower()] = name
         self._records.append(fields)
 
+    def add_fields(self, fields: dict[str, object], key: str) -> None:
+        """Record the next sample's fields, already parsed: a writer's that writes them
+        as the member's JSON itself (``convert``), so nothing is parsed back.
+
+        Raises
+        ------
+        SampleAttributeError
+            If a field may not be a column, with ``on_error="fail"``.
+        """
+        if not self._names.keys() >= fields.keys():
+            refused = self._refused(fields)
+            if refused is not None:
+                problem = f"its {self.ext!r} member has the field {refused}"
+                if self.on_error == "fail":
+                    raise SampleAttributeError(problem, shard=self.shard, key=key)
+                self._errors.append((len(self._records), problem))
+                self._keys[len(self._records)] = key
+                self._records.append(None)
+                return
+            for name in fields:
+                if name not in self._names:
+                    self._names[name] = None
+                    self._folded[name.lower()] = name
+        self._records.append(fields)
+
     def add_many(self, texts: Sequence[bytes | None], keys: Sequence[str]) -> None:
         """:meth:`add` for each of ``texts`` in turn: a build's loop.
 

@@ -29,7 +29,7 @@ from typing import Any
 from .._version import __version__
 from ..atomic import atomic_path, rewrite_lock, write_atomic
 from ..errors import ManifestError
-from ..source.location import url_scheme
+from ..source.location import ShardLocation
 from .shard import ShardIndex
 
 __all__ = [
@@ -81,9 +81,8 @@ _POSIX = os.sep == "/"
 
 
 def _relative(path: str, prefix: str) -> str:
-    """``path`` relative to the folder ``prefix`` (ending in a separator) if inside it."""
-    if url_scheme(path):
-        return path
+    """The local ``path`` relative to the folder ``prefix`` (ending in a separator) if
+    inside it."""
     absolute = os.path.abspath(path)
     if absolute.startswith(prefix):
         relative = absolute[len(prefix) :]
@@ -96,9 +95,7 @@ def _resolve(path: str, prefix: str) -> str:
     or a URL. Plain string tests, not pathlib: 100k shards open in well under 1 s."""
     if path.startswith("/") if _POSIX else os.path.isabs(path):
         return path
-    if url_scheme(path):
-        return path
-    return prefix + path
+    return path if ShardLocation.of(path).remote else prefix + path
 
 
 def write_manifest(
@@ -147,7 +144,7 @@ def _entry_lines(indexes: Sequence[ShardIndex], folder: Path) -> list[str]:
         "\n"
         + json.dumps(
             {
-                "url": _relative(index.shard, prefix),
+                "url": index.shard if index.location.remote else _relative(index.shard, prefix),
                 "nsamples": index.meta.num_samples,
                 "filesize": index.meta.shard_size,
                 "fingerprint": index.meta.fingerprint,

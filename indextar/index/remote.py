@@ -272,7 +272,8 @@ def scan_object(
     tar in one forward read (``mode``), a gzip or zstd one from a temporary copy made
     beside the file ``scratch`` (:mod:`.remote_compressed`)."""
     source = RangeSource(url, expected=stat, storage_options=storage_options)
-    codec = ShardLocation.of(url).codec(source)
+    location = ShardLocation.of(url)
+    codec = location.codec(source)
     if codec is not None:  # .tar.gz, .tar.zst: from a temporary copy
         packed = scan_compressed_object(
             url, source, stat, codec, scratch, seek_spacing=seek_spacing
@@ -280,7 +281,9 @@ def scan_object(
         return ObjectScan(packed, "download", stat.size)
     log.info("scanning %s (%d bytes) in one forward read", url, stat.size)
     with ForwardReader(source, mode=mode) as reader:
-        view = StreamedBytes(reader, stat.size, shard=url, edges=FINGERPRINT_SPAN)
+        view = StreamedBytes(
+            reader, stat.size, shard=url, edges=FINGERPRINT_SPAN, remote=location.remote
+        )
         scan = scan_stream(view)
         grouping = group_members(scan, shard=url)
         span_names = headers_name_their_keys(view.read, scan, grouping, shard=url)

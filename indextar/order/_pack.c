@@ -2,7 +2,8 @@
  *
  * fit_decreasing(lengths, order, sorted, packed, max_length, best) -> bytes
  *
- *   lengths     int32[n], each in [1, max_length] (the caller truncates longer ones)
+ *   lengths     int32[n], each >= 1; a longer one than max_length counts as max_length
+ *               (truncated), without the caller making a clipped copy
  *   order       int32[n], a permutation of range(n): among equal lengths, documents are
  *               placed in this order (the plan's seed); overwritten (scratch)
  *   sorted      int32[n], scratch
@@ -21,12 +22,29 @@
  * packing.py's Python references compute, pack for pack (the tests compare them).
  * The GIL is released while the loops run. Memory: 16 bytes a document with the
  * caller's four arrays, plus 8 to 16 bytes a pack.
+ *
+ * concat_split(lengths, pieces, piece_lengths, piece_starts, offsets, max_length) -> int
+ *
+ *   lengths        int32[n], each document's tokens (>= 0; 0: it yields no piece)
+ *   pieces         int32[m + packs], m documents in their seeded order at [packs:]
+ *                  (read) and, written from the front, each piece's document
+ *   piece_lengths  int32[m + packs], written: each piece's tokens
+ *   piece_starts   int32[m + packs], written: each piece's first token in its document
+ *   offsets        int64[packs + 1], written: pack p is pieces offsets[p]:offsets[p + 1]
+ *   max_length     the packs' capacity
+ *
+ *   Returns the number of pieces. The documents end to end, cut every ``max_length``
+ *   tokens, in one pass: the pieces are written into the buffer the order is read from,
+ *   never overtaking it (a piece more than documents read comes only from a cut, and
+ *   there are fewer cuts than packs), so planning holds 12 bytes a piece and 8 a pack.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define CLIP(length, max_length) ((length) < (max_length) ? (length) : (int32_t)(max_length))
 
 typedef struct {
     Py_buffer view;
@@ -236,9 +254,9 @@ static PyObject *fit_decreasing(PyObject *self, PyObject *args)
     const int32_t *lengths = lb.view.buf;
     int32_t *order = ob.view.buf, *sorted = sb.view.buf, *packed = pb.view.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (lengths[i] < 1 || lengths[i] > max_length) {
-            PyErr_Format(PyExc_ValueError, "length %d of document %zd is not in [1, %lld]",
-                         lengths[i], i, max_length);
+        if (lengths[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "length %d of document %zd is not >= 1",
+                         lengths[i], i);
             goto done;
         }
         if (order[i] < 0 || order[i] >= n) {
@@ -255,7 +273,7 @@ static PyObject *fit_decreasing(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     /* Longest first, stable in `order`: slot of length l starts after all longer ones. */
     for (Py_ssize_t i = 0; i < n; i++)
-        count[max_length - lengths[i]]++;
+        count[max_length - CLIP(lengths[i], max_length)]++;
     int64_t at = 0;
     for (int64_t l = 0; l <= max_length; l++) {
         int64_t c = count[l];
@@ -263,7 +281,7 @@ static PyObject *fit_decreasing(PyObject *self, PyObject *args)
         at += c;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        sorted[count[max_length - lengths[order[i]]]++] = order[i];
+        sorted[count[max_length - CLIP(lengths[order[i]], max_length)]++] = order[i];
     /* count[j] is now where the documents of length max_length - j end in sorted, so
      * the fits read lengths from there, not at random; order is free now: it holds
      * each sorted document's pack */
@@ -296,9 +314,107 @@ done:
     return result;
 }
 
+
+static int get_sized(PyObject *obj, Buf *buf, Py_ssize_t n, Py_ssize_t itemsize, const char *name)
+{
+    buf->held = 0;
+    if (PyObject_GetBuffer(obj, &buf->view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return -1;
+    buf->held = 1;
+    if (buf->view.len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %zd values of %zd bytes", name, n, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *concat_split(PyObject *self, PyObject *args)
+{
+    PyObject *lengths_obj, *pieces_obj, *plen_obj, *pstart_obj, *offsets_obj;
+    long long max_length;
+    if (!PyArg_ParseTuple(args, "OOOOOL", &lengths_obj, &pieces_obj, &plen_obj, &pstart_obj,
+                          &offsets_obj, &max_length))
+        return NULL;
+    if (max_length < 1 || max_length >= (1LL << 30)) {
+        PyErr_SetString(PyExc_ValueError, "max_length must be in [1, 2**30)");
+        return NULL;
+    }
+    Buf lb = {0}, pb = {0}, ob = {0};
+    Buf plb = {0}, psb = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(lengths_obj, &lb.view, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    lb.held = 1;
+    Py_ssize_t n = lb.view.len / 4;
+    if (PyObject_GetBuffer(offsets_obj, &ob.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    ob.held = 1;
+    Py_ssize_t packs = ob.view.len / 8 - 1;
+    if (PyObject_GetBuffer(pieces_obj, &pb.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    pb.held = 1;
+    Py_ssize_t total = pb.view.len / 4;
+    if (packs < 0 || total < packs ||
+        get_sized(plen_obj, &plb, total, 4, "piece_lengths") < 0 ||
+        get_sized(pstart_obj, &psb, total, 4, "piece_starts") < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "offsets and pieces disagree on the packs");
+        goto done;
+    }
+    const int32_t *lengths = lb.view.buf;
+    int32_t *pieces = pb.view.buf, *plen = plb.view.buf, *pstart = psb.view.buf;
+    int64_t *offsets = ob.view.buf;
+    Py_ssize_t m = total - packs;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int32_t d = pieces[packs + i];
+        if (d < 0 || d >= n || lengths[d] < 0) {
+            PyErr_Format(PyExc_ValueError, "order[%zd] = %d is not a document of length >= 0", i, d);
+            goto done;
+        }
+    }
+    Py_ssize_t w = 0;
+    int64_t pack = 0, room = max_length;
+    int overflow = 0;
+    Py_BEGIN_ALLOW_THREADS
+    offsets[0] = 0;
+    for (Py_ssize_t i = 0; i < m && !overflow; i++) {
+        int32_t d = pieces[packs + i];
+        int64_t left = lengths[d], start = 0;
+        while (left > 0) {
+            if (room == 0) {
+                if (++pack > packs - 1) {
+                    overflow = 1;
+                    break;
+                }
+                offsets[pack] = w;
+                room = max_length;
+            }
+            int64_t take = left < room ? left : room;
+            pieces[w] = d;  /* w <= packs + i: never past what is still to be read */
+            plen[w] = (int32_t)take;
+            pstart[w] = (int32_t)start;
+            w++;
+            start += take, left -= take, room -= take;
+        }
+    }
+    for (int64_t p = pack + 1; p <= packs; p++)
+        offsets[p] = w;
+    Py_END_ALLOW_THREADS
+    if (overflow) {
+        PyErr_SetString(PyExc_ValueError, "the documents hold more tokens than packs * max_length");
+        goto done;
+    }
+    result = PyLong_FromSsize_t(w);
+done:
+    release(&lb), release(&pb), release(&ob), release(&plb), release(&psb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fit_decreasing", fit_decreasing, METH_VARARGS,
      "Pack documents longest first by best or first fit; see _pack.c."},
+    {"concat_split", concat_split, METH_VARARGS,
+     "Documents end to end, cut every max_length tokens; see _pack.c."},
     {NULL, NULL, 0, NULL},
 };
 

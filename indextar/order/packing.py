@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -146,14 +146,21 @@ def plan_packs(
     overlong = int(np.count_nonzero(array > max_length))
     if strategy == "concat-split":
         return _concat_split(array, kept, max_length, rng, overlong, empty)
-    clipped = np.minimum(array if kept is None else array[kept], max_length).astype(
-        np.int32, copy=False
+    source = array if kept is None else array[kept]
+    # int32 lengths go to the C code as they are (it truncates as it reads): no copy
+    module = extensions.pack()
+    clipped = (
+        source
+        if module is not None and source.dtype == np.int32
+        else np.minimum(source, max_length).astype(np.int32, copy=False)
     )
+    del source
     order = np.arange(clipped.size, dtype=np.int32)
     rng.shuffle(order)
     offsets, packed = _fit(clipped, order, max_length, best=strategy == "best-fit")
     del order
     piece_lengths = clipped[packed]
+    np.minimum(piece_lengths, max_length, out=piece_lengths)
     documents: npt.NDArray[np.int32] | I64 = packed if kept is None else kept[packed]
     if documents.dtype != np.int32 and array.size < (1 << 31):
         documents = documents.astype(np.int32)
@@ -165,7 +172,7 @@ def _fit(clipped: I32, order: I32, max_length: int, *, best: bool) -> tuple[I64,
     if clipped.size >= (1 << 31):  # pragma: no cover - 16 GB of lengths
         raise ValueError("the fit strategies plan at most 2**31 - 1 documents at once")
     module = extensions.pack()
-    if module is not None:
+    if module is not None:  # clipped may hold lengths over max_length: C truncates them
         scratch = np.empty_like(clipped)
         packed = np.empty_like(clipped)
         raw = module.fit_decreasing(clipped, order, scratch, packed, max_length, best)
@@ -218,6 +225,9 @@ def _concat_split(
     empty: int,
 ) -> PackPlan:
     """Documents in a seeded order, end to end, cut every ``max_length`` tokens."""
+    module = extensions.pack()
+    if module is not None and lengths.size < (1 << 31):
+        return _concat_split_c(module, lengths, kept, max_length, rng, overlong, empty)
     documents = rng.permutation(lengths.size if kept is None else kept)
     if kept is None:
         documents = documents.astype(np.int64)
@@ -248,3 +258,38 @@ def _concat_split(
         overlong=overlong,
         empty=empty,
     )
+
+
+def _concat_split_c(
+    module: Any,
+    lengths: npt.NDArray[np.integer],
+    kept: I64 | None,
+    max_length: int,
+    rng: np.random.Generator,
+    overlong: int,
+    empty: int,
+) -> PackPlan:
+    """:func:`_concat_split` in ``_pack.c``, the same plan in 12 bytes a piece and 8 a
+    pack: the seeded order (the same shuffle, in int32) is read from the tail of the
+    buffer the pieces' documents are written into."""
+    as_int32 = lengths.astype(np.int32, copy=False)
+    if as_int32 is not lengths and lengths.size and int(lengths.max()) >= (1 << 31):
+        raise ValueError("concat-split plans documents of at most 2**31 - 1 tokens")
+    count = lengths.size if kept is None else kept.size
+    total = int(lengths.sum(dtype=np.int64))
+    packs = -(-total // max_length)
+    pieces = np.empty(count + packs, np.int32)
+    order = pieces[packs:]
+    if kept is None:
+        order[:] = np.arange(count, dtype=np.int32)
+    else:
+        order[:] = kept
+    rng.shuffle(order)  # as rng.permutation(...): the same order, in 4 bytes a document
+    del order
+    piece_lengths = np.empty_like(pieces)
+    piece_starts = np.empty_like(pieces)
+    offsets = np.empty(packs + 1, np.int64)
+    used = module.concat_split(as_int32, pieces, piece_lengths, piece_starts, offsets, max_length)
+    for array in (pieces, piece_lengths, piece_starts):
+        array.resize(used, refcheck=False)  # in place: the unused tail is given back
+    return PackPlan(offsets, pieces, piece_lengths, piece_starts, max_length, overlong, empty)

@@ -111,7 +111,10 @@ class ResumableSampler:
         (a list), or a callable of the epoch giving either. Each epoch draws exactly
         ``round(w_s / sum(w) * epoch_length)`` from part ``s`` (largest remainders),
         interleaved at random; each part walks its own shuffled passes across epochs.
-        Default: the parts' sizes, when ``epoch_length`` is given.
+        When every part counts its tokens (``token_count``: a mixture of
+        :class:`~indextar.PackedDataset` parts), the weights are shares of tokens: part
+        ``s`` draws ``w_s * len_s / tokens_s`` in proportion, packs being fuller in one
+        part than another. Default: the parts' sizes, when ``epoch_length`` is given.
     epoch_length
         Draws per epoch of a mixture (then :attr:`num_samples`). Default: the sum of
         the parts' lengths.

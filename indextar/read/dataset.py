@@ -26,9 +26,8 @@ from ..errors import SampleIndexError
 from ..index.manifest import ManifestShard, is_manifest, read_manifest
 from ..index.opener import open_entry, open_entry_index
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import expand_shards
-from ..source.local import LRUCache
 from ..source.location import remote_shards
+from ..source.patterns import expand_shards
 from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
@@ -37,7 +36,7 @@ from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from .remote_batch import RemoteBatches
 from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
-from .shard import OpenShard
+from .shard import LRUCache, OpenShard
 from .subset import KeyViews
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]

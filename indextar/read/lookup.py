@@ -20,10 +20,10 @@ from ..index.members import MemberTable, load_members, scan_members
 from ..index.naming import split_name
 from ..index.opener import OpenOptions, open_entry_index, open_shard_index, shard_source
 from ..index.shard import PathLike, ShardIndex
-from ..patterns import expand_shards
 from ..source.base import ByteSource
 from ..source.local import open_source
 from ..source.location import ShardLocation, SourceOptions
+from ..source.patterns import expand_shards
 from .protocols import IndexedShards
 
 __all__ = [

@@ -33,7 +33,7 @@ def start_stream(
 ) -> ObjectStream | None:
     """The streaming GET of ``url``, sent now, for :func:`open_stream`'s ``started=``;
     ``None`` where ``url`` is not read by one (local paths, pipes, other protocols)."""
-    if url.startswith("pipe:") or not streams_protocol(url):
+    if not ShardLocation.of(url).remote or not streams_protocol(url):
         return None
     return ObjectStream(url, storage_options=storage_options).start()
 
@@ -75,7 +75,10 @@ def open_stream(
                 remote = RemoteStream(RangeSource(url, storage_options=storage_options))
             stack.callback(remote.close)
             raw = io.BufferedReader(remote, _BUFFER)
-        yield stack.enter_context(decompressing(raw, shard=url, reading="streaming"))
+        from_url = location is not None and location.remote  # not a pipe
+        yield stack.enter_context(
+            decompressing(raw, shard=url, reading="streaming", remote=from_url)
+        )
 
 
 def _check_pipe(process: subprocess.Popen[bytes], url: str) -> None:

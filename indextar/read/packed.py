@@ -145,6 +145,12 @@ class PackedDataset:
     def __len__(self) -> int:
         return len(self.plan)
 
+    @property
+    def token_count(self) -> int:
+        """Tokens in all packs (padding not counted). A ``ResumableSampler`` over a
+        ``MixtureDataset`` whose parts all have it reads ``weights=`` as shares of tokens."""
+        return self.plan.tokens
+
     def __getitem__(self, index: int) -> Pack:
         return self.__getitems__([index])[0]
 

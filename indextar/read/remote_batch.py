@@ -17,12 +17,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..index.opener import OpenOptions
-from ..source.local import LocalFileSource, LRUCache
+from ..source.local import LocalFileSource
 from .pool import BatchPool
 from .readahead import PlannedSpan, ReadAhead, fetchable_ahead
 from .remote_options import fetch_spans
 from .sample import SampleBuilder
-from .shard import OpenShard
+from .shard import LRUCache, OpenShard
 
 __all__ = ["RemoteBatches"]
 

@@ -40,7 +40,7 @@ from ..errors import MissingAttributesError, SelectionError
 from ..index.attributes import attribute_columns, attribute_sources, has_attribute_table, quote
 from ..index.remote import default_cache_root
 from ..index.shard import PathLike, ShardIndex, index_path
-from ..source.location import url_scheme
+from ..source.location import ShardLocation
 from .lookup import sample_keys
 from .protocols import IndexedShards
 
@@ -232,7 +232,7 @@ def _cache_key(expression: str, dataset: IndexedShards, numbers: Sequence[int]) 
     digest.update(f"{len(dataset)}\0{expression}\0".encode())
     for number in numbers:
         entry = dataset.shard_entries[number]
-        if url_scheme(entry.url):
+        if ShardLocation.of(entry.url).remote:
             index = dataset.shard_index(number)
             path, shard = index.path, index.meta.fingerprint
         else:

@@ -12,7 +12,10 @@ copies no per-sample Python objects.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +25,6 @@ from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
 from ..source.base import ByteSource, Span, split_members
 from ..source.extensions import mapread
-from ..source.location import url_scheme
 from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ log = logging.getLogger(__name__)
 _MAPREAD = mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
 
-__all__ = ["OpenShard"]
+__all__ = ["LRUCache", "OpenShard"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,9 @@ class OpenShard:
         Whether a read checks that the span's headers name the sample's key, or (where
         the index found a global PAX header naming members, ``IndexMeta.span_names``)
         only their checksums.
+    remote
+        Whether the shard is a remote object, whose span that fails its checksum is
+        read once more (its location says so).
     checksums, checksum
         Each sample's checksum and their algorithm, where the index records them: a
         read then hashes the sample's span before splitting it, and refuses a span that
@@ -66,6 +71,7 @@ class OpenShard:
     key_blob: bytes
     ext_names: tuple[str, ...]
     check_names: bool = True
+    remote: bool = False
     checksums: npt.NDArray[np.uint64] | None = None
     checksum: str = ""
 
@@ -88,6 +94,7 @@ class OpenShard:
             key_blob=arrays.key_blob,
             ext_names=arrays.ext_names,
             check_names=index.meta.span_names,
+            remote=index.location.remote,
             checksums=arrays.checksums if index.meta.checksum else None,
             checksum=index.meta.checksum,
         )
@@ -192,7 +199,7 @@ class OpenShard:
         hash_ = hasher(self.checksum)
         expected = int(self.checksums[local])  # type: ignore[index]
         got = hash_(span)
-        if got != expected and url_scheme(self.shard):
+        if got != expected and self.remote:
             log.warning(
                 "%s: sample %r at byte offset %d does not match its %s checksum; reading "
                 "it again", self.shard, key.decode("utf-8", "surrogateescape"), start,
@@ -215,3 +222,58 @@ class OpenShard:
     def close(self) -> None:
         """Close the byte source."""
         self.source.close()
+
+
+# -- the open shards of a process ---------------------------------------------------
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LRUCache(Generic[K, V]):
+    """A least-recently-used map of at most ``capacity`` entries.
+
+    ``on_evict(value)`` runs for every entry pushed out or cleared: the dataset closes
+    evicted shards there, so the number of open files stays bounded.
+    """
+
+    __slots__ = ("capacity", "_entries", "_on_evict")
+
+    def __init__(self, capacity: int, on_evict: Callable[[V], None] | None = None):
+        if capacity < 1:
+            raise ValueError(f"an LRU cache needs a capacity of at least 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._on_evict = on_evict
+
+    def get(self, key: K) -> V | None:
+        """The entry for ``key``, marked most recently used; ``None`` if absent."""
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        """Add or replace an entry, evicting the least recently used one if full."""
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            _, evicted = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+
+    def clear(self) -> None:
+        """Evict every entry."""
+        while self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._entries)

@@ -2,7 +2,10 @@
 remote objects.
 
 ``location`` decides once whether a shard is a local file or a remote object (by URL
-scheme), and knows its raw bytes, where its index lives and its codec; ``base`` is the
+scheme), and knows its raw bytes, where its index lives and its codec: no other module
+looks at a name for a scheme (``tests/test_layering.py`` counts the places), but
+``filesystems``, the scheme registry, which splits a remote URL for its backend;
+``patterns`` expands brace patterns, globs and folders into shards; ``base`` is the
 ``ByteSource`` primitives and what is built on them; ``local`` memory-maps local
 shards and copies samples out of the map (``_mapread.c``; ``extensions`` loads it and
 ``_gunzip.c``); ``remote`` reads byte ranges of URLs with retries, through

@@ -233,12 +233,13 @@ def decompressed_stream(raw: Any, codec: str, *, shard: str) -> io.BufferedReade
 
 
 @contextlib.contextmanager
-def decompressing(raw: Any, *, shard: str, reading: str) -> Iterator[Any]:
+def decompressing(raw: Any, *, shard: str, reading: str, remote: bool = False) -> Iterator[Any]:
     """The tar bytes of ``raw``, a buffered binary stream (``peek`` works), front to back:
     ``raw`` itself for a plain tar, :func:`decompressed_stream` of it for gzip and zstd.
     Another compression raises :class:`~indextar.errors.CompressedShardError` naming
     ``shard``, with a command that decompresses it; ``reading`` says what needs the
-    plain tar (``"streaming"``)."""
+    plain tar (``"streaming"``); for a ``remote`` shard the command is download, run,
+    upload."""
     head = raw.peek(8)[:8]
     codec = sniff_compression(head)
     if codec is None:
@@ -247,7 +248,7 @@ def decompressing(raw: Any, *, shard: str, reading: str) -> Iterator[Any]:
         with decompressed_stream(raw, codec, shard=shard) as stream:
             yield stream
     else:
-        message = compressed_message(head, shard, reading=reading)
+        message = compressed_message(head, shard, reading=reading, remote=remote)
         raise CompressedShardError(message or codec, shard=shard)
 
 

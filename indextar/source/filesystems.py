@@ -14,7 +14,13 @@ from typing import Any
 
 from .fsspec_internals import cached_instances
 
-__all__ = ["REMOTE_SCHEMES", "filesystem", "scheme_package", "without_client_retries"]
+__all__ = [
+    "REMOTE_SCHEMES",
+    "filesystem",
+    "scheme_package",
+    "split_url",
+    "without_client_retries",
+]
 
 _USED_CLASSES: set[type] = set()
 _INHERITED: list[Any] = []
@@ -32,6 +38,14 @@ REMOTE_SCHEMES: dict[str, str] = {
     "abfs": "adlfs",
     "hf": "huggingface_hub",
 }
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """A URL's scheme and the rest, ``("s3", "bucket/key")``; ``("", url)`` for a name
+    without one. Only for names already known to be remote: whether a name is remote is
+    :func:`~indextar.source.location.url_scheme`'s to say."""
+    scheme, sep, rest = url.partition("://")
+    return (scheme, rest) if sep else ("", url)
 
 
 def scheme_package(scheme: str) -> str:
@@ -61,7 +75,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     ImportError
         If fsspec or the protocol's package is not installed, saying what to install.
     """
-    protocol = url.partition("://")[0]
+    protocol = split_url(url)[0]
     try:
         import fsspec.core
     except ImportError as e:
@@ -90,7 +104,7 @@ def without_client_retries(url: str, storage_options: Mapping[str, Any]) -> dict
     multiply the attempts and sleep without ``Retry-After``, unseen.
     """
     options = dict(storage_options)
-    if url.partition("://")[0] in ("s3", "s3a"):
+    if split_url(url)[0] in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("retries", {"total_max_attempts": 1})
         options["config_kwargs"] = config

@@ -4,7 +4,7 @@
 refuses a file changed since (:class:`FileVersion` is what an index recorded of it).
 The mapped sources are tracked so that a forked child drops its parent's maps at once
 and a process near its descriptor limit unmaps the longest-mapped ones; the dataset's
-:class:`LRUCache` of open shards bounds them too.
+:class:`~indextar.read.shard.LRUCache` of open shards bounds them too.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import operator
 import os
 import resource
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +36,6 @@ _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0  # larger: 
 __all__ = [
     "FileVersion",
     "LocalFileSource",
-    "LRUCache",
     "mapped_file",
     "open_source",
 ]
@@ -361,58 +359,3 @@ def mapped_file(path: str | os.PathLike[str]) -> Iterator[tuple[mmap.mmap | byte
             # that exception is collected.
             with contextlib.suppress(BufferError):
                 mm.close()
-
-
-# -- bounded cache ---------------------------------------------------------------
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class LRUCache(Generic[K, V]):
-    """A least-recently-used map of at most ``capacity`` entries.
-
-    ``on_evict(value)`` runs for every entry pushed out or cleared: the dataset closes
-    evicted shards there, so the number of open files stays bounded.
-    """
-
-    __slots__ = ("capacity", "_entries", "_on_evict")
-
-    def __init__(self, capacity: int, on_evict: Callable[[V], None] | None = None):
-        if capacity < 1:
-            raise ValueError(f"an LRU cache needs a capacity of at least 1, got {capacity}")
-        self.capacity = capacity
-        self._entries: OrderedDict[K, V] = OrderedDict()
-        self._on_evict = on_evict
-
-    def get(self, key: K) -> V | None:
-        """The entry for ``key``, marked most recently used; ``None`` if absent."""
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        """Add or replace an entry, evicting the least recently used one if full."""
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            _, evicted = self._entries.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(evicted)
-
-    def clear(self) -> None:
-        """Evict every entry."""
-        while self._entries:
-            _, evicted = self._entries.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(evicted)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._entries)

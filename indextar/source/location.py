@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union
 
-from ..patterns import is_url
 from ..tar.compress import sniff_codec
 from .base import ByteSource
 from .cache import ShardCache
@@ -50,9 +49,11 @@ INDEX_SUFFIX = ".idx.sqlite"
 
 
 def url_scheme(name: str) -> str:
-    """The URL scheme of ``name`` if it names a remote object, else ``""``: the one test
-    of whether a shard is remote (``file://`` names a local file). 60 ns for a path."""
-    return name.partition("://")[0] if "://" in name and is_url(name) else ""
+    """The URL scheme of ``name`` if it names a remote object (``scheme://...``), else
+    ``""``: the one test of whether a shard is remote (``file://`` names a local file,
+    and so does a path with ``://`` inside it). 60 ns for a path."""
+    head, sep, _ = name.partition("://")
+    return head if sep and head.isidentifier() and head != "file" else ""
 
 
 def remote_shards(names: Sequence[str]) -> frozenset[int]:

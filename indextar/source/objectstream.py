@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import IndextarError, StaleIndexError, WrongRangeError
 from .conditional import RemoteStat, check_version
+from .filesystems import split_url
 from .retry import DEFAULT_RETRY, RetryPolicy, with_retries
 from .streamgets import StreamAnswer, StreamGet, streaming_get
 
@@ -52,7 +53,7 @@ _STREAMING_PROTOCOLS = ("http", "https", "s3", "s3a")
 
 def streams_protocol(url: str) -> bool:
     """Whether ``url`` is read by one streaming GET (:class:`ObjectStream`)."""
-    return "://" in url and url.partition("://")[0] in _STREAMING_PROTOCOLS
+    return split_url(url)[0] in _STREAMING_PROTOCOLS
 
 
 class _Closed(Exception):

@@ -35,7 +35,7 @@ from ..errors import (
 )
 from .base import ByteSource, Span, fork_generation, split_members
 from .conditional import RemoteStat, check_version, get_ranges, get_ranges_direct
-from .filesystems import filesystem, without_client_retries
+from .filesystems import filesystem, split_url, without_client_retries
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 from .s3direct import S3Direct, direct_client_for
 
@@ -146,7 +146,7 @@ class RangeSource(ByteSource):
         try:
             self._direct = direct_client_for(self.url, self.storage_options)
             if self._direct is not None:
-                self._bucket, _, self._key = self.url.partition("://")[2].partition("/")
+                self._bucket, _, self._key = split_url(self.url)[1].partition("/")
             if self._direct is None or self.expected is None or not self.expected.etag:
                 self._check_fresh()
         except BaseException:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import fork_generation
+from .filesystems import split_url
 from .fsspec_internals import configured_options
 from .sigv4 import Credentials, SigV4Signer, quote_key
 
@@ -213,7 +214,7 @@ def direct_client(storage_options: Mapping[str, Any]) -> S3Direct | None:
 def direct_client_for(url: str, storage_options: Mapping[str, Any]) -> S3Direct | None:
     """:func:`direct_client` for an ``s3://bucket/key`` URL; None for other URLs, for a
     version (``?versionId=``) and for an access point (s3fs and botocore resolve those)."""
-    protocol, _, path = url.partition("://")
+    protocol, path = split_url(url)
     bucket, _, key = path.partition("/")
     if protocol not in ("s3", "s3a") or not bucket or not key or "?versionId=" in key:
         return None

@@ -12,7 +12,6 @@ import shlex
 from typing import Any
 
 from ..errors import ShardFormatError, TruncatedShardError
-from ..patterns import is_url
 
 __all__ = [
     "CODECS",
@@ -72,13 +71,15 @@ def split_compression_suffix(name: str) -> tuple[str, str | None]:
 
 
 def compressed_message(
-    head: bytes, shard: str | None, *, reading: str = "random access"
+    head: bytes, shard: str | None, *, reading: str = "random access", remote: bool = False
 ) -> str | None:
     """Why ``shard``, starting with ``head``, cannot be scanned (or read as ``reading``
-    says, for example ``"streaming"``), or ``None`` if not compressed."""
+    says, for example ``"streaming"``), or ``None`` if not compressed. A ``remote``
+    shard (a URL: the caller's location says so) is told to download, decompress and
+    upload."""
     for magic, name, tool, _ in _COMPRESSION_MAGIC:
         if head.startswith(magic):
-            hint = _decompress_command(tool, shard or "SHARD")
+            hint = _decompress_command(tool, shard or "SHARD", remote=remote)
             return (
                 f"shard is {name}-compressed; {reading} needs a plain, gzip- or "
                 f"zstd-compressed tar (decompress it first, for example: {hint})"
@@ -86,7 +87,7 @@ def compressed_message(
     return None
 
 
-def _decompress_command(tool: str, shard: str) -> str:
+def _decompress_command(tool: str, shard: str, *, remote: bool = False) -> str:
     """A shell command that turns the compressed ``shard`` into a plain tar; for a URL,
     the steps around that command (no command decompresses an object in place).
 
@@ -94,7 +95,7 @@ def _decompress_command(tool: str, shard: str) -> str:
     are often named ``.tar``: ``tool -dc`` works whatever the name.
     """
     quote = shlex.quote
-    if is_url(shard):
+    if remote:
         path = shard.partition("?")[0]  # a signed URL's query names no file
         name = path.rstrip("/").rpartition("/")[2] or "shard"
         plain_url, named = split_compression_suffix(path)

@@ -189,6 +189,7 @@ class Scanner(ShardBytes):
     :mod:`indextar.tar.streamscan` runs over a shard as it streams past."""
 
     ignore_zeros = False
+    remote = False  # the shard is a URL (its compressed-shard hint says so)
 
     # -- entry point --------------------------------------------------------
 
@@ -224,7 +225,7 @@ class Scanner(ShardBytes):
     def check_start(self) -> None:
         if self.size == 0:
             raise self.error(ShardFormatError, "file is empty (0 bytes); not a tar archive", 0)
-        compressed = compressed_message(self.data[:8].tobytes(), self.shard)
+        compressed = compressed_message(self.data[:8].tobytes(), self.shard, remote=self.remote)
         if compressed is not None:
             raise self.error(CompressedShardError, compressed, 0)
         if self.size < BLOCK:

@@ -85,12 +85,22 @@ class StreamedBytes:
 
     ``size`` is the object's size. Bytes behind the reader must have been kept;
     asking for other bytes behind it is a bug in the caller (``LookupError``).
+    ``remote``: ``shard`` is a URL, which a compressed shard's hint then speaks of.
     """
 
-    def __init__(self, reader: BlockReader, size: int, *, shard: str | None, edges: int = 0):
+    def __init__(
+        self,
+        reader: BlockReader,
+        size: int,
+        *,
+        shard: str | None,
+        edges: int = 0,
+        remote: bool = False,
+    ):
         self.reader = reader
         self.size = size
         self.shard = shard
+        self.remote = remote
         self.position = 0  # how far the reader has gone
         self._blocks: dict[int, bytes] = {}  # block number -> its bytes (the last may be short)
         self._zeros: list[tuple[int, int]] = []  # stretches passed and known to be zero
@@ -286,6 +296,7 @@ class _StreamScanner(Scanner):
         self.buf = None
         self.fd = -1
         self.shard = view.shard
+        self.remote = view.remote
         self.size = view.size
         self.raw = _Raw(view)  # type: ignore[assignment]
         self.data = _Data(view)  # type: ignore[assignment]

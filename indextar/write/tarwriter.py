@@ -172,8 +172,13 @@ class TarWriter(ClosingWriter):
         self._check_open()
         return self.append(encode_sample(sample, encoder=self.encoder, shard=self.name))
 
-    def append(self, sample: TarSample) -> int:
-        """Append an already encoded sample; return the bytes it added."""
+    def append(self, sample: TarSample, *, attributes: dict[str, object] | None = None) -> int:
+        """Append an already encoded sample; return the bytes it added.
+
+        With ``attributes_from=``, ``attributes`` are the fields of the sample's member
+        of that extension, already parsed (the caller wrote that member from them), so
+        they are recorded without parsing the member back.
+        """
         self._check_open()
         if sample.key in self._keys:
             raise WriterError(
@@ -182,7 +187,10 @@ class TarWriter(ClosingWriter):
                 key=sample.key,
             )
         if self._attributes is not None:  # refuses a bad sample before writing it
-            self._attributes.add(_member_bytes(sample, self._attributes.ext), sample.key)
+            if attributes is not None:
+                self._attributes.add_fields(attributes, sample.key)
+            else:
+                self._attributes.add(_member_bytes(sample, self._attributes.ext), sample.key)
         if self.checksum:
             checksum = hash_parts(sample.parts, self.checksum)
         self._write_parts(sample.parts)

@@ -92,6 +92,30 @@ def test_pure_python_plans_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     assert np.array_equal(plans[False].offsets, plans[True].offsets)
 
 
+@pytest.mark.parametrize(
+    "lengths, max_length",
+    [
+        (np.random.default_rng(4).integers(0, 3000, 5000), 1024),  # empties and overlong
+        (np.random.default_rng(5).integers(1, 50, 4000).astype(np.int32), 64),
+        (np.array([8, 8, 8]), 8),  # cuts at document ends
+        (np.array([0, 0]), 16),  # nothing to pack
+        (np.array([5]), 1),
+    ],
+)
+def test_concat_split_in_c_plans_what_numpy_plans(
+    monkeypatch: pytest.MonkeyPatch, lengths: np.ndarray, max_length: int
+) -> None:
+    plans = {}
+    for pure in (False, True):
+        if pure:
+            monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
+        plans[pure] = plan_packs(lengths, max_length, strategy="concat-split", seed=9)
+    for field in ("offsets", "documents", "lengths", "starts"):
+        c, numpy = getattr(plans[False], field), getattr(plans[True], field)
+        assert c.dtype == numpy.dtype and np.array_equal(c, numpy), field
+    assert (plans[False].overlong, plans[False].empty) == (plans[True].overlong, plans[True].empty)
+
+
 def test_best_fit_fills_packs_and_seeds_change_only_who_shares() -> None:
     lengths = np.clip(np.random.default_rng(0).lognormal(5, 1, 20_000), 1, 4096).astype(int)
     a = plan_packs(lengths, 2048, seed=0)

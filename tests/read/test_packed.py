@@ -171,3 +171,39 @@ def test_collate_drives_variable_length_attention(corpus: str) -> None:
 
 def test_as_uint16_reads_the_member() -> None:
     assert as_uint16((np.arange(3, dtype=np.uint16).tobytes(),)).tolist() == [0, 1, 2]
+
+
+def test_a_mixture_of_packed_parts_is_weighted_by_tokens(corpus: str) -> None:
+    """Weights over packed parts are shares of tokens, not of packs: a part whose packs
+    hold four times the tokens is drawn a quarter as often for the same share."""
+    ds = dataset(corpus)
+    short = PackedDataset(ds, max_length=32, lengths="num_tokens", strategy="concat-split")
+    long = PackedDataset(ds, max_length=128, lengths="num_tokens", strategy="concat-split")
+    mixture = indextar.MixtureDataset({"short": short, "long": long})
+    pack_tokens = np.array(
+        [sum(len(t) for t in part[i].tokens) for part in (short, long) for i in range(len(part))]
+    )
+    for weights in ({"short": 0.5, "long": 0.5}, {"short": 0.8, "long": 0.2}):
+        sampler = ResumableSampler(mixture, weights=weights, epoch_length=2000, seed=4)
+        drawn = np.array(list(sampler))
+        is_short = drawn < len(short)
+        tokens = pack_tokens[drawn]
+        share = tokens[is_short].sum() / tokens.sum()
+        assert share == pytest.approx(weights["short"], abs=0.03), (weights, share)
+        parts = sampler.state_dict()["selection"]
+        assert [part["max_length"] for part in parts] == [32, 128]  # checked on resume
+    # Without token counts (a plain concatenation of the same packs) weights count packs.
+    plain = indextar.MixtureDataset({"short": list(short), "long": list(long)})
+    sampler = ResumableSampler(plain, weights={"short": 0.5, "long": 0.5}, epoch_length=2000)
+    drawn = np.array(list(sampler))
+    assert (drawn < len(short)).mean() == pytest.approx(0.5, abs=0.01)
+    # The mixture of packs reads and collates in a DataLoader with workers.
+    loader = DataLoader(
+        mixture,
+        batch_size=4,
+        sampler=ResumableSampler(mixture, weights={"short": 0.5, "long": 0.5}, epoch_length=24),
+        collate_fn=lambda packs: [collate_packs([p]) for p in packs],
+        num_workers=2,
+    )
+    widths = {b["input_ids"].shape[1] for batch in loader for b in batch}
+    assert widths == {32, 128}

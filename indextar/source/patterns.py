@@ -1,4 +1,8 @@
-"""Shard patterns: brace expansion and globs, into an ordered list of shards."""
+"""Shard patterns: brace expansion and globs, into an ordered list of shards.
+
+A URL is kept as given, a local path is globbed or listed: which is which is the
+:class:`~indextar.source.location.ShardLocation`'s to say.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,12 @@ from collections.abc import Iterable
 
 import braceexpand
 
-from .errors import ShardNotFoundError
+from ..errors import ShardNotFoundError
+from .location import ShardLocation
 
-__all__ = ["expand_shards", "is_url"]
+__all__ = ["expand_shards"]
 
 _GLOB_CHARS = frozenset("*?[")
-
-
-def is_url(path: str) -> bool:
-    """Whether ``path`` names a remote object (``scheme://...``) rather than a local file."""
-    head, sep, _ = path.partition("://")
-    return bool(sep) and head.isidentifier() and head != "file"
 
 
 def expand_shards(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
@@ -43,8 +42,9 @@ def expand_shards(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[
     shards: dict[str, None] = {}
     for pattern in patterns:
         for expanded in braceexpand.braceexpand(os.fspath(pattern)):
-            expanded = expanded.removeprefix("file://")  # a local path, as a URL
-            if is_url(expanded):
+            location = ShardLocation.of(expanded)  # file:// URLs are local paths
+            expanded = location.name
+            if location.remote:
                 shards[expanded] = None
             elif not expanded.endswith(".tar") and os.path.isdir(expanded):  # no stat per shard
                 inside = glob.glob(os.path.join(glob.escape(expanded), "*.tar"))

@@ -1,0 +1,269 @@
+"""The GPU image stage: a batch's JPEGs decoded and resized on the device.
+
+DataLoader workers cannot use CUDA, and nvJPEG pays off on whole batches, so the
+workers only read: :func:`~indextar.read.encoded.encoded_collate` hands a batch's
+encoded images over as one uint8 tensor in shared memory. :class:`ImageStage` then
+decodes the batch in the training process, with nvJPEG
+(``torchvision.io.decode_jpeg(list, device="cuda")``) or DALI's mixed decoder,
+resizes it by shape with ``image_decoder``'s rules (``read/resize.py``) and returns
+uint8 NCHW on the device. Images a GPU decoder refuses (PNG, WebP, CMYK, EXIF-turned;
+see ``read/sniff.py``), or that it fails on, are decoded by ``image_decoder`` on the
+CPU instead: counted in :attr:`ImageStage.fallbacks` and logged once per reason.
+Without CUDA (``backend="cpu"``) every image takes that path, with the same shapes.
+
+:func:`on_gpu` wraps a loader: a thread takes batch N+1 from the loader and decodes it
+on a side CUDA stream while the caller trains on batch N (``read/staged.py``).
+torchvision (and DALI) are imported only here, and only when a GPU backend is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import DecodeError, DecodeSpecError
+from .encoded import EncodedBatch
+from .image import Backend as JpegBackend
+from .image import Fit, image_decoder
+from .resize import check_filter, resize_images
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ImageStage", "StageBackend", "STAGE_BACKENDS"]
+
+log = logging.getLogger(__name__)
+
+StageBackend = Literal["auto", "nvjpeg", "dali", "cpu", "reference"]
+STAGE_BACKENDS = ("auto", "nvjpeg", "dali", "cpu", "reference")
+DecodeMany = Callable[[list["torch.Tensor"]], list["torch.Tensor | None"]]
+
+
+class ImageStage:
+    """Decodes :class:`EncodedBatch` es to uint8 NCHW tensors on ``device``.
+
+    Call it on a batch (``stage(batch)``) to get the batch back with the images decoded
+    in the encoded ones' place, on the current CUDA stream; or use :func:`on_gpu`, which
+    overlaps it with training. ``backend``: ``"nvjpeg"`` (torchvision's
+    ``decode_jpeg`` on the GPU), ``"dali"`` (DALI's mixed decoder: the H100's hardware
+    JPEG engines), ``"cpu"`` (``image_decoder``, the same shapes), or ``"auto"``:
+    nvjpeg where CUDA and torchvision are present, else cpu. ``"reference"`` does what
+    the GPU backends do (full-size decode, refusals routed to the CPU path, torch's
+    resize by shape) with Pillow on any device: the GPU path's twin, which the tests
+    run where there is no GPU. Arguments as :func:`indextar.on_gpu`.
+    """
+
+    def __init__(
+        self,
+        size: int | tuple[int, int] | None = 256,
+        *,
+        fit: Fit = "crop",
+        resample: str = "bilinear",
+        orient: bool = True,
+        device: str | torch.device | None = None,
+        backend: StageBackend = "auto",
+        jpeg_backend: JpegBackend = "auto",
+        pin_memory: bool = False,
+    ) -> None:
+        import torch
+
+        # image_decoder checks size, fit and resample, and is the CPU path.
+        self._cpu = image_decoder(
+            "rgb8", size, fit=fit, resample=resample, orient=orient, backend=jpeg_backend
+        )
+        if backend not in STAGE_BACKENDS:
+            raise DecodeSpecError(
+                f"on_gpu backend= must be one of {', '.join(STAGE_BACKENDS)}; got {backend!r}"
+            )
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
+        if self.device.type == "cuda" and self.device.index is None and cuda:
+            # an index, for torch.cuda.set_device in on_gpu's thread (it refuses "cuda")
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if backend == "auto":
+            on_cuda = self.device.type == "cuda" and cuda
+            backend = "nvjpeg" if on_cuda and _torchvision_io() is not None else "cpu"
+        self.backend: StageBackend = backend
+        self.fallbacks: Counter[str] = Counter()
+        """Images decoded on the CPU because the GPU decoder refused them, by reason
+        (``"png"``, ``"webp"``, ``"cmyk"``, ``"orientation"``, ``"decoder"``, ...)."""
+        self._logged: set[str] = set()
+        self._gpu: DecodeMany | None = None
+        self._staging: Any = None
+        if backend == "reference":
+            check_filter(resample)
+            self._gpu = _reference(self.device)
+        elif backend != "cpu":
+            if self.device.type != "cuda" or not cuda:
+                raise DecodeSpecError(
+                    f"on_gpu(backend={backend!r}) needs a CUDA device; got device="
+                    f"{str(self.device)!r} with CUDA {'present' if cuda else 'absent'} "
+                    f"(backend='cpu' or 'auto' decodes on the CPU)"
+                )
+            check_filter(resample)
+            self._gpu = _nvjpeg(self.device) if backend == "nvjpeg" else _dali(self.device)
+            if pin_memory:
+                from .staging import PinnedStaging
+
+                self._staging = PinnedStaging()
+
+    @property
+    def size(self) -> int | tuple[int, int] | None:
+        """The target size, as ``image_decoder``'s ``size=``."""
+        return self._cpu.size
+
+    def __call__(self, batch: EncodedBatch) -> Any:
+        """``batch`` with its images decoded (:meth:`decode`) in their place, and its
+        other tensors moved to the device."""
+        images = self.decode(batch)
+        return (
+            batch.assemble(images)
+            if not batch.rest
+            else _to_device(batch.assemble(images), self.device)
+        )
+
+    def decode(self, batch: EncodedBatch) -> torch.Tensor | list[torch.Tensor]:
+        """The batch's images as one uint8 NCHW tensor on the device; a list of CHW
+        tensors instead where their shapes differ (an int ``size`` and images of
+        different aspect ratios)."""
+        bounds = batch.offsets.tolist()
+        count = len(bounds) - 1
+        out: list[torch.Tensor | None] = [None] * count
+        on_cpu: list[tuple[int, str | None]] = [(i, None) for i in range(count)]
+        if self._gpu is not None:
+            on_cpu = list(batch.refusals)
+            refused = {i for i, _ in on_cpu}
+            todo = [i for i in range(count) if i not in refused]
+            # Pinned, the decoder's own copies to the device are DMA.
+            source = batch.data if self._staging is None else self._staging.take(batch.data)
+            decoded = self._gpu([source[bounds[i] : bounds[i + 1]] for i in todo]) if todo else []
+            if self._staging is not None:
+                self._staging.used()
+            good = [(i, image) for i, image in zip(todo, decoded) if image is not None]
+            on_cpu += [(i, "decoder") for i, image in zip(todo, decoded) if image is None]
+            resized = resize_images(
+                [image for _, image in good],
+                self.size,
+                fit=self._cpu.fit,
+                resample=self._cpu.resample,
+            )
+            for (i, _), image in zip(good, resized):
+                out[i] = image
+        for i, reason in sorted(on_cpu):
+            if reason is not None:
+                self._count(reason)
+            out[i] = self._decode_cpu(batch.data[bounds[i] : bounds[i + 1]], i, count)
+        return _stack([image for image in out if image is not None], self.device)
+
+    def _decode_cpu(self, blob: torch.Tensor, position: int, count: int) -> torch.Tensor:
+        import numpy as np
+        import torch
+
+        try:
+            img = self._cpu.decode_pil(blob.numpy().tobytes())
+        except Exception as e:
+            raise DecodeError(
+                f"image {position} of a batch of {count} ({blob.numel()} bytes): cannot "
+                f"decode it: {e}"
+            ) from e
+        pixels = torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1)
+        return pixels.to(self.device) if self.device.type != "cpu" else pixels
+
+    def _count(self, reason: str) -> None:
+        self.fallbacks[reason] += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning(
+                "on_gpu: an image the %s decoder does not take (%s) is decoded on the CPU; "
+                "such images are counted in ImageStage.fallbacks and not logged again",
+                self.backend,
+                reason,
+            )
+
+
+def _stack(images: list[torch.Tensor], device: torch.device) -> torch.Tensor | list[torch.Tensor]:
+    import torch
+
+    if not images:
+        return torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
+    if all(image.shape == images[0].shape for image in images):
+        return torch.stack(images)
+    return images
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it (tuples, lists, dicts) on ``device``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, tuple):
+        return tuple(_to_device(item, device) for item in value)
+    if isinstance(value, list):
+        return [_to_device(item, device) for item in value]
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    return value
+
+
+def _torchvision_io() -> Any:
+    try:
+        import torchvision.io
+    except ImportError:
+        return None
+    return torchvision.io
+
+
+def _nvjpeg(device: torch.device) -> DecodeMany:
+    io = _torchvision_io()
+    if io is None:
+        raise DecodeSpecError(
+            "on_gpu(backend='nvjpeg') needs torchvision (pip install torchvision, the build "
+            "matching your torch)"
+        )
+    rgb = io.ImageReadMode.RGB
+
+    def decode(blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        try:
+            return list(io.decode_jpeg(blobs, mode=rgb, device=device))
+        except Exception:  # noqa: BLE001 - its checks raise RuntimeError or ValueError
+            pass  # one bad image fails the batch: find it, and decode the rest
+        decoded: list[torch.Tensor | None] = []
+        for blob in blobs:
+            try:
+                decoded.append(io.decode_jpeg(blob, mode=rgb, device=device))
+            except Exception:  # noqa: BLE001 - the CPU path decodes it, or names the error
+                decoded.append(None)
+        return decoded
+
+    return decode
+
+
+def _reference(device: torch.device) -> DecodeMany:
+    import io
+
+    import numpy as np
+    import PIL.Image
+    import torch
+
+    def decode(blobs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        decoded: list[torch.Tensor | None] = []
+        for blob in blobs:
+            try:
+                with PIL.Image.open(io.BytesIO(blob.numpy().tobytes())) as img:
+                    pixels = np.array(img.convert("RGB"), dtype=np.uint8)
+            except (OSError, ValueError):
+                decoded.append(None)
+                continue
+            decoded.append(torch.from_numpy(pixels).permute(2, 0, 1).to(device))
+        return decoded
+
+    return decode
+
+
+def _dali(device: torch.device) -> DecodeMany:
+    from .gpu_dali import DaliDecoder
+
+    return DaliDecoder(device)

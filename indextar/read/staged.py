@@ -1,0 +1,244 @@
+"""``on_gpu``: a loader's batches decoded on the device while the caller trains.
+
+A thread takes batch N+2 from the loader while a second runs the :class:`ImageStage` on
+batch N+1, on a CUDA stream of its own, and the caller's stream trains on batch N: the DataLoader's
+hand-off and the decoder's host work (parsing, Huffman decoding in nvJPEG's hybrid
+path) overlap with training, and so does the decode's device work. Each batch comes
+with a CUDA event; the caller's stream waits for it before the batch is handed out, and
+its tensors are recorded on the caller's stream, so the allocator does not give their
+memory back while the caller still reads them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .encoded import EncodedBatch
+from .gpu import ImageStage, StageBackend
+from .image import Backend as JpegBackend
+from .image import Fit
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["StagedLoader", "on_gpu"]
+
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    error: BaseException
+
+
+_END = object()
+
+
+class StagedLoader:
+    """An iterable over a loader's batches with their images decoded on the device;
+    made by :func:`on_gpu`. ``stage`` is the :class:`ImageStage` (its ``fallbacks``
+    count the images decoded on the CPU)."""
+
+    def __init__(self, loader: Iterable[EncodedBatch], stage: ImageStage, *, prefetch: int = 1):
+        self.loader = loader
+        self.stage = stage
+        self.prefetch = max(1, prefetch)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        fetched: queue.Queue[Any] = queue.Queue(self.prefetch + 1)
+        ready: queue.Queue[Any] = queue.Queue(self.prefetch)
+        stop = threading.Event()
+        # The DataLoader forks its workers here, in the caller's thread: forking from a
+        # second thread while the caller's runs could copy a lock that thread holds.
+        batches = iter(self.loader)
+        # Two threads, so that taking batch N+2 from the loader (the hand-off: waiting
+        # on the workers' queue, mapping the shared memory) overlaps with decoding
+        # batch N+1: one thread doing both ran at 1 / (1 / hand-off + 1 / decode).
+        threads = [
+            threading.Thread(
+                target=self._fetch,
+                args=(batches, fetched, stop),
+                name="indextar-fetch",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._produce,
+                args=(fetched, ready, stop),
+                name="indextar-on-gpu",
+                daemon=True,
+            ),
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error
+                batch, event = item
+                if event is not None:
+                    _hand_over(batch, event, self.stage.device)
+                yield batch
+        finally:
+            stop.set()
+            while any(thread.is_alive() for thread in threads):  # unblock waiting puts
+                for waiting in (ready, fetched):
+                    try:
+                        waiting.get(timeout=_POLL_S)
+                    except queue.Empty:
+                        pass
+
+    @staticmethod
+    def _fetch(
+        batches: Iterator[EncodedBatch], fetched: queue.Queue[Any], stop: threading.Event
+    ) -> None:
+        try:
+            for encoded in batches:
+                if not _put(fetched, encoded, stop):
+                    return
+            _put(fetched, _END, stop)
+        except BaseException as e:  # handed to the caller's thread, raised there
+            _put(fetched, _Failure(e), stop)
+
+    def _produce(
+        self, fetched: queue.Queue[Any], ready: queue.Queue[Any], stop: threading.Event
+    ) -> None:
+        import torch
+
+        try:
+            cuda = self.stage.device.type == "cuda"
+            stream = None
+            if cuda:
+                torch.cuda.set_device(self.stage.device)
+                stream = torch.cuda.Stream(self.stage.device)  # type: ignore[no-untyped-call]
+            while not stop.is_set():
+                try:
+                    encoded = fetched.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
+                if encoded is _END or isinstance(encoded, _Failure):
+                    _put(ready, encoded, stop)
+                    return
+                with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                    batch = self.stage(encoded)
+                    event = None
+                    if stream is not None:
+                        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                        event.record(stream)
+                if not _put(ready, (batch, event), stop):
+                    return
+        except BaseException as e:  # handed to the caller's thread, raised there
+            _put(ready, _Failure(e), stop)
+
+
+def _put(into: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; whether it was put."""
+    while not stop.is_set():
+        try:
+            into.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            pass
+    return False
+
+
+def _hand_over(batch: Any, event: torch.cuda.Event, device: torch.device) -> None:
+    """Make the caller's stream wait for ``batch``'s decode, and keep its memory from
+    being reused until the caller's stream is done with it."""
+    import torch
+
+    current = torch.cuda.current_stream(device)
+    current.wait_event(event)
+    for tensor in _tensors(batch):
+        if tensor.is_cuda:
+            tensor.record_stream(current)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def on_gpu(
+    loader: Iterable[EncodedBatch],
+    size: int | tuple[int, int] | None = 256,
+    *,
+    fit: Fit = "crop",
+    resample: str = "bilinear",
+    orient: bool = True,
+    device: str | torch.device | None = None,
+    backend: StageBackend = "auto",
+    jpeg_backend: JpegBackend = "auto",
+    pin_memory: bool = False,
+    prefetch: int = 1,
+) -> StagedLoader:
+    """Iterate over ``loader``'s batches with their images decoded and resized on the GPU.
+
+    ``loader`` is a DataLoader whose ``collate_fn`` is :func:`encoded_collate`: its
+    workers only read each sample's encoded image. Each batch comes back shaped as its
+    samples (a tuple, a dict, or the images alone) with a uint8 NCHW tensor on
+    ``device`` in the image's place and the other tensors moved there too::
+
+        loader = DataLoader(ds, batch_size=64, num_workers=4, collate_fn=encoded_collate())
+        for images, labels in on_gpu(loader, size=(224, 224)):
+            ...
+
+    Parameters
+    ----------
+    size, fit, resample, orient
+        As :func:`image_decoder`: the same sizes and shapes. On the GPU ``resample`` is
+        ``nearest``, ``bilinear`` or ``bicubic``. An int ``size`` keeps each image's
+        aspect, so a batch of mixed aspects comes back as a list of CHW tensors.
+    device
+        Where the images go; default ``"cuda"`` where CUDA is present, else ``"cpu"``.
+    backend
+        ``"nvjpeg"`` (``torchvision.io.decode_jpeg`` on the GPU), ``"dali"``
+        (``nvidia-dali``'s mixed decoder), ``"cpu"`` (``image_decoder``), or ``"auto"``:
+        nvjpeg where CUDA and torchvision are present, else cpu. ``"reference"`` is the
+        GPU path's twin on any device (Pillow's full decode, torch's resize). Images the
+        GPU decoder refuses are decoded on the CPU, counted in ``.stage.fallbacks``.
+    jpeg_backend
+        ``image_decoder``'s ``backend=`` for the images decoded on the CPU.
+    pin_memory
+        Copy each batch's bytes to pinned memory before the GPU decoder reads them. Off
+        by default: torchvision's decoder copies its input to the device itself, and on
+        an H100 with 16 cores the pinned copy cost 4 times the CPU (10.6 cores against
+        2.5 at 4 workers) for 0.71 of the rate (``tools/bench_gpu.py``).
+    prefetch
+        Decoded batches waiting for the caller (1: double buffering).
+
+    Raises
+    ------
+    DecodeSpecError
+        For an unknown ``backend``, a GPU backend without CUDA or its library, or an
+        argument ``image_decoder`` refuses.
+    """
+    stage = ImageStage(
+        size,
+        fit=fit,
+        resample=resample,
+        orient=orient,
+        device=device,
+        backend=backend,
+        jpeg_backend=jpeg_backend,
+        pin_memory=pin_memory,
+    )
+    return StagedLoader(loader, stage, prefetch=prefetch)

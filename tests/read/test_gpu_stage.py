@@ -1,0 +1,214 @@
+"""The GPU image stage without a GPU: the workers' hand-off (one uint8 tensor with
+offsets, in shared memory, through real fork and spawn DataLoader workers), the sniffing
+that routes images a GPU decoder refuses to the CPU, and the CPU backend against
+image_decoder. tests/read/test_image_gpu.py runs the CUDA half."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import struct
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from photos import encode, photo, psnr
+from torch.utils.data import DataLoader
+
+from indextar import (
+    DecodeError,
+    DecodeSpecError,
+    ImageStage,
+    IndexedTarDataset,
+    encoded_collate,
+    image_decoder,
+    on_gpu,
+)
+from indextar.read.sniff import gpu_refusal
+
+# Python 3.12 warns when a process with threads forks (torch's own thread pools count);
+# DataLoader workers fork so in every torch program.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded:DeprecationWarning"
+)
+
+
+def exif_jpeg(orientation: int) -> bytes:
+    """A JPEG with an EXIF block giving ``orientation``."""
+    img = photo(64, 48, 7)
+    exif = img.getexif()
+    exif[0x0112] = orientation
+    return encode(img, exif=exif.tobytes())
+
+
+def mixed_images() -> dict[str, bytes]:
+    base = photo(160, 120, 1)
+    return {
+        "jpg": encode(base),
+        "progressive": encode(photo(160, 120, 2), progressive=True),
+        "grey": encode(photo(160, 120, 3).convert("L")),
+        "png": encode(photo(160, 120, 4), "PNG"),
+        "webp": encode(photo(160, 120, 5), "WEBP"),
+        "cmyk": encode(photo(160, 120, 6).convert("CMYK")),
+        "turned": exif_jpeg(6),
+    }
+
+
+def test_sniff_names_what_a_gpu_decoder_refuses() -> None:
+    images = mixed_images()
+    got = {name: gpu_refusal(data) for name, data in images.items()}
+    assert got == {
+        "jpg": None,
+        "progressive": None,
+        "grey": None,
+        "png": "png",
+        "webp": "webp",
+        "cmyk": "cmyk",
+        "turned": "orientation",
+    }
+    assert gpu_refusal(images["turned"], orient=False) is None
+    assert gpu_refusal(exif_jpeg(1)) is None
+    assert gpu_refusal(encode(photo(32, 32, 0), "GIF")) == "gif"
+    assert gpu_refusal(encode(photo(32, 32, 0), "BMP")) == "bmp"
+    assert gpu_refusal(images["jpg"][:40]) == "truncated"
+    assert gpu_refusal(b"") == "other"
+    # a 12-bit frame header: precision byte 12
+    sof = images["jpg"].index(b"\xff\xc0")
+    twelve = bytearray(images["jpg"])
+    twelve[sof + 4] = 12
+    assert gpu_refusal(bytes(twelve)) == "precision"
+
+
+def test_collate_joins_images_in_one_tensor() -> None:
+    blobs = [encode(photo(40 + i, 30, i)) for i in range(3)] + [encode(photo(20, 20), "PNG")]
+    batch = encoded_collate()([(blob, i, f"k{i}") for i, blob in enumerate(blobs)])
+    assert batch.data.dtype == torch.uint8 and batch.offsets.dtype == torch.int64
+    assert batch.offsets.tolist() == list(np.cumsum([0, *map(len, blobs)]))
+    assert [bytes(image.numpy()) for image in batch.images()] == blobs
+    assert batch.refusals == ((3, "png"),)
+    labels, keys = batch.rest
+    assert labels.tolist() == [0, 1, 2, 3] and list(keys) == ["k0", "k1", "k2", "k3"]
+    assert batch.assemble("images") == ("images", labels, keys)
+
+    dicts = encoded_collate("jpg")([{"jpg": blob, "cls": i} for i, blob in enumerate(blobs)])
+    assert dicts.assemble("images")["jpg"] == "images" and len(dicts) == 4
+    assert encoded_collate()(blobs).assemble("images") == "images"
+    with pytest.raises(DecodeSpecError, match="sample 0 of the batch has a ndarray"):
+        encoded_collate()([(np.zeros(3), 0)])
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gpu") / "photos-000000.tar"
+    images = list(mixed_images().values())
+    with tarfile.open(path, "w") as tar:
+        for i in range(16):
+            for ext, data in (("jpg", images[i % len(images)]), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"s{i:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_hand_over_shared_tensors(shard: Path, method: str) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(
+        ds,
+        batch_size=5,
+        num_workers=2,
+        multiprocessing_context=method,
+        collate_fn=encoded_collate(),
+    )
+    seen = 0
+    for batch in loader:
+        assert batch.data.is_shared() and batch.offsets.is_shared()
+        labels = batch.rest[0].tolist()
+        assert [bytes(b.numpy()) for b in batch.images()] == [ds[i][0] for i in labels]
+        assert [i for i, _ in batch.refusals] == [
+            k for k, i in enumerate(labels) if gpu_refusal(ds[i][0]) is not None
+        ]
+        seen += len(batch)
+    assert seen == 16
+
+
+@pytest.mark.parametrize("size,fit", [((64, 96), "crop"), ((64, 64), "pad"), (48, "crop")])
+def test_cpu_backend_is_image_decoder(shard: Path, size: int | tuple[int, int], fit: str) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(ds, batch_size=7, num_workers=1, collate_fn=encoded_collate())
+    staged = on_gpu(loader, size, fit=fit, device="cpu")  # backend="auto": cpu on a CPU
+    assert staged.stage.backend == "cpu" and len(staged) == 3
+    reference = image_decoder("rgb8", size, fit=fit)
+    for images, labels in staged:
+        # an int size keeps aspects: a batch with the EXIF-turned (standing) photo is a list
+        turned = any(i % 7 == 6 for i in labels.tolist())
+        one_shape = isinstance(size, tuple) or not turned
+        assert isinstance(images, torch.Tensor if one_shape else list)
+        for image, i in zip(images, labels.tolist()):
+            assert image.dtype == torch.uint8
+            want = reference(".jpg", ds[i][0])
+            assert image.permute(1, 2, 0).numpy().tobytes() == want.tobytes()
+    assert not staged.stage.fallbacks  # nothing refused: everything is the CPU's
+
+
+def test_reference_backend_routes_refusals(shard: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The GPU path's routing and resize, with Pillow as the decoder: refused images are
+    image_decoder's, counted, and logged once per reason; the rest are within 30 dB."""
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=encoded_collate())
+    staged = on_gpu(loader, (56, 72), backend="reference", device="cpu")
+    reference = image_decoder("rgb8", (56, 72))
+    with caplog.at_level(logging.WARNING, logger="indextar.read.gpu"):
+        for _ in range(2):
+            for images, labels in staged:
+                assert images.shape == (8, 3, 56, 72)
+                for image, i in zip(images, labels.tolist()):
+                    want = reference(".jpg", ds[i][0])
+                    assert psnr(image.permute(1, 2, 0).numpy(), want) >= 30
+    # 16 samples cycle over 7 images: png, webp, cmyk and turned come twice or three times
+    refused = [gpu_refusal(ds[i][0]) for i in range(16)]
+    expected = {reason: 2 * refused.count(reason) for reason in set(refused) - {None}}
+    assert dict(staged.stage.fallbacks) == expected
+    assert set(expected) == {"png", "webp", "cmyk", "orientation"}
+    assert len(caplog.records) == 4  # once per reason, over two epochs
+    for _ in staged:
+        break  # leaving part-way stops the thread
+    assert not [t for t in threading.enumerate() if t.name == "indextar-on-gpu"]
+
+
+def test_mixed_aspects_with_an_int_size_give_a_list() -> None:
+    blobs = [encode(photo(80, 60, 0)), encode(photo(60, 80, 1))]
+    stage = ImageStage(30, backend="reference", device="cpu")
+    images = stage(encoded_collate()(blobs))
+    assert [tuple(image.shape) for image in images] == [(3, 30, 40), (3, 40, 30)]
+
+
+def test_stage_errors() -> None:
+    gpu = torch.cuda.is_available() and importlib.util.find_spec("torchvision") is not None
+    assert ImageStage().backend == ("nvjpeg" if gpu else "cpu")
+    with pytest.raises(DecodeSpecError, match="backend= must be one of"):
+        ImageStage(backend="vulkan")  # type: ignore[arg-type]
+    with pytest.raises(DecodeSpecError, match="needs a CUDA device"):
+        ImageStage(backend="nvjpeg", device="cpu")
+    with pytest.raises(DecodeSpecError, match="resample= must be one of"):
+        ImageStage(resample="lanczos", backend="reference", device="cpu")
+    with pytest.raises(DecodeSpecError, match="size= must be"):
+        ImageStage(size=0)
+    broken = encoded_collate()([b"\xff\xd8" + struct.pack(">HH", 0xFFC0, 4) + b"\0" * 8])
+    with pytest.raises(DecodeError, match="image 0 of a batch of 1"):
+        ImageStage(backend="cpu", device="cpu")(broken)
+
+
+def test_a_failure_in_the_loader_reaches_the_caller() -> None:
+    def batches():  # a loader that fails part-way, as a worker's error would
+        yield encoded_collate()([encode(photo(20, 20))])
+        raise RuntimeError("worker died")
+
+    staged = on_gpu(batches(), 16, device="cpu")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="worker died"):
+        for _ in staged:
+            pass

@@ -1,0 +1,444 @@
+"""The GPU image stage against the CPU paths (issue 28): ``python tools/bench_gpu.py``.
+
+Makes a corpus of photo-like 1024x768 JPEGs (smooth random fields, shapes and noise,
+quality 90; 8,000 by default) in indexed shards under a temporary folder in /tmp, in
+parallel processes, and measures in one run, each case one pass over a warm page cache,
+images decoded to a shorter side of 256 in batches of 64:
+
+* webdataset ``.decode("rgb8")`` + a PIL resize, 15 workers (over fewer images: it is
+  the slow row, and webdataset gives each worker whole shards);
+* indextar ``image_decoder("rgb8", 256)``, 15 workers;
+* the stage, ``on_gpu(loader, 256)`` with ``encoded_collate()``, 2, 4 and 8 workers end
+  to end (and 4 workers with two batches decoded ahead, and with a pinned copy);
+* the hand-off alone, 4 and 8 workers: workers returning a list of ``bytes`` against one
+  uint8 tensor with offsets (``encoded_collate``), nothing decoded;
+* the in-memory ceiling of each backend present: batches already collated in memory,
+  decoded by ``ImageStage`` (and through ``on_gpu``'s thread for the default backend).
+
+Each row gives images/s, its ratio to the 15-worker ``image_decoder`` row, and the CPU
+it used (this process and its reaped children, DataLoader workers included): cores,
+and cores per 1,000 images/s. Then the PSNR of the stage against ``image_decoder`` on a
+sample, and the issue's targets as PASS/FAIL (never asserted). ``--small`` runs it on a
+CPU in seconds (200 images, at most 2 workers, backend ``cpu`` without CUDA). Results
+are rewritten after each row to ``--out`` (markdown) and ``--json-out``, so that a run
+cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import procstats  # noqa: E402
+
+WIDTH, HEIGHT, SIZE, BATCH = 1024, 768, 256, 64
+PER_SHARD = 125
+
+
+# -- corpus -------------------------------------------------------------------------
+
+
+def write_shard(args: tuple[str, int, int]) -> str:
+    """Write ``count`` photo-like JPEG+cls samples from ``first`` into ``path`` and index it."""
+    from PIL import Image, ImageDraw
+
+    from indextar import build_index
+
+    path, first, count = args
+    rng = np.random.default_rng(first)
+    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
+    scenes = []
+    for _ in range(3):
+        scene = np.empty((HEIGHT, WIDTH, 3), np.float32)
+        for c in range(3):
+            fx, fy, phase = rng.uniform(-1, 1, 3)
+            scene[..., c] = 128 + 80 * np.sin(fx * x / 90 + fy * y / 70 + phase * 6)
+        img = Image.fromarray(scene.clip(0, 255).astype(np.uint8))
+        draw = ImageDraw.Draw(img)
+        for _ in range(12):
+            x0, y0 = int(rng.integers(0, WIDTH - 100)), int(rng.integers(0, HEIGHT - 100))
+            box = [x0, y0, x0 + int(rng.integers(20, 300)), y0 + int(rng.integers(20, 300))]
+            draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        scenes.append(np.asarray(img, np.int16))
+    noise = [rng.integers(-12, 13, (HEIGHT, WIDTH, 3), dtype=np.int16) for _ in range(4)]
+    with tarfile.open(path, "w") as tar:
+        for i in range(first, first + count):
+            pixels = np.roll(scenes[i % 3], 7 * i, axis=1) + np.roll(noise[i % 4], 13 * i, axis=0)
+            buf = io.BytesIO()
+            Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+            for ext, data in (("jpg", buf.getvalue()), ("cls", b"%d" % (i % 1000))):
+                info = tarfile.TarInfo(f"p{i:07d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    build_index(path)
+    return path
+
+
+def make_corpus(folder: Path, images: int, processes: int) -> list[str]:
+    jobs = []
+    for n, first in enumerate(range(0, images, PER_SHARD)):
+        jobs.append((str(folder / f"photos-{n:06d}.tar"), first, min(PER_SHARD, images - first)))
+    with get_context("fork").Pool(processes) as pool:
+        return pool.map(write_shard, jobs, chunksize=1)
+
+
+# -- collates (module level: picklable for any start method) ---------------------------
+
+
+def bytes_collate(samples: list[tuple[bytes, int]]) -> tuple[list[bytes], Any]:
+    """The old hand-off: a list of ``bytes``, pickled through the workers' pipes."""
+    import torch
+
+    return [jpeg for jpeg, _ in samples], torch.tensor([label for _, label in samples])
+
+
+def wds_resize(array: np.ndarray) -> np.ndarray:
+    from PIL import Image
+
+    img = Image.fromarray(array)
+    w, h = img.size
+    new = (int(SIZE * w / h), SIZE) if w >= h else (SIZE, int(SIZE * h / w))
+    return np.asarray(img.resize(new, Image.Resampling.BILINEAR))
+
+
+def identity(value: Any) -> Any:
+    return value
+
+
+# -- measuring --------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rows: list[dict[str, Any]] = []
+        self.info: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    def measure(self, name: str, workers: int, run: Callable[[], int]) -> dict[str, Any] | None:
+        """Run one case; its images/s and CPU. A failing case is noted, not fatal."""
+        import torch
+
+        log(f"{name} ...")
+        cpu0, start = procstats.cpu_seconds(), time.perf_counter()
+        try:
+            count = run()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - one row's failure is reported, the rest run
+            self.notes.append(f"{name}: failed: {type(e).__name__}: {e}")
+            log(self.notes[-1])
+            self.write()
+            return None
+        wall = time.perf_counter() - start
+        cores = (procstats.cpu_seconds() - cpu0) / wall
+        rate = count / wall
+        row = {
+            "path": name,
+            "workers": workers,
+            "images": count,
+            "seconds": wall,
+            "images_per_s": rate,
+            "cpu_cores": cores,
+            "cores_per_1000_per_s": cores / (rate / 1000),
+        }
+        self.rows.append(row)
+        log(f"  {rate:,.0f} images/s, {cores:.1f} cores")
+        self.write()
+        return row
+
+    def rate(self, name: str) -> float | None:
+        return next((r["images_per_s"] for r in self.rows if r["path"] == name), None)
+
+    def table(self) -> str:
+        base = self.rate(ID_ROW)
+        lines = [
+            "| path | workers | images | images/s | × image_decoder | CPU cores | "
+            "cores per 1,000 images/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in self.rows:
+            ratio = f"{r['images_per_s'] / base:.2f}×" if base else "–"
+            lines.append(
+                f"| {r['path']} | {r['workers'] or '–'} | {r['images']:,} | "
+                f"{r['images_per_s']:,.0f} | {ratio} | {r['cpu_cores']:.1f} | "
+                f"{r['cores_per_1000_per_s']:.2f} |"
+            )
+        head = [f"- {k}: {v}" for k, v in self.info.items()]
+        notes = [f"- {note}" for note in self.notes]
+        return "\n".join([*head, "", *lines, "", *notes]) + "\n"
+
+    def write(self) -> None:
+        if self.args.out:
+            Path(self.args.out).write_text(self.table())
+        if self.args.json_out:
+            Path(self.args.json_out).write_text(json.dumps(self.result(), indent=1))
+
+    def result(self) -> dict[str, Any]:
+        return {"info": self.info, "rows": self.rows, "notes": self.notes}
+
+
+ID_ROW = 'indextar `image_decoder("rgb8", 256)`'
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def consume(batches: Iterable[Any]) -> int:
+    """Iterate, touching each batch's images as training would; the images seen."""
+    import torch
+
+    count = 0
+    for batch in batches:
+        images = batch[0]
+        if isinstance(images, torch.Tensor):
+            images.view(-1)[:1].sum()  # a kernel on the caller's stream, reading the batch
+            count += images.shape[0]
+        else:
+            count += len(images)
+    return count
+
+
+def run_cases(bench: Bench, paths: list[str], images: int) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    import indextar
+    from indextar import ImageStage, IndexedTarDataset, encoded_collate, image_decoder, on_gpu
+
+    args = bench.args
+    cap = 2 if args.small else 64
+    many = min(15, cap)
+    backend = ImageStage(SIZE, backend=args.backend).backend
+    bench.info["stage backend"] = backend
+    raw = IndexedTarDataset(paths, keys=("jpg", "cls"), decode=[])
+
+    def loader(dataset: Any, workers: int, collate: Any = None) -> Any:
+        return DataLoader(
+            dataset,
+            batch_size=BATCH,
+            num_workers=min(workers, cap),
+            collate_fn=collate,
+            shuffle=False,
+        )
+
+    # webdataset: whole shards per worker; enough shards for every worker to get two
+    try:
+        import webdataset
+
+        shards = paths[: max(1, min(len(paths), 2 * many))]
+        wds = (
+            webdataset.WebDataset(shards, shardshuffle=False, empty_check=False)
+            .decode("rgb8")
+            .to_tuple("jpg", "cls")
+            .map_tuple(wds_resize, identity)
+        )
+        bench.measure(
+            'webdataset `.decode("rgb8")` + PIL resize', many, lambda: consume(loader(wds, many))
+        )
+    except ImportError:
+        bench.notes.append("webdataset is not installed: its row is left out")
+
+    decoded = IndexedTarDataset(paths, keys=("jpg", "cls"), decode=image_decoder("rgb8", SIZE))
+    bench.measure(ID_ROW, many, lambda: consume(loader(decoded, many)))
+
+    for workers in (2, 4, 8):
+        bench.measure(
+            f"stage `on_gpu(loader, 256)`, {backend}",
+            workers,
+            lambda w=workers: consume(
+                on_gpu(loader(raw, w, encoded_collate()), SIZE, backend=backend)
+            ),
+        )
+    if backend != "cpu":
+        bench.measure(
+            f"stage, {backend}, two batches decoded ahead",
+            4,
+            lambda: consume(
+                on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend, prefetch=2)
+            ),
+        )
+        bench.measure(
+            f"stage, {backend}, with a pinned copy",
+            4,
+            lambda: consume(
+                on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend, pin_memory=True)
+            ),
+        )
+
+    for workers in (4, 8):
+        bench.measure(
+            "hand-off alone: list of `bytes`",
+            workers,
+            lambda w=workers: consume(loader(raw, w, bytes_collate)),
+        )
+        bench.measure(
+            "hand-off alone: one uint8 tensor + offsets",
+            workers,
+            lambda w=workers: consume(
+                (b.offsets[1:], b) for b in loader(raw, w, encoded_collate())
+            ),
+        )
+
+    # in-memory ceilings: batches collated in memory, decoded without a loader
+    count = min(images, 256 if args.small else 4096)
+    samples = [raw[i] for i in range(count)]
+    jpegs = [jpeg for jpeg, _ in samples]
+    batches = [encoded_collate()(samples[i : i + BATCH]) for i in range(0, count, BATCH)]
+    ceilings: list[tuple[str, dict[str, Any]]] = [(backend, {})]
+    if backend != "cpu":
+        ceilings.append((backend, {"pin_memory": True}))
+    if backend != "dali" and torch.cuda.is_available():
+        try:
+            import nvidia.dali  # noqa: F401
+
+            ceilings.append(("dali", {}))
+        except ImportError:
+            bench.notes.append("DALI (nvidia-dali) is not installed: no dali rows")
+    if backend != "cpu":
+        ceilings.append(("cpu", {}))
+    for name, options in ceilings:
+        try:
+            stage = ImageStage(SIZE, backend=name, **options)
+        except indextar.DecodeSpecError as e:
+            bench.notes.append(f"backend {name}: {e}")
+            continue
+        todo = batches if name != "cpu" else batches[: max(1, 256 // BATCH)]
+        for warm in todo[:2]:
+            stage.decode(warm)
+        label = f"in-memory ceiling: `ImageStage`, {name}" + (
+            ", with a pinned copy" if options else ""
+        )
+        bench.measure(label, 0, lambda s=stage, t=todo: consume((s.decode(b),) for b in t))
+        if name == backend and not options and name != "cpu":
+            bench.measure(
+                f"in-memory: through `on_gpu`'s thread, {name}",
+                0,
+                lambda n=name: consume(on_gpu(batches, SIZE, backend=n)),
+            )
+
+    psnr_check(bench, jpegs[:64], backend)
+
+
+def psnr_check(bench: Bench, jpegs: list[bytes], backend: str) -> None:
+    from indextar import ImageStage, encoded_collate, image_decoder
+
+    got = ImageStage(SIZE, backend=backend).decode(encoded_collate()(jpegs))
+    want = image_decoder("rgb8", SIZE)
+    values, shapes = [], True
+    for image, jpeg in zip(got, jpegs):
+        reference = want(".jpg", jpeg)
+        pixels = image.permute(1, 2, 0).cpu().numpy()
+        shapes &= pixels.shape == reference.shape
+        mse = float(np.mean((pixels.astype(np.float64) - reference) ** 2)) if shapes else 1e9
+        values.append(float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse))
+    bench.info["PSNR stage vs image_decoder"] = (
+        f"{backend}, {len(values)} images: mean {np.mean(values):.1f} dB, "
+        f"min {min(values):.1f} dB, shapes {'equal' if shapes else 'DIFFER'}"
+    )
+    bench.info["psnr_min_db"] = min(values)
+
+
+def targets(bench: Bench) -> list[str]:
+    base = bench.rate(ID_ROW)
+    stage = [r for r in bench.rows if r["path"].startswith("stage `on_gpu") and r["workers"] <= 4]
+    ceiling = next((r for r in bench.rows if r["path"].startswith("in-memory ceiling")), None)
+    out = []
+    if base and stage:
+        best = max(stage, key=lambda r: r["images_per_s"])
+        ratio = best["images_per_s"] / base
+        out.append(
+            f"{'PASS' if ratio >= 2.5 else 'FAIL'} stage with <= 4 workers >= 2.5x "
+            f"image_decoder with 15: {ratio:.2f}x ({best['workers']} workers)"
+        )
+        if ceiling:
+            share = best["images_per_s"] / ceiling["images_per_s"]
+            out.append(
+                f"{'PASS' if share >= 0.8 else 'FAIL'} stage >= 0.8 of its in-memory "
+                f"ceiling: {share:.2f}"
+            )
+        id_row = next(r for r in bench.rows if r["path"] == ID_ROW)
+        out.append(
+            f"INFO cores per 1,000 images/s: stage {best['cores_per_1000_per_s']:.2f}, "
+            f"image_decoder {id_row['cores_per_1000_per_s']:.2f}"
+        )
+    if "psnr_min_db" in bench.info:
+        ok = bench.info["psnr_min_db"] >= 30
+        out.append(f"{'PASS' if ok else 'FAIL'} PSNR >= 30 dB: {bench.info['psnr_min_db']:.1f}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", action="store_true", help="200 images, <= 2 workers")
+    parser.add_argument("--images", type=int, help="corpus size (default 8000; 200 small)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "nvjpeg", "dali", "cpu"])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--out", help="write the markdown table here too")
+    parser.add_argument("--json-out", help="write the JSON here too")
+    parser.add_argument("--keep", action="store_true", help="keep the corpus folder")
+    args = parser.parse_args(argv)
+    images = args.images or (200 if args.small else 8000)
+
+    import torch
+
+    import indextar
+    from indextar.read.image import _jpeg_module
+
+    bench = Bench(args)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    try:
+        import torchvision
+
+        vision = torchvision.__version__
+    except ImportError:
+        vision = "not installed"
+    bench.info.update(
+        {
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, GPU {gpu}",
+            "versions": f"Python {platform.python_version()}, torch {torch.__version__}, "
+            f"torchvision {vision}, indextar {indextar.__version__}",
+            "image_decoder JPEG library": "simplejpeg" if _jpeg_module("auto") else "Pillow",
+            "corpus": f"{images:,} photo-like {WIDTH}x{HEIGHT} JPEGs (q90) -> shorter side "
+            f"{SIZE}, batches of {BATCH}, one pass each, warm page cache",
+        }
+    )
+    folder = Path(tempfile.mkdtemp(prefix="indextar-bench-gpu-", dir="/tmp"))
+    try:
+        start = time.perf_counter()
+        paths = make_corpus(folder, images, min(16, os.cpu_count() or 1))
+        bench.info["corpus seconds"] = f"{time.perf_counter() - start:.1f}"
+        log(f"corpus: {len(paths)} shards in {folder}")
+        run_cases(bench, paths, images)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    bench.info["targets"] = targets(bench)
+    bench.write()
+    if args.json:
+        print(json.dumps(bench.result(), indent=1))
+    else:
+        print(bench.table())
+
+
+if __name__ == "__main__":
+    main()
