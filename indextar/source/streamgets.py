@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .conditional import precondition_failed, s3_error, s3_get_object
-from .filesystems import filesystem, without_client_retries
+from .filesystems import filesystem, split_url, without_client_retries
 from .fsspec_internals import (
     http_raise_for_status,
     http_request,
@@ -138,7 +138,7 @@ def streaming_get(url: str, storage_options: Mapping[str, Any]) -> tuple[Runner,
     that filesystem's loop."""
     direct = direct_client_for(url, storage_options)
     if direct is not None:
-        bucket, _, key = url.partition("://")[2].partition("/")
+        bucket, _, key = split_url(url)[1].partition("/")
         return run_on_default_loop, functools.partial(_direct_get, direct, bucket, key, url)
     fs, path = filesystem(url, without_client_retries(url, storage_options))
     get = _GETS[fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]]
