@@ -89,6 +89,11 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         Read-ahead budget of each process for remote shards read by ranges: bytes held
         and in flight. Used when batches come from :class:`~indextar.ReadAheadBatches`;
         ``0`` turns it off. See docs/remote.md.
+    cache_fill
+        With ``remote="cache"``: ``"shards"`` downloads a shard whole at its first read;
+        ``"ranges"`` reads it by ranges (and the read-ahead) as ``remote="ranges"`` does,
+        and writes each range fetched into the cache, which holds the shard whole once
+        its samples are read (an epoch). See docs/remote.md.
 
     Raises
     ------
@@ -118,6 +123,7 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         remote: Literal["ranges", "cache"] = "ranges",
         cache_dir: PathLike | None = None,
         cache_limit: int | str = "50GB",
+        cache_fill: Literal["shards", "ranges"] = "shards",
         storage_options: Mapping[str, Any] | None = None,
         decode_threads: DecodeThreads = 0,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
@@ -135,6 +141,7 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
             index_dir,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
+            cache_fill=cache_fill,
             storage_options=storage_options,
             build_missing=build_missing,
         )
@@ -167,7 +174,9 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         self._len = int(starts[-1])
         # The remote shards read by ranges, whose spans a batch fetches together.
         self._ranged: frozenset[int] = (
-            remote_shards(self.shards) if self._options.source.cache is None else frozenset()
+            remote_shards(self.shards)
+            if self._options.source.cache is None or self._options.source.cache.fill == "ranges"
+            else frozenset()
         )
         self._has_ranges = bool(self._ranged)
         self._reset_process_state()

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..index.opener import OpenOptions
+from ..source.local import LocalFileSource
 from .pool import BatchPool
 from .readahead import PlannedSpan, ReadAhead, fetchable_ahead
 from .remote_options import fetch_spans
@@ -68,6 +69,8 @@ class RemoteBatches:
                 spans[at] = self._ahead.take((n, local))
                 if spans[at] is None:
                     wanted.append((at, n, local))
+        # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
+        wanted = [w for w in wanted if not isinstance(self._shard(w[1]).source, LocalFileSource)]
         if not wanted:
             return spans
         shards = [self._shard(n) for _, n, _ in wanted]
