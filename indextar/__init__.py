@@ -16,6 +16,7 @@ from .errors import (
     IndexFormatError,
     IndextarError,
     IndexWriteError,
+    JoinError,
     ManifestError,
     MissingAttributesError,
     MissingIndexError,
@@ -48,12 +49,14 @@ from .order.sampler import ResumableSampler
 from .patterns import expand_shards
 from .read.dataset import IndexedTarDataset
 from .read.image import image_decoder
+from .read.joined import JoinedDataset
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
 from .read.subset import KeySubset
 from .tar.scan import TarScan, scan_tar
 from .write.shardwriter import ShardWriter
+from .write.sidecar import SidecarShard, write_sidecar
 from .write.tarwriter import TarWriter
 
 __all__ = [
@@ -75,6 +78,7 @@ __all__ = [
     "StreamingTarDataset",
     "MixtureDataset",
     "KeySubset",
+    "JoinedDataset",
     "image_decoder",
     "write_manifest",
     "read_manifest",
@@ -93,6 +97,8 @@ __all__ = [
     # writing
     "TarWriter",
     "ShardWriter",
+    "write_sidecar",
+    "SidecarShard",
     # errors
     "IndextarError",
     "ShardFormatError",
@@ -122,6 +128,7 @@ __all__ = [
     "SampleAttributeError",
     "SelectionError",
     "MissingAttributesError",
+    "JoinError",
 ]
 
 
