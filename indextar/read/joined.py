@@ -124,6 +124,17 @@ class JoinedDataset:
     def __getitem__(self, index: int) -> Any:
         return self.__getitems__([index])[0]
 
+    def sides(self, indices: npt.ArrayLike) -> tuple[Array, Array]:
+        """The left dataset's index and the right one's (``-1``: none) of each of this
+        view's ``indices``; nothing is read."""
+        positions = self._positions(np.asarray(indices, dtype=np.int64).reshape(-1).tolist())
+        lefts = positions if self.plan.left is None else np.asarray(self.plan.left[positions])
+        return lefts, np.asarray(self.plan.right[positions])
+
+    def member_name(self, ext: str) -> str:
+        """The name in a joined sample of the right side's extension ``ext``."""
+        return self._names.get(ext, ext)
+
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch: each side's samples read with one grouped read, then merged and built."""
         positions = self._positions(indices)

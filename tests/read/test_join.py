@@ -8,12 +8,14 @@ import json
 import os
 import pickle
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from loopback_servers import HttpServer
 
 import indextar
 from indextar.read.keyjoin import KeyColumn, hash_keys, join_keys
@@ -244,3 +246,22 @@ def test_keys_of_any_length_and_colliding_hashes_join_exactly() -> None:
     constant = lambda keys: np.zeros(len(keys), np.uint64)  # noqa: E731 (every hash collides)
     assert join_keys(_column(left), _column(right), hashes=constant).tolist() == want
     assert len(set(hash_keys(_column(right)).tolist())) == len(right)
+
+
+def test_a_remote_side_is_read_with_its_batch_spans_in_flight_together(
+    sides: Made, tmp_path: Path, http: HttpServer, http_root: Path
+) -> None:
+    left, right, expected = sides
+    served = []
+    for path in right:
+        name = f"{tmp_path.name}-{Path(path).name}"
+        shutil.copyfile(path, http_root / name)
+        served.append(http.url(name))
+    remote = indextar.IndexedTarDataset(served, index_dir=tmp_path / "ix")
+    joined = indextar.IndexedTarDataset(left).join(remote, prefix="clip.", cache_dir=False)
+    kept = [k for k in LEFT_KEYS if k not in MISSING]
+    http.reset()
+    batch = joined.__getitems__(range(0, 32, 4))
+    assert [_members(s) for s in batch] == [expected[kept[i]] for i in range(0, 32, 4)]
+    stats = http.stats()
+    assert sum(entry["requests"] for entry in stats.values()) == 8  # one ranged GET a sample
