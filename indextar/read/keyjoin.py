@@ -3,12 +3,13 @@
 The join of :meth:`IndexedTarDataset.join <indextar.IndexedTarDataset.join>` is two
 arrays: for each joined sample, its index in the left dataset and in the right one
 (``-1`` where a left join found no right sample). They come from the indexes alone:
-every shard's key blob and key offsets (one ``SELECT`` each, shards in threads), each
-key hashed to 64 bits in numpy (8 bytes of every key at a time, however long), the
-right side's hashes sorted and the left side's found among them by ``searchsorted``,
-every match then compared byte for byte. Two distinct right keys with one hash (about
-one chance in 1e5 at 1e7 keys a side) fall back to a dict of the right keys. The
-shards' boundaries and order on either side do not matter.
+every shard's key blob and key offsets (one ``SELECT`` each, shards in threads);
+the right keys put in a hash table and each left key looked up in it, every match
+compared byte for byte, in C (``_keyjoin.c``). The numpy reference hashes each key
+to 64 bits (8 bytes at a time, however long), sorts the right hashes, finds the left
+ones by ``searchsorted`` and compares every match; two distinct right keys with one
+hash (about one chance in 1e5 at 1e7 keys a side) fall back to a dict of the right
+keys. The shards' boundaries and order on either side do not matter.
 
 The plan is cached as ``.npy`` files (opened memory-mapped: milliseconds at 1e7 keys)
 under the selection cache's ``joins/`` folder, keyed by both sides' index identities
@@ -36,6 +37,7 @@ import numpy.typing as npt
 from ..atomic import write_atomic
 from ..errors import JoinError
 from ..index.shard import PathLike
+from .extensions import keyjoin
 from .protocols import IndexedShards
 from .selection import default_selection_cache, update_identity
 
@@ -147,15 +149,41 @@ def join_keys(
     left: KeyColumn,
     right: KeyColumn,
     *,
-    hashes: Callable[[KeyColumn], npt.NDArray[np.uint64]] = hash_keys,
+    hashes: Callable[[KeyColumn], npt.NDArray[np.uint64]] | None = None,
 ) -> Array:
-    """For each left key, the position of the right sample with that key, or ``-1``.
+    """For each left key, the position of the right sample with that key, or ``-1``:
+    by the C hash join where it is built (and ``hashes`` is not given), else in numpy
+    with ``hashes`` (default :func:`hash_keys`).
 
     Raises
     ------
     JoinError
         If a key is held by more than one right sample (the first such key named).
     """
+    native = keyjoin()
+    if native is not None and hashes is None:
+        found = np.empty(len(left), dtype=np.int64)
+        duplicate = native.join(
+            left.blob, left.starts, left.ends, right.blob, right.starts, right.ends, found
+        )
+        if duplicate >= 0:
+            raise _duplicate_error(right, int(duplicate))
+        return found
+    return _join_numpy(left, right, hash_keys if hashes is None else hashes)
+
+
+def _duplicate_error(right: KeyColumn, at: int) -> JoinError:
+    return JoinError(
+        f"the key {right.key(at)!r} is held by more than one sample of the joined dataset; "
+        "a join needs one sample per key on that side"
+    )
+
+
+def _join_numpy(
+    left: KeyColumn, right: KeyColumn, hashes: Callable[[KeyColumn], npt.NDArray[np.uint64]]
+) -> Array:
+    """:func:`join_keys` in numpy: the right hashes sorted, the left ones (sorted, for
+    a fast ``searchsorted``) found among them, every match compared byte for byte."""
     right_hashes = hashes(right)
     order = np.argsort(right_hashes, kind="stable").astype(np.int64)
     ordered = right_hashes[order]
@@ -164,18 +192,17 @@ def join_keys(
         first, second = order[tied], order[tied + 1]
         duplicate = np.flatnonzero(_equal(right, first, right, second))
         if duplicate.size:
-            at = int(first[duplicate[0]])
-            raise JoinError(
-                f"the key {right.key(at)!r} is held by {duplicate.size + 1} or more samples of "
-                "the joined dataset; a join needs one sample per key on that side"
-            )
+            raise _duplicate_error(right, int(first[duplicate[0]]))
         log.info("%d 64-bit key hashes collide; joining by the keys themselves", tied.size)
         return _join_by_dict(left, right)
     found = np.full(len(left), -1, dtype=np.int64)
     if not len(right) or not len(left):
         return found
     left_hashes = hashes(left)
-    slot = np.minimum(np.searchsorted(ordered, left_hashes), ordered.size - 1)
+    left_order = np.argsort(left_hashes)  # sorted queries: searchsorted walks forward
+    slot = np.empty(len(left), dtype=np.int64)
+    slot[left_order] = np.searchsorted(ordered, left_hashes[left_order])
+    np.minimum(slot, ordered.size - 1, out=slot)
     hit = np.flatnonzero(ordered[slot] == left_hashes)
     candidates = order[slot[hit]]
     same = _equal(left, hit, right, candidates)  # a different key with the same hash: no match
