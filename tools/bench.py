@@ -16,7 +16,9 @@ loop); ``scale`` runs ``tools/bench_scale.py`` (10k and 100k shards, a Dask clus
 remote shards scanned as they stream); ``compressed`` runs ``tools/bench_compressed.py``
 (per-sample gzip and zstd shards next to plain ones, a foreign ``.tar.gz`` against
 ratarmountcore); ``checksums`` runs ``tools/bench_checksums.py`` (what per-sample
-checksums cost a read and a build). Each ``tools/bench_*.py``
+checksums cost a read and a build); ``join`` runs ``tools/bench_join.py`` (joins by
+key: planning from cold indexes, the cached open, joined reads, sidecar writing). Each
+``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -518,6 +520,7 @@ SECTIONS = {
     "compressed": "Compressed shards",
     "checksums": "Checksums",
     "pack": "Sequence packing",
+    "join": "Joins by key",
 }
 
 
