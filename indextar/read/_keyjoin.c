@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MULTIPLY 0x9E3779B97F4A7C15ULL
 
@@ -168,11 +169,17 @@ static PyObject *join(PyObject *self, PyObject *args)
     uint64_t capacity = 16;
     while (capacity < (uint64_t)n_right + (uint64_t)n_right / 2 + 1)
         capacity <<= 1;
-    uint64_t *table = calloc(capacity, sizeof(uint64_t));
-    if (table == NULL) {
+    /* zeroed pages of its own, in huge pages where the kernel gives them: a probe is a
+     * random access, and with 4 KiB pages most would miss the TLB as well */
+    size_t table_bytes = (size_t)capacity * sizeof(uint64_t);
+    uint64_t *table = mmap(NULL, table_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (table == MAP_FAILED) {
         PyErr_NoMemory();
         goto done;
     }
+#ifdef MADV_HUGEPAGE
+    madvise(table, table_bytes, MADV_HUGEPAGE);
+#endif
     uint64_t mask = capacity - 1;
     int64_t duplicate = -1;
     Py_BEGIN_ALLOW_THREADS
@@ -223,7 +230,7 @@ static PyObject *join(PyObject *self, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS
-    free(table);
+    munmap(table, table_bytes);
     result = PyLong_FromLongLong(duplicate);
 done:
     for (int i = 0; i < 7; i++)
