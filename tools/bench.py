@@ -21,7 +21,8 @@ checksums cost a read and a build); ``convert`` runs ``tools/bench_convert.py``
 ``ShardWriter`` fed row by row, img2dataset-style); ``grain`` runs
 ``tools/bench_grain.py`` (per-record reads against ArrayRecord); ``ray`` runs
 ``tools/bench_ray.py`` (rows/s against ``ray.data.read_webdataset``, with and without
-a ``where``). Each ``tools/bench_*.py``
+a ``where``); ``join`` runs ``tools/bench_join.py`` (joins by key: planning from cold
+indexes, the cached open, joined reads, sidecar writing). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -526,6 +527,7 @@ SECTIONS = {
     "convert": "Converting parquet",
     "grain": "Grain data source",
     "ray": "Ray Data",
+    "join": "Joins by key",
 }
 
 

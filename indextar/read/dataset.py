@@ -32,6 +32,7 @@ from ..source.patterns import expand_shards
 from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
+from .joining import JoinViews
 from .pool import BatchPool, DecodeThreads
 from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from .remote_batch import RemoteBatches
@@ -48,7 +49,7 @@ DEFAULT_MAX_OPEN_SHARDS = 64
 ShardsArg = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
 
 
-class IndexedTarDataset(RemoteBatches, KeyViews):
+class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
     """Map-style dataset over WebDataset tar shards, one sample per ``ds[i]``.
 
     Parameters

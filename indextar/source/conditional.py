@@ -349,7 +349,7 @@ async def head_direct(client: S3Direct, bucket: str, key: str, url: str) -> Remo
         URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
     ) as response:
         if response.status >= 300:
-            raise _s3_error(url, response, b"")
+            raise s3_error(url, response, b"")
         length = response.headers.get("Content-Length")
         info = {
             "size": None if length is None else int(length),
