@@ -15,6 +15,7 @@ import mmap
 import operator
 import os
 import resource
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,11 @@ class LocalFileSource(ByteSource):
         return os.open(self.url, os.O_RDONLY | os.O_CLOEXEC)
 
     def _open(self) -> None:
+        with _opening:  # threads that find it unmapped at once map it once
+            if self._generation != base._fork_generation:
+                self._map_file()
+
+    def _map_file(self) -> None:
         self._unmap()  # inherited through fork: closing the child's copies leaves the parent's
         _make_room_for_a_map(self)
         try:
@@ -261,9 +267,10 @@ class LocalFileSource(ByteSource):
             self._fd = -1
 
     def close(self) -> None:
-        self._unmap()
-        _mapped.pop(self, None)
-        self._generation = -1
+        with _opening:
+            self._unmap()
+            _mapped.pop(self, None)
+            self._generation = -1
 
     def __del__(self) -> None:
         try:
@@ -306,6 +313,10 @@ def _changed(url: str, size: int, mtime_ns: int, st: os.stat_result, since: str)
 # at once, so that nothing opened by the parent lives on in DataLoader workers.
 _mapped: weakref.WeakKeyDictionary[LocalFileSource, int] = weakref.WeakKeyDictionary()
 _map_counter = itertools.count()
+# Held while a source maps or unmaps its file: an unmap between another thread's map
+# and its descriptor's store would leave a source that reads as an empty file. Not
+# held by reads. Reentrant: a map may first unmap others (_make_room_for_a_map).
+_opening = threading.RLock()
 
 
 def _make_room_for_a_map(opening: LocalFileSource) -> None:
@@ -327,6 +338,8 @@ def _make_room_for_a_map(opening: LocalFileSource) -> None:
 
 
 def _unmap_inherited() -> None:
+    global _opening
+    _opening = threading.RLock()  # a parent's thread may have held it at the fork
     for source in list(_mapped):
         source.close()
 
