@@ -91,17 +91,20 @@ class LocalFileSource(ByteSource):
         return os.open(self.url, os.O_RDONLY | os.O_CLOEXEC)
 
     def _open(self) -> None:
-        with _opening:  # threads that find it unmapped at once map it once
-            if self._generation != base._fork_generation:
-                self._map_file()
-
-    def _map_file(self) -> None:
-        self._unmap()  # inherited through fork: closing the child's copies leaves the parent's
-        _make_room_for_a_map(self)
+        # The descriptor outside the lock: a cached source may download its shard first.
         try:
             fd = self._open_descriptor()
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
+        with _opening:  # threads that find it unmapped at once map it once
+            if self._generation == base._fork_generation:
+                os.close(fd)  # another thread mapped it meanwhile
+                return
+            self._map_file(fd)
+
+    def _map_file(self, fd: int) -> None:
+        self._unmap()  # inherited through fork: closing the child's copies leaves the parent's
+        _make_room_for_a_map(self)
         try:
             st = os.fstat(fd)
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -313,9 +316,10 @@ def _changed(url: str, size: int, mtime_ns: int, st: os.stat_result, since: str)
 # at once, so that nothing opened by the parent lives on in DataLoader workers.
 _mapped: weakref.WeakKeyDictionary[LocalFileSource, int] = weakref.WeakKeyDictionary()
 _map_counter = itertools.count()
-# Held while a source maps or unmaps its file: an unmap between another thread's map
-# and its descriptor's store would leave a source that reads as an empty file. Not
-# held by reads. Reentrant: a map may first unmap others (_make_room_for_a_map).
+# Held while a source maps or unmaps its file (not while it opens it, which may
+# download it): an unmap between another thread's map and its descriptor's store would
+# leave a source that reads as an empty file. Not held by reads. Reentrant: a map may
+# first unmap others (_make_room_for_a_map).
 _opening = threading.RLock()
 
 
