@@ -1,19 +1,14 @@
 """``source(ds)``: a map-style dataset as Grain's ``RandomAccessDataSource``.
 
 Grain reads a source from several threads at once (``ReadOptions(num_threads=16)`` by
-default, in each worker process), while a dataset's per-process state, its least
-recently used open shards, is not made for threads: two threads opening shards past
-``max_open_shards`` evict what the other is reading. A :class:`GrainSource` therefore
-takes one lock around each read. A read of a local shard holds the GIL anyway (a copy
-out of a memory map), so the lock costs a thread nothing it could have had; decoding
-is where threads gain, and it belongs in Grain's ``.map`` (outside the lock), or in
-Grain's worker processes, each with its own copy of the source and its own lock.
+default, in each worker process). The source takes no lock: a dataset's reads are safe
+from threads (its open shards are leased to each read, :mod:`indextar.read.leases`),
+and reads of remote shards wait on the network in parallel.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, SupportsIndex, runtime_checkable
 
@@ -37,9 +32,8 @@ class GrainSource:
     """A map-style dataset as Grain's ``RandomAccessDataSource``; made by :func:`source`.
 
     ``source[i]`` is ``dataset[i]`` (``decode=``, ``keys=`` and ``transform=`` as the
-    dataset has them), read under the source's lock; :meth:`_getitems` is Grain's
-    batched read, the dataset's ``__getitems__`` (one read per shard for a batch).
-    Pickling drops the lock: each Grain worker process makes its own.
+    dataset has them), from any thread; :meth:`_getitems` is Grain's batched read,
+    the dataset's ``__getitems__`` (one read per shard for a batch).
     """
 
     def __init__(self, dataset: MapStyle) -> None:
@@ -50,25 +44,22 @@ class GrainSource:
             )
         self.dataset = dataset
         """The dataset read."""
-        self._lock = threading.Lock()
         self._identity: str | None = None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: SupportsIndex) -> Any:
-        with self._lock:
-            return self.dataset[index.__index__()]
+        return self.dataset[index.__index__()]
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, in order: Grain's batched read
         (``SupportsBatchedReadRandomAccessDataSource``), through the dataset's
         ``__getitems__`` where it has one."""
         getitems = getattr(self.dataset, "__getitems__", None)
-        with self._lock:
-            if getitems is not None:
-                return list(getitems(list(indices)))
-            return [self.dataset[int(i)] for i in indices]
+        if getitems is not None:
+            return list(getitems(list(indices)))
+        return [self.dataset[int(i)] for i in indices]
 
     __getitems__ = _getitems  # the same batch, by the name torch's DataLoader calls
 
@@ -77,15 +68,6 @@ class GrainSource:
         """The dataset's shards (Grain logs a source's ``paths`` as its lineage)."""
         base = getattr(self.dataset, "base", self.dataset)
         return tuple(getattr(base, "shards", ()))
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         # Grain's DataLoader saves repr(source) in its checkpoints and refuses to

@@ -3,7 +3,9 @@
 What a dataset holds is O(shards): shard paths, per-shard sample counts and their
 cumulative sums in numpy. Each process opens shards lazily, on first access, into an
 LRU of at most ``max_open_shards`` :class:`~indextar.read.shard.OpenShard` objects
-(numpy tables plus a byte source). Pickling drops that cache (``spawn`` workers start
+(numpy tables plus a byte source), shared by the process's threads: each read leases
+its shard, which is closed when evicted only once no read holds it
+(:mod:`~indextar.read.leases`). Pickling drops that cache (``spawn`` workers start
 empty); a forked worker keeps the parent's tables, which are shared copy-on-write and
 never written, while its byte sources unmap their inherited mappings at once and map
 again on first read. No open file, mmap or SQLite connection crosses into a worker.
@@ -33,12 +35,13 @@ from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
 from .joining import JoinViews
+from .leases import Lease, LRUCache
 from .pool import BatchPool, DecodeThreads
 from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from .remote_batch import RemoteBatches
 from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
-from .shard import LRUCache, OpenShard
+from .shard import OpenShard
 from .subset import KeyViews
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
@@ -209,15 +212,23 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
         fetched, taken, missed, wasted); ``None`` before its first hinted batch."""
         return self._ahead.stats()
 
-    def _shard(self, shard_no: int) -> OpenShard:
-        shard = self._open.get(shard_no)
-        if shard is None:
+    def _lease(self, shard_no: int) -> Lease[OpenShard]:
+        """Shard ``shard_no``, opened if it is not, leased until the caller gives it
+        back (``self._open.release``): not closed under a read (:mod:`.leases`)."""
+        lease = self._open.acquire(shard_no)
+        if lease is None:
             index, source = open_entry(
                 self.shard_entries[shard_no], self._options, number=shard_no, manifest=self.manifest
             )
-            shard = OpenShard.load(index, source)
-            self._open.put(shard_no, shard)
-        return shard
+            lease = self._open.insert(shard_no, OpenShard.load(index, source))
+        return lease
+
+    def _shard(self, shard_no: int) -> OpenShard:
+        """Shard ``shard_no``, opened, not leased: for one thread's look (the tools'
+        and tests'); a read that other threads may evict under takes :meth:`_lease`."""
+        lease = self._lease(shard_no)
+        self._open.release(lease)
+        return lease.value
 
     def shard_index(self, shard_no: int) -> ShardIndex:
         """Shard ``shard_no``'s index, opened and validated (and checked against its
@@ -335,9 +346,12 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
         ``positions[at]``) into ``out[at]`` for each ``at`` in ``ats``: built, or as
         ``(fields, members)`` for a pool to build when ``build`` is ``None``. For
         ``MixtureDataset``, which reads its parts' shards as one list."""
-        shard = self._shard(shard_no)
-        name = shard.shard
-        many = shard.read_many([locals_[at] for at in ats])
+        lease = self._lease(shard_no)
+        try:
+            name = lease.value.shard
+            many = lease.value.read_many([locals_[at] for at in ats])
+        finally:
+            self._open.release(lease)
         if extra is None:
             for at, (key, members) in zip(ats, many):
                 fields = {"__key__": key, "__shard__": name, "__index__": positions[at]}
@@ -381,9 +395,12 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
 
     def _sample(self, shard_no: int, local: int, position: int) -> Any:
         # ds[i]'s hot path: _read inlined (a call costs about 3% of a cached read).
-        shard = self._shard(shard_no)
-        key, members = shard.read(local)
-        fields = {"__key__": key, "__shard__": shard.shard, "__index__": position}
+        lease = self._open.acquire(shard_no) or self._lease(shard_no)
+        try:
+            key, members = lease.value.read(local)
+        finally:
+            self._open.release(lease)
+        fields = {"__key__": key, "__shard__": lease.value.shard, "__index__": position}
         return self._builder.build(fields, members)
 
     def __repr__(self) -> str:

@@ -18,12 +18,13 @@ import numpy.typing as npt
 
 from ..index.opener import OpenOptions
 from ..source.local import LocalFileSource
+from .leases import Lease, LRUCache
 from .pool import BatchPool
 from .protocols import SampleBuild, Unbuilt
 from .readahead import PlannedSpan, ReadAhead, fetchable_ahead
 from .remote_options import fetch_spans
 from .sample import SampleBuilder
-from .shard import LRUCache, OpenShard
+from .shard import OpenShard
 
 __all__ = ["RemoteBatches"]
 
@@ -42,7 +43,7 @@ class RemoteBatches:
     _len: int
     _open: LRUCache[int, OpenShard]
 
-    def _shard(self, shard_no: int) -> OpenShard:
+    def _lease(self, shard_no: int) -> Lease[OpenShard]:
         raise NotImplementedError
 
     def read_into(
@@ -104,18 +105,31 @@ class RemoteBatches:
                 spans[at] = self._ahead.take((n, local))
                 if spans[at] is None:
                     wanted.append((at, n, local))
-        # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
-        wanted = [w for w in wanted if not isinstance(self._shard(w[1]).source, LocalFileSource)]
         if not wanted:
             return spans
-        shards = [self._shard(n) for _, n, _ in wanted]
-        where = [shard.span(local) for shard, (_, _, local) in zip(shards, wanted)]
-        fetched = fetch_spans(  # compressed shards: their frames, or from their seek points
-            [shard.source for shard in shards],
-            *zip(*where),  # the offsets, then the lengths
-            max_in_flight=self._options.source.max_in_flight,
-            keys=[shard.key(local) for shard, (_, _, local) in zip(shards, wanted)],
-        )
+        leases: list[Lease[OpenShard]] = []
+        try:
+            shards: list[OpenShard] = []
+            remote: list[tuple[int, int, int]] = []
+            for w in wanted:
+                leases.append(self._lease(w[1]))
+                # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
+                if not isinstance(leases[-1].value.source, LocalFileSource):
+                    remote.append(w)
+                    shards.append(leases[-1].value)
+            wanted = remote
+            if not wanted:
+                return spans
+            where = [shard.span(local) for shard, (_, _, local) in zip(shards, wanted)]
+            fetched = fetch_spans(  # compressed shards: their frames, or from their seek points
+                [shard.source for shard in shards],
+                *zip(*where),  # the offsets, then the lengths
+                max_in_flight=self._options.source.max_in_flight,
+                keys=[shard.key(local) for shard, (_, _, local) in zip(shards, wanted)],
+            )
+        finally:
+            for lease in leases:
+                self._open.release(lease)
         for (at, _, _), data in zip(wanted, fetched):
             spans[at] = data
         return spans
@@ -129,13 +143,17 @@ class RemoteBatches:
             shard_nos.tolist(), (positions - self.shard_starts[shard_nos]).tolist()
         ):
             if n not in self._ranged or (
-                self._open.get(n) is None and len(self._open) >= self.max_open_shards
+                n not in self._open and len(self._open) >= self.max_open_shards
             ):
                 continue
             try:
-                shard = self._shard(n)
+                lease = self._lease(n)
             except Exception:  # the batch that reads it raises it, if it comes
                 continue
+            # Released at once: a remote source closed by an eviction only forgets its
+            # checks, and reopens for the threads that fetch ahead.
+            self._open.release(lease)
+            shard = lease.value
             if fetchable_ahead(shard.source):
                 yield ((n, local), shard.source, *shard.span(local))
 
@@ -143,6 +161,10 @@ class RemoteBatches:
         self, shard_no: int, local: int, position: int, span: bytes | None = None
     ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
         """A sample's fields and undecoded members; ``span``: its bytes, already fetched."""
-        shard = self._shard(shard_no)
-        key, members = shard.read(local, span)
+        lease = self._lease(shard_no)
+        try:
+            shard = lease.value
+            key, members = shard.read(local, span)
+        finally:
+            self._open.release(lease)
         return {"__key__": key, "__shard__": shard.shard, "__index__": position}, members

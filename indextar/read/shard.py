@@ -12,10 +12,7 @@ copies no per-sample Python objects.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +31,7 @@ log = logging.getLogger(__name__)
 _MAPREAD = mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
 
-__all__ = ["LRUCache", "OpenShard"]
+__all__ = ["OpenShard"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,58 +219,3 @@ class OpenShard:
     def close(self) -> None:
         """Close the byte source."""
         self.source.close()
-
-
-# -- the open shards of a process ---------------------------------------------------
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class LRUCache(Generic[K, V]):
-    """A least-recently-used map of at most ``capacity`` entries.
-
-    ``on_evict(value)`` runs for every entry pushed out or cleared: the dataset closes
-    evicted shards there, so the number of open files stays bounded.
-    """
-
-    __slots__ = ("capacity", "_entries", "_on_evict")
-
-    def __init__(self, capacity: int, on_evict: Callable[[V], None] | None = None):
-        if capacity < 1:
-            raise ValueError(f"an LRU cache needs a capacity of at least 1, got {capacity}")
-        self.capacity = capacity
-        self._entries: OrderedDict[K, V] = OrderedDict()
-        self._on_evict = on_evict
-
-    def get(self, key: K) -> V | None:
-        """The entry for ``key``, marked most recently used; ``None`` if absent."""
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        """Add or replace an entry, evicting the least recently used one if full."""
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            _, evicted = self._entries.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(evicted)
-
-    def clear(self) -> None:
-        """Evict every entry."""
-        while self._entries:
-            _, evicted = self._entries.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(evicted)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._entries)

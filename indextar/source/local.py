@@ -15,6 +15,7 @@ import mmap
 import operator
 import os
 import resource
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -90,12 +91,20 @@ class LocalFileSource(ByteSource):
         return os.open(self.url, os.O_RDONLY | os.O_CLOEXEC)
 
     def _open(self) -> None:
-        self._unmap()  # inherited through fork: closing the child's copies leaves the parent's
-        _make_room_for_a_map(self)
+        # The descriptor outside the lock: a cached source may download its shard first.
         try:
             fd = self._open_descriptor()
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard {self.url!r} does not exist") from None
+        with _opening:  # threads that find it unmapped at once map it once
+            if self._generation == base._fork_generation:
+                os.close(fd)  # another thread mapped it meanwhile
+                return
+            self._map_file(fd)
+
+    def _map_file(self, fd: int) -> None:
+        self._unmap()  # inherited through fork: closing the child's copies leaves the parent's
+        _make_room_for_a_map(self)
         try:
             st = os.fstat(fd)
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -261,9 +270,10 @@ class LocalFileSource(ByteSource):
             self._fd = -1
 
     def close(self) -> None:
-        self._unmap()
-        _mapped.pop(self, None)
-        self._generation = -1
+        with _opening:
+            self._unmap()
+            _mapped.pop(self, None)
+            self._generation = -1
 
     def __del__(self) -> None:
         try:
@@ -306,6 +316,11 @@ def _changed(url: str, size: int, mtime_ns: int, st: os.stat_result, since: str)
 # at once, so that nothing opened by the parent lives on in DataLoader workers.
 _mapped: weakref.WeakKeyDictionary[LocalFileSource, int] = weakref.WeakKeyDictionary()
 _map_counter = itertools.count()
+# Held while a source maps or unmaps its file (not while it opens it, which may
+# download it): an unmap between another thread's map and its descriptor's store would
+# leave a source that reads as an empty file. Not held by reads. Reentrant: a map may
+# first unmap others (_make_room_for_a_map).
+_opening = threading.RLock()
 
 
 def _make_room_for_a_map(opening: LocalFileSource) -> None:
@@ -327,6 +342,8 @@ def _make_room_for_a_map(opening: LocalFileSource) -> None:
 
 
 def _unmap_inherited() -> None:
+    global _opening
+    _opening = threading.RLock()  # a parent's thread may have held it at the fork
     for source in list(_mapped):
         source.close()
 

@@ -81,8 +81,8 @@ def test_grains_reading_threads_get_the_right_samples_past_max_open_shards(
     tmp_path: Path,
 ) -> None:
     # 16 threads (Grain's default ReadOptions) over 8 shards with room for one open
-    # shard: each read evicts the shard another thread is reading. Unlocked, the
-    # dataset's cache of open shards raised KeyError or returned another shard's bytes.
+    # shard: each read evicts the shard another thread is reading. Before the dataset
+    # leased its open shards, this raised KeyError or returned another shard's bytes.
     pattern = write_shards(tmp_path, 8, 4)
     ds = indextar.IndexedTarDataset(pattern, max_open_shards=1)
     source = indextar.grain.source(ds)
