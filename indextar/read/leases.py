@@ -9,9 +9,14 @@ bytes being read, or free its descriptor for another shard's open. Open shards a
 therefore at most ``capacity`` plus those evicted but still being read (at most one
 per reading thread).
 
-One lock guards the map and the counts, held for a few dict operations: no I/O and
-no close under it (about 50 ns a take, uncontended). A forked child replaces the
-locks of the caches it inherits, and forgets the leases of its parent's threads.
+Taking and giving back a lease of an entry in the map takes no lock: each is a few
+operations the GIL makes atomic (a dict look-up, a list append or pop), ordered so
+that an eviction never misses a reader: a reader appends itself to the entry's holders
+and then checks that the entry was not evicted; the evictor marks the entry evicted
+and then checks for holders (the last of which closes it). A lock guards inserts,
+evictions and the one close of an evicted entry: no I/O and no close under it. A
+forked child replaces the locks of the caches it inherits, and forgets the leases of
+its parent's threads.
 """
 
 from __future__ import annotations
@@ -30,14 +35,20 @@ V = TypeVar("V")
 
 
 class Lease(Generic[V]):
-    """One cached value and how many reads hold it; whether it was evicted."""
+    """One cached value and the reads that hold it; whether it was evicted, and closed."""
 
-    __slots__ = ("value", "readers", "evicted")
+    __slots__ = ("value", "holders", "evicted", "closed")
 
     def __init__(self, value: V) -> None:
         self.value = value
-        self.readers = 0
+        self.holders: list[None] = []  # one item per read holding it: append/pop are atomic
         self.evicted = False
+        self.closed = False
+
+    @property
+    def readers(self) -> int:
+        """How many reads hold it."""
+        return len(self.holders)
 
 
 class LRUCache(Generic[K, V]):
@@ -61,13 +72,20 @@ class LRUCache(Generic[K, V]):
         _caches.add(self)
 
     def acquire(self, key: K) -> Lease[V] | None:
-        """A lease of ``key``'s entry, marked most recently used; ``None`` if absent."""
-        with self._lock:
-            lease = self._entries.get(key)
-            if lease is not None:
-                self._entries.move_to_end(key)
-                lease.readers += 1
-            return lease
+        """A lease of ``key``'s entry, marked most recently used; ``None`` if absent
+        (or evicted as it was taken). No lock: see the module's docstring."""
+        lease = self._entries.get(key)
+        if lease is None:
+            return None
+        lease.holders.append(None)  # first hold it, then check: an evictor checks the other way
+        if lease.evicted:
+            self.release(lease)
+            return None
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # evicted meanwhile: the lease still holds it open
+            pass
+        return lease
 
     def insert(self, key: K, value: V) -> Lease[V]:
         """A lease of ``value``, added as ``key``'s entry (evicting the least recently
@@ -81,16 +99,19 @@ class LRUCache(Generic[K, V]):
             else:
                 self._entries.move_to_end(key)
                 evicted = [value]
-            lease.readers += 1
+            lease.holders.append(None)
         self._evicted(evicted)
         return lease
 
     def release(self, lease: Lease[V]) -> None:
         """Give back a lease; the last one of an evicted entry evicts its value."""
-        with self._lock:
-            lease.readers -= 1
-            if lease.readers or not lease.evicted:
+        lease.holders.pop()
+        if not lease.evicted or lease.holders:
+            return
+        with self._lock:  # the evictor and the last readers race to close it: once
+            if lease.closed or lease.holders:
                 return
+            lease.closed = True
         self._evicted([lease.value])
 
     def clear(self) -> None:
@@ -105,8 +126,9 @@ class LRUCache(Generic[K, V]):
         unleased = []
         while len(self._entries) > size:
             _, lease = self._entries.popitem(last=False)
-            lease.evicted = True
-            if not lease.readers:
+            lease.evicted = True  # first mark it, then look for holders: see acquire
+            if not lease.holders:
+                lease.closed = True
                 unleased.append(lease.value)
         return unleased
 
@@ -118,7 +140,7 @@ class LRUCache(Generic[K, V]):
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()  # a parent's thread may have held it at the fork
         for lease in self._entries.values():
-            lease.readers = 0  # the parent's readers are not in this process
+            lease.holders = []  # the parent's readers are not in this process
 
     def __len__(self) -> int:
         return len(self._entries)
