@@ -2,9 +2,11 @@
 
 ``shard`` builds and opens one index, ``meta`` records and validates what it was built
 from (``meta_cache`` keeps it on the index file, for quick re-checks), ``tables``
-writes its tables (``schema.sql``, ``_sqlitebulk.c``, loaded by ``extensions``),
+writes its tables (``schema.sql``, ``_sqlitebulk.c``, loaded by ``extensions``) and
+derives the reader's arrays from them for an index without an ``arrays`` table,
 ``spans`` checks at build time that every sample's headers name it; ``naming`` groups
-members into samples; ``arrays`` packs the reader's arrays; ``attributes`` stores
+members into samples; ``arrays`` packs the reader's arrays, and a compressed shard's
+frames or seek points with the source that decompresses it; ``attributes`` stores
 per-sample attributes (optional tables), which ``attribute_json`` reads from each
 sample's JSON member (``attributes_from="json"``) and ``attribute_import`` joins in
 from a parquet table;

@@ -75,7 +75,7 @@ class IndexMeta:
     """Whether every sample's span names its key, so that reads can check the name
     (:mod:`indextar.index.spans`); else they check the headers' checksums only."""
     compression: str = ""
-    """``"gzip"`` or ``"zstd"`` for a compressed shard (:mod:`indextar.index.compressed`)."""
+    """``"gzip"`` or ``"zstd"`` for a compressed shard (:mod:`indextar.index.arrays`)."""
     uncompressed_size: int = 0
     """The decompressed tar's size (0 for a plain tar)."""
     seek_spacing: int = 0

@@ -22,7 +22,7 @@ from typing import Any, Union
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..source.location import INDEX_SUFFIX, ShardLocation
-from .arrays import ShardArrays, arrays_from_tables, read_arrays
+from .arrays import ShardArrays, read_arrays
 from .attribute_json import OnError, attributes_member, read_json_attributes
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
 from .checksums import ChecksumsArg, checksum_algorithm
@@ -31,7 +31,7 @@ from .localscan import scan_local_shard
 from .meta import IndexMeta, check_fresh, connect_readonly, read_meta, stat_shard
 from .naming import from_sql, raw_name, sql_text
 from .options import BuildOptions
-from .tables import index_lock, write_index
+from .tables import arrays_from_tables, index_lock, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -239,7 +239,7 @@ def build_index(
     ----------
     shard
         Path to a tar shard: uncompressed, or gzip- or zstd-compressed (read in place
-        through frames or seek points: :mod:`indextar.index.compressed`).
+        through frames or seek points: :mod:`indextar.index.arrays`).
     index_dir
         Folder for the index instead of next to the shard.
     force

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -25,14 +26,13 @@ import numpy.typing as npt
 from ..atomic import atomic_path, rewrite_lock
 from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
-from .arrays import ShardArrays, write_arrays
+from .arrays import CompressedLayout, ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
-from .compressed import CompressedLayout
 from .extensions import sqlitebulk
 from .meta import IndexMeta
-from .naming import Grouping, raw_name, sql_text
+from .naming import Grouping, from_sql, raw_name, sql_text
 
-__all__ = ["write_index", "index_lock", "scan_arrays", "sample_spans"]
+__all__ = ["write_index", "index_lock", "scan_arrays", "sample_spans", "arrays_from_tables"]
 
 
 @contextlib.contextmanager
@@ -60,7 +60,7 @@ def write_index(
 ) -> None:
     """Write an index file atomically: to a temporary file, then renamed into place.
 
-    ``layout``: a compressed shard's frames or seek points (:mod:`.compressed`).
+    ``layout``: a compressed shard's frames or seek points (:mod:`.arrays`).
 
     ``checksums``: each sample's checksum (:mod:`.checksums`), under the algorithm
     ``meta.checksum`` names.
@@ -265,3 +265,43 @@ def _write_raw_names(conn: sqlite3.Connection, member_names: list[str], keys: li
             continue
         raw = ((raw_name(value), row) for row, value in enumerate(values))
         conn.executemany(sql, ((blob, row) for blob, row in raw if blob is not None))
+
+
+def arrays_from_tables(conn: sqlite3.Connection) -> ShardArrays:
+    """The arrays, derived from the ``samples`` and ``members`` rows (milliseconds per shard).
+
+    Rows come back as plain int tuples (extensions mapped to codes in SQL), which numpy
+    converts in one call per table.
+    """
+    rows = conn.execute(
+        "SELECT start_offset, end_offset, first_member, member_count, key, raw_key "
+        "FROM samples ORDER BY sample_id"
+    ).fetchall()
+    ext_names = tuple(
+        str(r[0]) for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext")
+    )
+    code = " ".join(f"WHEN ? THEN {n}" for n in range(len(ext_names)))
+    member_rows = conn.execute(
+        f"SELECT data_offset, size, CASE ext {code} END FROM members ORDER BY member_id"
+        if ext_names
+        else "SELECT data_offset, size, 0 FROM members",
+        ext_names,
+    ).fetchall()
+    # fromiter over the flattened rows: twice as fast as np.array on a list of tuples.
+    sample_columns = np.fromiter(
+        itertools.chain.from_iterable(row[:4] for row in rows), np.int64, 4 * len(rows)
+    ).reshape(-1, 4)
+    member_columns = np.fromiter(
+        itertools.chain.from_iterable(member_rows), np.int64, 3 * len(member_rows)
+    ).reshape(-1, 3)
+    return ShardArrays.make(
+        start_offset=sample_columns[:, 0],
+        end_offset=sample_columns[:, 1],
+        first_member=sample_columns[:, 2],
+        member_count=sample_columns[:, 3],
+        keys=[from_sql(row[4], row[5]) for row in rows],
+        data_offset=member_columns[:, 0],
+        size=member_columns[:, 1],
+        ext_code=member_columns[:, 2],
+        ext_names=ext_names,
+    )

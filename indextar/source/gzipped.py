@@ -19,6 +19,7 @@ import itertools
 import threading
 import zlib
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from ..errors import IndexFormatError, ShardFormatError, TruncatedShardError
@@ -32,6 +33,7 @@ from .spancache import SPAN_CACHE, SpanCache
 __all__ = ["GzipSeekSource"]
 
 _tokens = itertools.count()  # one per source object: its spans' key in the cache
+_UNRESOLVED = object()  # _gunzip.c not looked up yet: at the first decompression
 
 
 class _RawFile(io.RawIOBase):
@@ -103,7 +105,7 @@ class GzipSeekSource(ByteSource):
         self.cache = SPAN_CACHE if cache is None else cache
         self._starts: list[int] = points.points[:, 2].tolist()
         self._token = next(_tokens)
-        self._gunzip = gunzip()
+        self._gunzip: Any = _UNRESOLVED
         self._file: Any = None
         self._generation = -1
         self._lock = threading.Lock()
@@ -129,6 +131,14 @@ class GzipSeekSource(ByteSource):
             self._lock, self._lock_generation = threading.Lock(), base._fork_generation
             self._last, self._last_at = b"", -1
         return self._lock
+
+    def _extension(self) -> ModuleType | None:
+        """``_gunzip.c``, or ``None`` for zran (not built, or ``INDEXTAR_PURE_PYTHON``),
+        looked up at the first decompression rather than at open: opening a shard then
+        crosses no module but its sources' (``tests/test_shard_path.py``)."""
+        if self._gunzip is _UNRESOLVED:
+            self._gunzip = gunzip()
+        return self._gunzip  # type: ignore[no-any-return]
 
     @property
     def size(self) -> int:
@@ -216,7 +226,7 @@ class GzipSeekSource(ByteSource):
         if whole or (self._token, point) in self.cache:
             after = bisect.bisect_left(starts, end, point + 1)  # the span that holds end
             end = starts[after] if after < len(starts) else self.points.uncompressed_size
-        if self._gunzip is not None:
+        if self._extension() is not None:
             data = self._inflate(point, end)
         else:
             data = self._zran(point, end)
@@ -258,7 +268,7 @@ class GzipSeekSource(ByteSource):
                 f"compressed offset {c_offset} does not decompress ({e}); rebuild the index "
                 "with build_index(shard, force=True)"
             ) from e
-        gunzip = self._gunzip
+        gunzip = self._extension()
         assert gunzip is not None
         try:
             data: bytes = gunzip.inflate_from(compressed, bits, window, end - u_offset)
