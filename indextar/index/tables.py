@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -30,9 +29,9 @@ from .arrays import CompressedLayout, ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
 from .extensions import sqlitebulk
 from .meta import IndexMeta
-from .naming import Grouping, from_sql, raw_name, sql_text
+from .naming import Grouping, raw_name, sql_text
 
-__all__ = ["write_index", "index_lock", "scan_arrays", "sample_spans", "arrays_from_tables"]
+__all__ = ["write_index", "index_lock", "scan_arrays", "sample_spans"]
 
 
 @contextlib.contextmanager
@@ -244,7 +243,7 @@ def _write_tables(
         )
         write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end, checksums))
         if layout is not None:
-            layout.write(conn)
+            _write_layout(conn, layout)
         conn.executescript(indexes)  # commits
     finally:
         conn.close()
@@ -267,41 +266,20 @@ def _write_raw_names(conn: sqlite3.Connection, member_names: list[str], keys: li
         conn.executemany(sql, ((blob, row) for blob, row in raw if blob is not None))
 
 
-def arrays_from_tables(conn: sqlite3.Connection) -> ShardArrays:
-    """The arrays, derived from the ``samples`` and ``members`` rows (milliseconds per shard).
-
-    Rows come back as plain int tuples (extensions mapped to codes in SQL), which numpy
-    converts in one call per table.
-    """
-    rows = conn.execute(
-        "SELECT start_offset, end_offset, first_member, member_count, key, raw_key "
-        "FROM samples ORDER BY sample_id"
-    ).fetchall()
-    ext_names = tuple(
-        str(r[0]) for r in conn.execute("SELECT DISTINCT ext FROM members ORDER BY ext")
-    )
-    code = " ".join(f"WHEN ? THEN {n}" for n in range(len(ext_names)))
-    member_rows = conn.execute(
-        f"SELECT data_offset, size, CASE ext {code} END FROM members ORDER BY member_id"
-        if ext_names
-        else "SELECT data_offset, size, 0 FROM members",
-        ext_names,
-    ).fetchall()
-    # fromiter over the flattened rows: twice as fast as np.array on a list of tuples.
-    sample_columns = np.fromiter(
-        itertools.chain.from_iterable(row[:4] for row in rows), np.int64, 4 * len(rows)
-    ).reshape(-1, 4)
-    member_columns = np.fromiter(
-        itertools.chain.from_iterable(member_rows), np.int64, 3 * len(member_rows)
-    ).reshape(-1, 3)
-    return ShardArrays.make(
-        start_offset=sample_columns[:, 0],
-        end_offset=sample_columns[:, 1],
-        first_member=sample_columns[:, 2],
-        member_count=sample_columns[:, 3],
-        keys=[from_sql(row[4], row[5]) for row in rows],
-        data_offset=member_columns[:, 0],
-        size=member_columns[:, 1],
-        ext_code=member_columns[:, 2],
-        ext_names=ext_names,
-    )
+def _write_layout(conn: sqlite3.Connection, layout: CompressedLayout) -> None:
+    """Insert a compressed shard's frames or seek points (inside the caller's transaction)."""
+    if layout.frames is not None:
+        conn.executemany(
+            "INSERT INTO frames VALUES (?, ?, ?, ?, ?)",
+            ((n, *row) for n, row in enumerate(layout.frames.tolist())),
+        )
+    if layout.seek_points is not None:
+        conn.executemany(
+            "INSERT INTO seek_points VALUES (?, ?, ?, ?, ?)",
+            (
+                (n, c_offset, bits, u_offset, window or None)
+                for n, ((c_offset, bits, u_offset), window) in enumerate(
+                    zip(layout.seek_points.points.tolist(), layout.seek_points.windows)
+                )
+            ),
+        )

@@ -12,8 +12,7 @@ from conftest import sample_members
 from indexrows import load_samples
 
 from indextar import IndexedTarDataset, IndexFormatError, build_index, open_index
-from indextar.index.arrays import read_arrays
-from indextar.index.tables import arrays_from_tables
+from indextar.index.arrays import arrays_from_tables, read_arrays
 from indextar.index.verify import verify_index
 
 MEMBERS = {
