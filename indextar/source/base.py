@@ -15,16 +15,24 @@ other.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import TruncatedShardError
+from ..errors import IndexFormatError, StaleIndexError, TruncatedShardError
 from ..tar.spancheck import OK, check_headers, stale_error
 
-__all__ = ["ByteSource", "Span", "fork_generation", "outside_error", "split_members"]
+__all__ = [
+    "ByteSource",
+    "Span",
+    "fork_generation",
+    "layout_checked",
+    "outside_error",
+    "split_members",
+]
 
 
 class ByteSource(abc.ABC):
@@ -153,6 +161,25 @@ def split_members(
         if failed != OK:
             raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
     return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+
+
+@contextlib.contextmanager
+def layout_checked(raw: ByteSource, url: str, layout: str, where: str) -> Iterator[None]:
+    """Inside, a decompressed span (``where`` says which) whose headers are not its
+    sample's, of a compressed file ``raw`` that did not change, is a corrupt index: its
+    ``layout`` (frames or seek points) maps the sample onto other bytes.
+    :class:`~indextar.errors.IndexFormatError` says so, not the
+    :class:`~indextar.errors.StaleIndexError` of a changed shard (which
+    ``raw.check_unchanged()`` raises where the file did change)."""
+    try:
+        yield
+    except StaleIndexError as e:
+        raw.check_unchanged()
+        raise IndexFormatError(
+            f"the index of {url!r} is corrupt: its {layout} decompress {where} to other "
+            "bytes than the sample's tar headers, though the shard is unchanged; rebuild "
+            "the index with build_index(shard, force=True)"
+        ) from e
 
 
 def outside_error(url: str, offset: int, length: int, size: int) -> TruncatedShardError:

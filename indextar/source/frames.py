@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CompressedShardError, TruncatedShardError
-from .base import ByteSource, Span, outside_error, split_members
+from .base import ByteSource, Span, layout_checked, outside_error, split_members
 from .codecs import decompress_frame, zstd_context
 from .extensions import mapread
 
@@ -161,9 +161,11 @@ class FramedSource(ByteSource):
             if type(got) is list:
                 return got
         # the reference, which also raises the error that names what is wrong
-        return split_members(
-            span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-        )
+        where = f"the sample at uncompressed byte offset {offset}"
+        with layout_checked(self.raw, self.url, "frames", where):
+            return split_members(
+                span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+            )
 
     def read_members_many(
         self,

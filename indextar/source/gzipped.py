@@ -22,9 +22,12 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ..errors import IndexFormatError, ShardFormatError, TruncatedShardError
 from . import base
-from .base import ByteSource, outside_error
+from .base import ByteSource, Span, layout_checked, outside_error
 from .codecs import indexed_gzip
 from .extensions import gunzip
 from .seekpoints import ZRAN_BUFFER, SeekPoints
@@ -159,6 +162,27 @@ class GzipSeekSource(ByteSource):
                 data = data[at : at + length]
             self._last_end = offset + length
         return data
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        where = f"the sample at uncompressed byte offset {offset}"
+        with layout_checked(self.raw, self.url, "seek points", where):
+            return super().read_members(offset, length, member_rows, first, count, ext_names, key)
+
+    def read_members_many(
+        self, spans: Sequence[Span], member_rows: npt.NDArray[np.int64], ext_names: tuple[str, ...]
+    ) -> list[list[tuple[str, bytes]]]:
+        where = f"one of {len(spans)} samples read together"
+        with layout_checked(self.raw, self.url, "seek points", where):
+            return super().read_members_many(spans, member_rows, ext_names)
 
     def _read_on(self, offset: int, length: int) -> bytes | None:
         """A read in order that starts in the last span decompressed and ends after it:
