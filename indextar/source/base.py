@@ -15,21 +15,20 @@ other.
 from __future__ import annotations
 
 import abc
-import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import IndexFormatError, StaleIndexError, TruncatedShardError
+from ..errors import IndexFormatError, TruncatedShardError
 from ..tar.spancheck import OK, check_headers, stale_error
 
 __all__ = [
     "ByteSource",
     "Span",
     "fork_generation",
-    "layout_checked",
+    "corrupt_layout_error",
     "outside_error",
     "split_members",
 ]
@@ -163,23 +162,19 @@ def split_members(
     return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
 
 
-@contextlib.contextmanager
-def layout_checked(raw: ByteSource, url: str, layout: str, where: str) -> Iterator[None]:
-    """Inside, a decompressed span (``where`` says which) whose headers are not its
-    sample's, of a compressed file ``raw`` that did not change, is a corrupt index: its
-    ``layout`` (frames or seek points) maps the sample onto other bytes.
-    :class:`~indextar.errors.IndexFormatError` says so, not the
-    :class:`~indextar.errors.StaleIndexError` of a changed shard (which
-    ``raw.check_unchanged()`` raises where the file did change)."""
-    try:
-        yield
-    except StaleIndexError as e:
-        raw.check_unchanged()
-        raise IndexFormatError(
-            f"the index of {url!r} is corrupt: its {layout} decompress {where} to other "
-            "bytes than the sample's tar headers, though the shard is unchanged; rebuild "
-            "the index with build_index(shard, force=True)"
-        ) from e
+def corrupt_layout_error(raw: ByteSource, url: str, layout: str, where: str) -> IndexFormatError:
+    """The error for a decompressed span (``where`` says which) whose headers are not its
+    sample's (the :class:`~indextar.errors.StaleIndexError` of :func:`split_members`,
+    which the caller chains), of the compressed file ``raw``. If the file changed,
+    ``raw.check_unchanged()`` raises its own ``StaleIndexError``; else the index is
+    corrupt, its ``layout`` (frames or seek points) mapping the sample onto other bytes,
+    and this :class:`~indextar.errors.IndexFormatError` says so."""
+    raw.check_unchanged()
+    return IndexFormatError(
+        f"the index of {url!r} is corrupt: its {layout} decompress {where} to other bytes "
+        "than the sample's tar headers, though the shard is unchanged; rebuild the index "
+        "with build_index(shard, force=True)"
+    )
 
 
 def outside_error(url: str, offset: int, length: int, size: int) -> TruncatedShardError:

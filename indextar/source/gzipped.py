@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import IndexFormatError, ShardFormatError, TruncatedShardError
+from ..errors import IndexFormatError, ShardFormatError, StaleIndexError, TruncatedShardError
 from . import base
-from .base import ByteSource, Span, layout_checked, outside_error
+from .base import ByteSource, Span, corrupt_layout_error, outside_error
 from .codecs import indexed_gzip
 from .extensions import gunzip
 from .seekpoints import ZRAN_BUFFER, SeekPoints
@@ -173,16 +173,20 @@ class GzipSeekSource(ByteSource):
         ext_names: tuple[str, ...],
         key: bytes | None = None,
     ) -> list[tuple[str, bytes]]:
-        where = f"the sample at uncompressed byte offset {offset}"
-        with layout_checked(self.raw, self.url, "seek points", where):
+        try:
             return super().read_members(offset, length, member_rows, first, count, ext_names, key)
+        except StaleIndexError as e:
+            where = f"the sample at uncompressed byte offset {offset}"
+            raise corrupt_layout_error(self.raw, self.url, "seek points", where) from e
 
     def read_members_many(
         self, spans: Sequence[Span], member_rows: npt.NDArray[np.int64], ext_names: tuple[str, ...]
     ) -> list[list[tuple[str, bytes]]]:
-        where = f"one of {len(spans)} samples read together"
-        with layout_checked(self.raw, self.url, "seek points", where):
+        try:
             return super().read_members_many(spans, member_rows, ext_names)
+        except StaleIndexError as e:
+            where = f"one of {len(spans)} samples read together"
+            raise corrupt_layout_error(self.raw, self.url, "seek points", where) from e
 
     def _read_on(self, offset: int, length: int) -> bytes | None:
         """A read in order that starts in the last span decompressed and ends after it:
