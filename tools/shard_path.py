@@ -7,8 +7,8 @@ of its first sample, and records every call into a file of ``indextar/``. A step
 goes from a room to the same or a lower one (``read`` > ``index`` > ``source`` >
 ``tar`` > the shared modules); a *climb* goes from a lower room back up into a higher
 one (a callback, or a record of a higher room asked from below).
-``tests/test_shard_path.py`` holds the open of each kind of shard to no climb, and a
-plain one's (local or remote) to at most 8 files.
+``tests/test_shard_path.py`` holds the open of each kind of shard (plain, gzip, zstd;
+local or remote) to no climb and at most 8 files.
 
 ``python tools/shard_path.py`` prints the traces of a plain, a gzip and a zstd shard,
 on disk and over HTTP (a loopback server).

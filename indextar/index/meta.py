@@ -1,10 +1,15 @@
-"""What an index records about its shard, and the checks that it still describes it.
+"""An opened index: what it records about its shard, and the checks that it still
+describes it.
 
 :class:`IndexMeta` is the ``meta`` table: the shard's size, mtime and a content
 fingerprint (:func:`fingerprint`, blake2b of the size and the first and last 64 KiB),
 the format version and the options the index was built with. ``read_meta``
 refuses a file that is not an index of this format, and ``check_fresh`` one whose
-shard changed since (:class:`~indextar.errors.StaleIndexError`).
+shard changed since (:class:`~indextar.errors.StaleIndexError`). :func:`open_index_at`
+runs both and gives the :class:`ShardIndex`, which loads the reader's arrays
+(:mod:`.arrays`) and answers queries. Opening a shard to read it crosses this module,
+``arrays`` and its sources, and no other of this room but ``opener``
+(``tests/test_shard_path.py``).
 """
 
 from __future__ import annotations
@@ -15,14 +20,18 @@ import hashlib
 import mmap
 import os
 import sqlite3
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Union
 
 from .._version import __version__
-from ..errors import IndexFormatError, ShardNotFoundError, StaleIndexError
+from ..errors import IndexFormatError, MissingIndexError, ShardNotFoundError, StaleIndexError
+from ..source.location import ShardLocation
 from ..tar.scan import TarScan
-from .naming import Grouping
+from .arrays import ShardArrays, arrays_from_tables, connect_readonly, read_arrays
+from .attribute_json import attributes_member
+from .attributes import attribute_sources, has_attribute_table, has_source, json_source
+from .naming import Grouping, from_sql, raw_name, sql_text
 
 __all__ = [
     "FORMAT_VERSION",
@@ -38,7 +47,12 @@ __all__ = [
     "stat_shard",
     "read_meta",
     "check_fresh",
+    "PathLike",
+    "ShardIndex",
+    "open_index_at",
 ]
+
+PathLike = Union[str, "os.PathLike[str]"]
 
 FORMAT_VERSION = 3  # 2: raw_name and raw_key columns (names not UTF-8); 3: compressed shards
 # 4: per-sample checksums. Only an index that records them is version 4, so that an
@@ -75,7 +89,7 @@ class IndexMeta:
     """Whether every sample's span names its key, so that reads can check the name
     (:mod:`indextar.index.spans`); else they check the headers' checksums only."""
     compression: str = ""
-    """``"gzip"`` or ``"zstd"`` for a compressed shard (:mod:`indextar.index.compressed`)."""
+    """``"gzip"`` or ``"zstd"`` for a compressed shard (:mod:`indextar.index.arrays`)."""
     uncompressed_size: int = 0
     """The decompressed tar's size (0 for a plain tar)."""
     seek_spacing: int = 0
@@ -179,14 +193,6 @@ def file_fingerprint(path: Path, size: int) -> str:
     return fingerprint_parts(size, head, tail)
 
 
-def connect_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection to the index at ``path``."""
-    # immutable=1: index files are replaced, never modified in place, so SQLite
-    # may skip locking; this also works on read-only filesystems.
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
-    return sqlite3.connect(uri, uri=True)
-
-
 def stat_shard(shard: Path) -> os.stat_result:
     """The local ``shard``'s stat; :class:`~indextar.ShardNotFoundError` if it is gone."""
     try:
@@ -253,3 +259,129 @@ def check_fresh(shard: Path, meta: IndexMeta, path: Path) -> None:
             f"index {str(path)!r} does not match shard {str(shard)!r}: {'; '.join(problems)} "
             "since it was indexed; rebuild it with build_index(shard, force=True)"
         )
+
+
+# -- the opened index ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShardIndex:
+    """An opened, validated index of one shard.
+
+    Holds no open connection: each query opens the file read-only, so a
+    ``ShardIndex`` can be pickled and sent to DataLoader workers.
+    """
+
+    shard: str
+    path: Path
+    meta: IndexMeta
+
+    @classmethod
+    def unchecked(cls, shard: str, path: Path) -> ShardIndex:
+        """The index file ``path`` of ``shard``, its metadata read but not checked against
+        the shard (its reads are: they are conditional on the version it records)."""
+        return cls(shard=shard, path=path, meta=read_meta(path))
+
+    @property
+    def location(self) -> ShardLocation:
+        """Where the shard is: a local file or a remote object."""
+        return ShardLocation.of(self.shard)
+
+    def __len__(self) -> int:
+        return self.meta.num_samples
+
+    def connect(self) -> sqlite3.Connection:
+        """A new read-only connection to the index file, for bulk readers; close it after use."""
+        return connect_readonly(self.path)
+
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def load_arrays(self) -> ShardArrays:
+        """The arrays random access reads, in one query (from the tables if the index has none)."""
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
+            return arrays if arrays is not None else arrays_from_tables(conn)
+
+    def has_attributes(
+        self, attributes_from: str | None = None, *, meta: str | None = None
+    ) -> bool:
+        """Whether the index has the optional ``attributes`` table; with
+        ``attributes_from``, whether it holds attributes read from each sample's member
+        of that extension (``build_index(..., attributes_from="json")``), not only
+        imported ones. ``meta=`` is the deprecated name of ``attributes_from=``."""
+        member = attributes_member(attributes_from, meta, call="has_attributes")
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            if member is None:
+                return has_attribute_table(conn)
+            return has_source(conn, json_source(member))
+
+    def imported_from(self) -> list[str]:
+        """The file names of the tables whose columns were imported into the index
+        (:func:`~indextar.import_attributes`), which only another import restores."""
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            sources = set(attribute_sources(conn).values())
+        return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
+
+    def json_members(self) -> list[str]:
+        """The extensions of the members whose fields are the index's attribute columns
+        (``build_index(..., attributes_from="json")``): ``["json"]``, or ``[]`` for none."""
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            sources = set(attribute_sources(conn).values())
+        return sorted(s.removeprefix("json:") for s in sources if s.startswith("json:"))
+
+    def keys(self) -> list[str]:
+        """Every sample's key, in shard order."""
+        rows = self._query("SELECT key, raw_key FROM samples ORDER BY sample_id")
+        return [from_sql(text, raw) for text, raw in rows]
+
+    def find_key(self, key: str) -> list[int]:
+        """Sample numbers whose key is ``key`` (normally zero or one)."""
+        raw = raw_name(key)
+        rows = self._query(
+            "SELECT sample_id FROM samples WHERE key = ? AND raw_key IS ? ORDER BY sample_id",
+            (sql_text(key), raw),
+        )
+        return [int(r[0]) for r in rows]
+
+    def extension_counts(self) -> dict[str, int]:
+        """How many members have each extension."""
+        rows = self._query("SELECT ext, COUNT(*) FROM members GROUP BY ext ORDER BY ext")
+        return {str(ext): int(n) for ext, n in rows}
+
+    def skipped_counts(self) -> dict[str, int]:
+        """How many entries were skipped, by reason."""
+        rows = self._query("SELECT kind, COUNT(*) FROM skipped GROUP BY kind ORDER BY kind")
+        return {str(kind): int(n) for kind, n in rows}
+
+    def data_bytes(self) -> int:
+        """Total size of the indexed members' data."""
+        rows = self._query("SELECT COALESCE(SUM(size), 0) FROM members")
+        return int(rows[0][0])
+
+    def scattered_keys(self) -> list[str]:
+        """Keys that occur in more than one sample (members not adjacent in the tar)."""
+        rows = self._query(
+            "SELECT key, raw_key FROM samples GROUP BY key, raw_key HAVING COUNT(*) > 1 "
+            "ORDER BY key"
+        )
+        return [from_sql(text, raw) for text, raw in rows]
+
+
+def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
+    """Open and validate the index file ``path`` of a local ``shard``.
+
+    For callers that recorded where the index is (dataset manifests), rather than
+    deriving it from ``index_dir``. Raises as :func:`open_index` does.
+    """
+    shard_path, path = Path(shard), Path(path)
+    if not path.exists():
+        stat_shard(shard_path)
+        raise MissingIndexError(
+            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r})",
+            [str(shard_path)],
+        )
+    meta = read_meta(path)
+    check_fresh(shard_path, meta, path)
+    return ShardIndex(shard=str(shard_path), path=path, meta=meta)

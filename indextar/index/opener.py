@@ -26,7 +26,7 @@ from ..errors import MissingIndexError, ShardNotFoundError, StaleIndexError
 from ..source.base import ByteSource
 from ..source.cache import ShardCache
 from ..source.location import ShardLocation, SourceOptions
-from .compressed import decompressing_source
+from .arrays import decompressing_source
 from .manifest import ManifestShard
 from .remote import default_index_dir, open_remote_index
 from .shard import PathLike, ShardIndex, build_index, open_index, open_index_at

@@ -32,7 +32,7 @@ from ..source.conditional import RemoteStat
 from ..source.local import mapped_file
 from ..source.remote import RangeSource
 from ..tar.compress import zstd_frame_spans
-from .compressed import CompressedLayout
+from .arrays import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan, scan_compressed
 from .localscan import scan_shard_file
 from .meta import fingerprint

@@ -1,4 +1,5 @@
-"""Build and open one shard's SQLite index.
+"""Build and find one shard's SQLite index (what an opened one is, and the checks on
+opening it, are :mod:`.meta`'s: :class:`~.meta.ShardIndex`, :func:`~.meta.open_index_at`).
 
 An index lives next to its shard as ``<shard>.idx.sqlite``, or in ``index_dir``
 when given (read-only or remote shards). It is written to a temporary file and
@@ -11,30 +12,24 @@ opening it against a shard that changed raises :class:`~indextar.errors.StaleInd
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import sqlite3
 import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
 
 from ..errors import IndexFormatError, IndextarError, MissingIndexError, ShardNotFoundError
 from ..source.location import INDEX_SUFFIX, ShardLocation
-from .arrays import ShardArrays, arrays_from_tables, read_arrays
 from .attribute_json import OnError, attributes_member, read_json_attributes
-from .attributes import attribute_sources, has_attribute_table, has_source, json_source
 from .checksums import ChecksumsArg, checksum_algorithm
 from .decompress import DEFAULT_SEEK_SPACING
 from .localscan import scan_local_shard
-from .meta import IndexMeta, check_fresh, connect_readonly, read_meta, stat_shard
-from .naming import from_sql, raw_name, sql_text
+from .meta import IndexMeta, PathLike, ShardIndex, open_index_at, stat_shard
 from .options import BuildOptions
 from .tables import index_lock, write_index
 
 __all__ = [
     "INDEX_SUFFIX",
+    "PathLike",
     "ShardIndex",
     "build_index",
     "build_index_as",
@@ -45,114 +40,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-PathLike = Union[str, "os.PathLike[str]"]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardIndex:
-    """An opened, validated index of one shard.
-
-    Holds no open connection: each query opens the file read-only, so a
-    ``ShardIndex`` can be pickled and sent to DataLoader workers.
-    """
-
-    shard: str
-    path: Path
-    meta: IndexMeta
-
-    @classmethod
-    def unchecked(cls, shard: str, path: Path) -> ShardIndex:
-        """The index file ``path`` of ``shard``, its metadata read but not checked against
-        the shard (its reads are: they are conditional on the version it records)."""
-        return cls(shard=shard, path=path, meta=read_meta(path))
-
-    @property
-    def location(self) -> ShardLocation:
-        """Where the shard is: a local file or a remote object."""
-        return ShardLocation.of(self.shard)
-
-    def __len__(self) -> int:
-        return self.meta.num_samples
-
-    def connect(self) -> sqlite3.Connection:
-        """A new read-only connection to the index file, for bulk readers; close it after use."""
-        return connect_readonly(self.path)
-
-    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
-        with contextlib.closing(connect_readonly(self.path)) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    def load_arrays(self) -> ShardArrays:
-        """The arrays random access reads, in one query (from the tables if the index has none)."""
-        with contextlib.closing(connect_readonly(self.path)) as conn:
-            arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
-            return arrays if arrays is not None else arrays_from_tables(conn)
-
-    def has_attributes(
-        self, attributes_from: str | None = None, *, meta: str | None = None
-    ) -> bool:
-        """Whether the index has the optional ``attributes`` table; with
-        ``attributes_from``, whether it holds attributes read from each sample's member
-        of that extension (``build_index(..., attributes_from="json")``), not only
-        imported ones. ``meta=`` is the deprecated name of ``attributes_from=``."""
-        member = attributes_member(attributes_from, meta, call="has_attributes")
-        with contextlib.closing(connect_readonly(self.path)) as conn:
-            if member is None:
-                return has_attribute_table(conn)
-            return has_source(conn, json_source(member))
-
-    def imported_from(self) -> list[str]:
-        """The file names of the tables whose columns were imported into the index
-        (:func:`~indextar.import_attributes`), which only another import restores."""
-        with contextlib.closing(connect_readonly(self.path)) as conn:
-            sources = set(attribute_sources(conn).values())
-        return sorted(s.removeprefix("import:") for s in sources if s.startswith("import:"))
-
-    def json_members(self) -> list[str]:
-        """The extensions of the members whose fields are the index's attribute columns
-        (``build_index(..., attributes_from="json")``): ``["json"]``, or ``[]`` for none."""
-        with contextlib.closing(connect_readonly(self.path)) as conn:
-            sources = set(attribute_sources(conn).values())
-        return sorted(s.removeprefix("json:") for s in sources if s.startswith("json:"))
-
-    def keys(self) -> list[str]:
-        """Every sample's key, in shard order."""
-        rows = self._query("SELECT key, raw_key FROM samples ORDER BY sample_id")
-        return [from_sql(text, raw) for text, raw in rows]
-
-    def find_key(self, key: str) -> list[int]:
-        """Sample numbers whose key is ``key`` (normally zero or one)."""
-        raw = raw_name(key)
-        rows = self._query(
-            "SELECT sample_id FROM samples WHERE key = ? AND raw_key IS ? ORDER BY sample_id",
-            (sql_text(key), raw),
-        )
-        return [int(r[0]) for r in rows]
-
-    def extension_counts(self) -> dict[str, int]:
-        """How many members have each extension."""
-        rows = self._query("SELECT ext, COUNT(*) FROM members GROUP BY ext ORDER BY ext")
-        return {str(ext): int(n) for ext, n in rows}
-
-    def skipped_counts(self) -> dict[str, int]:
-        """How many entries were skipped, by reason."""
-        rows = self._query("SELECT kind, COUNT(*) FROM skipped GROUP BY kind ORDER BY kind")
-        return {str(kind): int(n) for kind, n in rows}
-
-    def data_bytes(self) -> int:
-        """Total size of the indexed members' data."""
-        rows = self._query("SELECT COALESCE(SUM(size), 0) FROM members")
-        return int(rows[0][0])
-
-    def scattered_keys(self) -> list[str]:
-        """Keys that occur in more than one sample (members not adjacent in the tar)."""
-        rows = self._query(
-            "SELECT key, raw_key FROM samples GROUP BY key, raw_key HAVING COUNT(*) > 1 "
-            "ORDER BY key"
-        )
-        return [from_sql(text, raw) for text, raw in rows]
-
 
 # -- locating and opening ----------------------------------------------------------
 
@@ -180,24 +67,6 @@ def open_index(shard: PathLike, *, index_dir: PathLike | None = None) -> ShardIn
         If the shard changed since it was indexed.
     """
     return open_index_at(shard, index_path(Path(shard), index_dir=index_dir))
-
-
-def open_index_at(shard: PathLike, path: PathLike) -> ShardIndex:
-    """Open and validate the index file ``path`` of a local ``shard``.
-
-    For callers that recorded where the index is (dataset manifests), rather than
-    deriving it from ``index_dir``. Raises as :func:`open_index` does.
-    """
-    shard_path, path = Path(shard), Path(path)
-    if not path.exists():
-        stat_shard(shard_path)
-        raise MissingIndexError(
-            f"shard {str(shard_path)!r} has no index (looked for {str(path)!r})",
-            [str(shard_path)],
-        )
-    meta = read_meta(path)
-    check_fresh(shard_path, meta, path)
-    return ShardIndex(shard=str(shard_path), path=path, meta=meta)
 
 
 # -- building --------------------------------------------------------------------
@@ -239,7 +108,7 @@ def build_index(
     ----------
     shard
         Path to a tar shard: uncompressed, or gzip- or zstd-compressed (read in place
-        through frames or seek points: :mod:`indextar.index.compressed`).
+        through frames or seek points: :mod:`indextar.index.arrays`).
     index_dir
         Folder for the index instead of next to the shard.
     force

@@ -25,9 +25,8 @@ import numpy.typing as npt
 from ..atomic import atomic_path, rewrite_lock
 from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
-from .arrays import ShardArrays, write_arrays
+from .arrays import CompressedLayout, ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
-from .compressed import CompressedLayout
 from .extensions import sqlitebulk
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
@@ -60,7 +59,7 @@ def write_index(
 ) -> None:
     """Write an index file atomically: to a temporary file, then renamed into place.
 
-    ``layout``: a compressed shard's frames or seek points (:mod:`.compressed`).
+    ``layout``: a compressed shard's frames or seek points (:mod:`.arrays`).
 
     ``checksums``: each sample's checksum (:mod:`.checksums`), under the algorithm
     ``meta.checksum`` names.
@@ -244,7 +243,7 @@ def _write_tables(
         )
         write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end, checksums))
         if layout is not None:
-            layout.write(conn)
+            _write_layout(conn, layout)
         conn.executescript(indexes)  # commits
     finally:
         conn.close()
@@ -265,3 +264,22 @@ def _write_raw_names(conn: sqlite3.Connection, member_names: list[str], keys: li
             continue
         raw = ((raw_name(value), row) for row, value in enumerate(values))
         conn.executemany(sql, ((blob, row) for blob, row in raw if blob is not None))
+
+
+def _write_layout(conn: sqlite3.Connection, layout: CompressedLayout) -> None:
+    """Insert a compressed shard's frames or seek points (inside the caller's transaction)."""
+    if layout.frames is not None:
+        conn.executemany(
+            "INSERT INTO frames VALUES (?, ?, ?, ?, ?)",
+            ((n, *row) for n, row in enumerate(layout.frames.tolist())),
+        )
+    if layout.seek_points is not None:
+        conn.executemany(
+            "INSERT INTO seek_points VALUES (?, ?, ?, ?, ?)",
+            (
+                (n, c_offset, bits, u_offset, window or None)
+                for n, ((c_offset, bits, u_offset), window) in enumerate(
+                    zip(layout.seek_points.points.tolist(), layout.seek_points.windows)
+                )
+            ),
+        )

@@ -12,9 +12,8 @@ from typing import Any
 from ..errors import IndexFormatError
 from ..source.location import SourceOptions
 from ..tar.scan import TarScan
-from .arrays import ShardArrays, read_arrays
+from .arrays import CompressedLayout, ShardArrays, read_arrays, read_layout
 from .checksums import hasher
-from .compressed import CompressedLayout, read_layout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
 from .localscan import scan_local_shard
 from .meta import IndexMeta, connect_readonly

@@ -21,10 +21,17 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import TruncatedShardError
+from ..errors import IndexFormatError, TruncatedShardError
 from ..tar.spancheck import OK, check_headers, stale_error
 
-__all__ = ["ByteSource", "Span", "fork_generation", "outside_error", "split_members"]
+__all__ = [
+    "ByteSource",
+    "Span",
+    "fork_generation",
+    "corrupt_layout_error",
+    "outside_error",
+    "split_members",
+]
 
 
 class ByteSource(abc.ABC):
@@ -153,6 +160,21 @@ def split_members(
         if failed != OK:
             raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
     return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+
+
+def corrupt_layout_error(raw: ByteSource, url: str, layout: str, where: str) -> IndexFormatError:
+    """The error for a decompressed span (``where`` says which) whose headers are not its
+    sample's (the :class:`~indextar.errors.StaleIndexError` of :func:`split_members`,
+    which the caller chains), of the compressed file ``raw``. If the file changed,
+    ``raw.check_unchanged()`` raises its own ``StaleIndexError``; else the index is
+    corrupt, its ``layout`` (frames or seek points) mapping the sample onto other bytes,
+    and this :class:`~indextar.errors.IndexFormatError` says so."""
+    raw.check_unchanged()
+    return IndexFormatError(
+        f"the index of {url!r} is corrupt: its {layout} decompress {where} to other bytes "
+        "than the sample's tar headers, though the shard is unchanged; rebuild the index "
+        "with build_index(shard, force=True)"
+    )
 
 
 def outside_error(url: str, offset: int, length: int, size: int) -> TruncatedShardError:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CompressedShardError, TruncatedShardError
-from .base import ByteSource, Span, outside_error, split_members
+from ..errors import CompressedShardError, StaleIndexError, TruncatedShardError
+from .base import ByteSource, Span, corrupt_layout_error, outside_error, split_members
 from .codecs import decompress_frame, zstd_context
 from .extensions import mapread
 
@@ -161,9 +161,13 @@ class FramedSource(ByteSource):
             if type(got) is list:
                 return got
         # the reference, which also raises the error that names what is wrong
-        return split_members(
-            span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-        )
+        try:
+            return split_members(
+                span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
+            )
+        except StaleIndexError as e:
+            where = f"the sample at uncompressed byte offset {offset}"
+            raise corrupt_layout_error(self.raw, self.url, "frames", where) from e
 
     def read_members_many(
         self,

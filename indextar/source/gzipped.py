@@ -19,11 +19,15 @@ import itertools
 import threading
 import zlib
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
-from ..errors import IndexFormatError, ShardFormatError, TruncatedShardError
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import IndexFormatError, ShardFormatError, StaleIndexError, TruncatedShardError
 from . import base
-from .base import ByteSource, outside_error
+from .base import ByteSource, Span, corrupt_layout_error, outside_error
 from .codecs import indexed_gzip
 from .extensions import gunzip
 from .seekpoints import ZRAN_BUFFER, SeekPoints
@@ -32,6 +36,7 @@ from .spancache import SPAN_CACHE, SpanCache
 __all__ = ["GzipSeekSource"]
 
 _tokens = itertools.count()  # one per source object: its spans' key in the cache
+_UNRESOLVED = object()  # _gunzip.c not looked up yet: at the first decompression
 
 
 class _RawFile(io.RawIOBase):
@@ -103,7 +108,7 @@ class GzipSeekSource(ByteSource):
         self.cache = SPAN_CACHE if cache is None else cache
         self._starts: list[int] = points.points[:, 2].tolist()
         self._token = next(_tokens)
-        self._gunzip = gunzip()
+        self._gunzip: Any = _UNRESOLVED
         self._file: Any = None
         self._generation = -1
         self._lock = threading.Lock()
@@ -130,6 +135,14 @@ class GzipSeekSource(ByteSource):
             self._last, self._last_at = b"", -1
         return self._lock
 
+    def _extension(self) -> ModuleType | None:
+        """``_gunzip.c``, or ``None`` for zran (not built, or ``INDEXTAR_PURE_PYTHON``),
+        looked up at the first decompression rather than at open: opening a shard then
+        crosses no module but its sources' (``tests/test_shard_path.py``)."""
+        if self._gunzip is _UNRESOLVED:
+            self._gunzip = gunzip()
+        return self._gunzip  # type: ignore[no-any-return]
+
     @property
     def size(self) -> int:
         return self.points.uncompressed_size
@@ -149,6 +162,31 @@ class GzipSeekSource(ByteSource):
                 data = data[at : at + length]
             self._last_end = offset + length
         return data
+
+    def read_members(
+        self,
+        offset: int,
+        length: int,
+        member_rows: npt.NDArray[np.int64],
+        first: int,
+        count: int,
+        ext_names: tuple[str, ...],
+        key: bytes | None = None,
+    ) -> list[tuple[str, bytes]]:
+        try:
+            return super().read_members(offset, length, member_rows, first, count, ext_names, key)
+        except StaleIndexError as e:
+            where = f"the sample at uncompressed byte offset {offset}"
+            raise corrupt_layout_error(self.raw, self.url, "seek points", where) from e
+
+    def read_members_many(
+        self, spans: Sequence[Span], member_rows: npt.NDArray[np.int64], ext_names: tuple[str, ...]
+    ) -> list[list[tuple[str, bytes]]]:
+        try:
+            return super().read_members_many(spans, member_rows, ext_names)
+        except StaleIndexError as e:
+            where = f"one of {len(spans)} samples read together"
+            raise corrupt_layout_error(self.raw, self.url, "seek points", where) from e
 
     def _read_on(self, offset: int, length: int) -> bytes | None:
         """A read in order that starts in the last span decompressed and ends after it:
@@ -216,7 +254,7 @@ class GzipSeekSource(ByteSource):
         if whole or (self._token, point) in self.cache:
             after = bisect.bisect_left(starts, end, point + 1)  # the span that holds end
             end = starts[after] if after < len(starts) else self.points.uncompressed_size
-        if self._gunzip is not None:
+        if self._extension() is not None:
             data = self._inflate(point, end)
         else:
             data = self._zran(point, end)
@@ -258,7 +296,7 @@ class GzipSeekSource(ByteSource):
                 f"compressed offset {c_offset} does not decompress ({e}); rebuild the index "
                 "with build_index(shard, force=True)"
             ) from e
-        gunzip = self._gunzip
+        gunzip = self._extension()
         assert gunzip is not None
         try:
             data: bytes = gunzip.inflate_from(compressed, bits, window, end - u_offset)

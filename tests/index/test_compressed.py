@@ -4,8 +4,10 @@ by frames, one-frame .tar.zst refused; truncated, corrupt and stale files; versi
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import os
+import random
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -18,7 +20,7 @@ from readers import wds_samples
 from tarcraft import GNU_TAR, write_tree
 
 import indextar
-from indextar.index.compressed import read_layout
+from indextar.index.arrays import read_layout
 from indextar.index.verify import verify_index
 from indextar.source.seekpoints import SeekPoints
 from indextar.tar.compress import zstd_frame_spans
@@ -327,3 +329,32 @@ def test_reads_in_order_decompress_each_span_once(
     # a jump goes back to a seek point, and reads in order after it read on again
     order = [250, 3, 4, 5, 120, 121, 7, 299, 298]
     assert [ds[i]["bin"] for i in order] == [want[i]["bin"] for i in order]
+
+
+def test_seek_points_that_map_samples_onto_other_bytes_are_a_corrupt_index(
+    tmp_path: Path,
+) -> None:
+    """A seek point moved inside the tar (found by the fuzzer's ``ztables``) decompresses
+    other bytes than the samples': the index is corrupt, not stale (the shard did not
+    change), and the error says so."""
+    rng = random.Random(5)
+    text = [bytes(rng.choices(b"abcdefgh \n", k=rng.randint(100, 9000))) for _ in range(40)]
+    archive = tmp_path / "stream.tar.gz"
+    archive.write_bytes(gzip.compress(tar_bytes({f"k{i:03d}.txt": t for i, t in enumerate(text)})))
+    index = indextar.build_index(archive, seek_spacing=32768)
+    with contextlib.closing(sqlite3.connect(index.path)) as conn:
+        conn.execute("UPDATE seek_points SET uncompressed_offset = uncompressed_offset + 2048 "
+                     "WHERE point_id = 1")  # fmt: skip
+        conn.commit()
+    ds = indextar.IndexedTarDataset(str(archive))
+    errors = []
+    for i in reversed(range(len(ds))):  # each read from its own seek point
+        try:
+            ds[i]
+        except indextar.IndextarError as e:
+            errors.append(e)
+    assert not [e for e in errors if isinstance(e, indextar.StaleIndexError)], errors
+    corrupt = [e for e in errors if isinstance(e, indextar.IndexFormatError)]
+    assert corrupt, errors
+    assert all("is corrupt" in str(e) and "seek points" in str(e) for e in corrupt)
+    assert str(archive) in str(corrupt[0])

@@ -18,7 +18,7 @@ from test_compressed import gnu_targz, members
 
 import indextar
 from indextar import native
-from indextar.index.compressed import CompressedLayout
+from indextar.index.arrays import CompressedLayout
 from indextar.index.decompress import decompress_shard
 
 assert native.built()["_gunzip"], "indextar/source/_gunzip.c did not build"
