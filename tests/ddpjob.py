@@ -67,14 +67,15 @@ class Rank:
 
 
 class _Zygote:
-    """The test process's one zygote: started at its first job, ended with the process."""
+    """The test process's zygotes, one for each list of modules imported besides torch's:
+    started at its first job, ended with the process."""
 
-    _the: _Zygote | None = None
+    _started: dict[tuple[str, ...], _Zygote] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, imports: tuple[str, ...] = ()) -> None:
         script = Path(__file__).resolve().parent / "_rank_zygote.py"
         self.process = subprocess.Popen(
-            [sys.executable, str(script)],
+            [sys.executable, str(script), *imports],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -86,10 +87,11 @@ class _Zygote:
         threading.Thread(target=self._listen, daemon=True).start()
 
     @classmethod
-    def get(cls) -> _Zygote:
-        if cls._the is None or cls._the.process.poll() is not None:
-            cls._the = cls()
-        return cls._the
+    def get(cls, imports: tuple[str, ...] = ()) -> _Zygote:
+        zygote = cls._started.get(imports)
+        if zygote is None or zygote.process.poll() is not None:
+            zygote = cls._started[imports] = cls(imports)
+        return zygote
 
     def _listen(self) -> None:
         assert self.process.stdout is not None
@@ -104,8 +106,10 @@ class _Zygote:
                     self.codes[message["exit"]] = message["code"]
                     self.ended.notify_all()
 
-    def fork(self, argv: list[str], out: Path, env: dict[str, str]) -> Rank:
-        request = {"argv": argv, "out": str(out), "env": env}
+    def fork(self, argv: list[str], out: Path, env: dict[str, str], **job: int) -> Rank:
+        """Fork a rank running ``argv``; with ``world=`` and ``port=``, a whole job in a
+        session of its own (see tests/_rank_zygote.py)."""
+        request = {"argv": argv, "out": str(out), "env": env, **job}
         assert self.process.stdin is not None
         with self.lock:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -130,6 +134,16 @@ def launch(worker: Path, log_dir: Path, phase: str, world: int, *args: str) -> l
         ]  # fmt: skip
         ranks.append(zygote.fork(argv, log_dir / f"{phase}-rank{rank}.out", env))
     return ranks
+
+
+def start_job(
+    argv: list[str], out: Path, env: dict[str, str], *, world: int, imports: tuple[str, ...]
+) -> Rank:
+    """A job as torchrun starts one, ``world`` ranks on a free port (``world=0``: one plain
+    process), in a session of its own, forked from a zygote that imported torch and
+    ``imports``: its leader, whose exit code is torchrun's (0, 1 if a rank failed, or
+    ``-9`` if the job's process group was SIGKILLed); the ranks' output goes to ``out``."""
+    return _Zygote.get(imports).fork(argv, out, env, world=world, port=free_ports(1)[0])
 
 
 def wait_all(processes: list[Rank], log_dir: Path, phase: str) -> None:
