@@ -40,7 +40,10 @@ def make_shards(run: Path, per_shard: int = PER_SHARD) -> str:
 
 
 # What each run script imports besides torch, once, in the zygote its runs fork from.
-PRELOAD = {"_accelerate_run.py": ("torch._dynamo", "accelerate")}
+PRELOAD = {
+    "_accelerate_run.py": ("torch._dynamo", "accelerate"),
+    "_lightning_run.py": ("torch._dynamo", "pytorch_lightning"),
+}
 
 
 def run(script: Path, *args: str, processes: int = 0, expect_kill: bool = False) -> str:
