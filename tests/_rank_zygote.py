@@ -1,5 +1,5 @@
 """Forks the ranks of tests/ddpjob.py's jobs from one interpreter that has imported
-torch, torch.distributed and indextar once.
+torch, torch.distributed and indextar once (the modules named on its command line).
 
 A fresh interpreter spends 2-3 s of CPU on those imports, and the suite's DDP tests
 start some 30 ranks. Each rank is still a process of its own, running its worker
@@ -19,6 +19,10 @@ environment (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...), all writing to ``o
 it exits 0 when every rank did, else 1 as torchrun does. ``"world": 0`` is one plain
 process in a session of its own. Modules named on the command line are imported
 too (``accelerate``, ``torch._dynamo``: 2 s of CPU a rank).
+
+A request with ``"module"`` instead of a script in ``argv`` runs it as ``python -m``
+does, in ``"cwd"``, its standard error to ``"err"`` if given (tests/cli: the CLI
+without an interpreter's start, 1 s of CPU a call).
 """
 
 from __future__ import annotations
@@ -32,14 +36,6 @@ import sys
 import traceback
 from typing import Any
 
-import numpy  # noqa: F401
-import torch  # noqa: F401
-import torch.distributed  # noqa: F401
-import torch.utils.data  # noqa: F401
-
-import indextar  # noqa: F401
-import indextar.order.sampler  # noqa: F401
-
 
 def run_rank(request: dict[str, Any], *, append: bool = False) -> int:
     """In the forked child: become the rank and run its script; its exit status."""
@@ -48,14 +44,23 @@ def run_rank(request: dict[str, Any], *, append: bool = False) -> int:
     mode = os.O_APPEND if append else os.O_TRUNC
     out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
+    err = (
+        os.open(request["err"], os.O_WRONLY | os.O_CREAT | mode, 0o644) if "err" in request else out
+    )
     os.dup2(null, 0)
     os.dup2(out, 1)
-    os.dup2(out, 2)
-    script = os.path.abspath(request["argv"][0])
-    sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(script)
+    os.dup2(err, 2)
     try:
-        runpy.run_path(script, run_name="__main__")
+        if "module" in request:
+            os.chdir(request["cwd"])
+            sys.argv = [request["module"], *request["argv"]]
+            sys.path[0] = request["cwd"]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(request["argv"][0])
+            sys.argv = list(request["argv"])
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
