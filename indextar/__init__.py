@@ -17,6 +17,7 @@ from .errors import (
     IndexFormatError,
     IndextarError,
     IndexWriteError,
+    JoinError,
     ManifestError,
     MissingAttributesError,
     MissingIndexError,
@@ -50,6 +51,7 @@ from .read.dataset import IndexedTarDataset
 from .read.encoded import EncodedBatch, encoded_collate
 from .read.gpu import ImageStage
 from .read.image import image_decoder
+from .read.joined import JoinedDataset
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
@@ -60,6 +62,7 @@ from .tar.scan import TarScan, scan_tar
 from .write.convert import ConvertResult, convert
 from .write.export_parquet import export_parquet
 from .write.shardwriter import ShardWriter
+from .write.sidecar import SidecarShard, write_sidecar
 from .write.tarwriter import TarWriter
 
 __all__ = [
@@ -81,6 +84,7 @@ __all__ = [
     "StreamingTarDataset",
     "MixtureDataset",
     "KeySubset",
+    "JoinedDataset",
     "image_decoder",
     # decoding on the GPU
     "on_gpu",
@@ -108,6 +112,8 @@ __all__ = [
     "convert",
     "ConvertResult",
     "export_parquet",
+    "write_sidecar",
+    "SidecarShard",
     # errors
     "IndextarError",
     "ShardFormatError",
@@ -138,6 +144,7 @@ __all__ = [
     "SampleAttributeError",
     "SelectionError",
     "MissingAttributesError",
+    "JoinError",
 ]
 
 

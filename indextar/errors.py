@@ -396,6 +396,11 @@ class MissingAttributesError(SelectionError):
         super().__init__(message)
 
 
+class JoinError(IndextarError, ValueError):
+    """Two shard sets cannot be joined by key: a member extension on both sides (without
+    ``prefix=`` or ``rename=``), or a key held by more than one sample of the joined side."""
+
+
 def _located(message: str, *, shard: str | None, key: str | None, ext: str | None = None) -> str:
     """``message`` after the shard, sample and member it concerns (those known):
     ``"shard 'a.tar', sample 'k': message"``."""

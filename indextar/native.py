@@ -11,6 +11,7 @@ compiler is present (``optional = true`` in pyproject.toml). Each room loads its
 * ``order/_permute``: the keyed permutation of the sampler's orders, element by element;
 * ``order/_pack``: best and first fit decreasing of documents into packs (sequence
   packing);
+* ``read/_keyjoin``: the hash join of two datasets' keys (``IndexedTarDataset.join``);
 * ``source/_gunzip``: a gzip shard decompressed and checked in one pass, its seek points
   placed on the way (the reference: :mod:`zlib`'s checked pass, then
   ``indexed_gzip``'s).
@@ -41,6 +42,7 @@ _ROOMS = {
     "_permute": "order",
     "_pack": "order",
     "_gunzip": "source",
+    "_keyjoin": "read",
 }
 
 

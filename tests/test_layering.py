@@ -33,6 +33,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "read": frozenset({"tar", "source", "index", "order"}),
     "write": frozenset({"tar", "source", "index"}),
     "train": frozenset({"order", "read"}),
+    # other frameworks' pipelines (optional extras, never imported by `import indextar`)
+    "grain": frozenset({"read"}),
+    "ray": frozenset({"index", "read"}),
     "cli": frozenset({"tar", "source", "index", "order", "read", "write", "train"}),
 }
 TOP_LEVEL_API = frozenset({"__init__", "__main__"})  # the public API: every room
@@ -166,7 +169,9 @@ def test_a_deliberate_violation_is_caught(tmp_path: Path) -> None:
 # -- private names ---------------------------------------------------------------------
 
 # The C extensions are private modules that their own room imports by name.
-EXTENSIONS = frozenset({"_tarwalk", "_mapread", "_sqlitebulk", "_permute", "_pack", "_gunzip"})
+EXTENSIONS = frozenset(
+    {"_tarwalk", "_mapread", "_sqlitebulk", "_permute", "_pack", "_gunzip", "_keyjoin"}
+)
 # Private attributes of other projects' objects, reached where they offer no public one.
 FOREIGN_PRIVATE = {
     "_cache": "fsspec's instance cache of each filesystem class (source/filesystems.py)",

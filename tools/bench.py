@@ -18,7 +18,11 @@ remote shards scanned as they stream); ``compressed`` runs ``tools/bench_compres
 ratarmountcore); ``checksums`` runs ``tools/bench_checksums.py`` (what per-sample
 checksums cost a read and a build); ``convert`` runs ``tools/bench_convert.py``
 (``indextar convert`` from parquet with image bytes, against webdataset's
-``ShardWriter`` fed row by row, img2dataset-style). Each ``tools/bench_*.py``
+``ShardWriter`` fed row by row, img2dataset-style); ``grain`` runs
+``tools/bench_grain.py`` (per-record reads against ArrayRecord); ``ray`` runs
+``tools/bench_ray.py`` (rows/s against ``ray.data.read_webdataset``, with and without
+a ``where``); ``join`` runs ``tools/bench_join.py`` (joins by key: planning from cold
+indexes, the cached open, joined reads, sidecar writing). Each ``tools/bench_*.py``
 module offers ``run(report=print)``, optionally with a ``quick`` keyword.
 
 Targets are printed as PASS/FAIL lines and never asserted: timings belong here, not in
@@ -521,6 +525,9 @@ SECTIONS = {
     "checksums": "Checksums",
     "pack": "Sequence packing",
     "convert": "Converting parquet",
+    "grain": "Grain data source",
+    "ray": "Ray Data",
+    "join": "Joins by key",
 }
 
 

@@ -232,13 +232,14 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
     bench.info["stage backend"] = backend
     raw = IndexedTarDataset(paths, keys=("jpg", "cls"), decode=[])
 
-    def loader(dataset: Any, workers: int, collate: Any = None) -> Any:
+    def loader(dataset: Any, workers: int, collate: Any = None, **options: Any) -> Any:
         return DataLoader(
             dataset,
             batch_size=BATCH,
             num_workers=min(workers, cap),
             collate_fn=collate,
             shuffle=False,
+            **options,
         )
 
     # webdataset: whole shards per worker; enough shards for every worker to get two
@@ -278,6 +279,18 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
             ),
         )
         bench.measure(
+            f"stage, {backend}, DataLoader prefetch_factor=4",
+            4,
+            lambda: consume(
+                on_gpu(loader(raw, 4, encoded_collate(), prefetch_factor=4), SIZE, backend=backend)
+            ),
+        )
+        bench.measure(
+            f"stage `on_gpu(loader, 256)`, {backend}",
+            6,
+            lambda: consume(on_gpu(loader(raw, 6, encoded_collate()), SIZE, backend=backend)),
+        )
+        bench.measure(
             f"stage, {backend}, with a pinned copy",
             4,
             lambda: consume(
@@ -298,6 +311,20 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
                 (b.offsets[1:], b) for b in loader(raw, w, encoded_collate())
             ),
         )
+
+    if backend != "cpu":  # tensors handed over by file name instead of by descriptor
+        import torch.multiprocessing as tmp
+
+        previous = tmp.get_sharing_strategy()
+        tmp.set_sharing_strategy("file_system")
+        try:
+            bench.measure(
+                f"stage, {backend}, `file_system` sharing strategy",
+                4,
+                lambda: consume(on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend)),
+            )
+        finally:
+            tmp.set_sharing_strategy(previous)
 
     # in-memory ceilings: batches collated in memory, decoded without a loader
     count = min(images, 256 if args.small else 4096)

@@ -9,7 +9,11 @@ Each row reads every sample once, on the same server:
 * indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
   ``DataLoader(batch_size=64)`` with 0 and 2 workers, and the same with read-ahead
   (``batch_sampler=ReadAheadBatches(sampler, 64)``);
-* indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``);
+* indextar ``StreamingTarDataset`` and webdataset's ``WebDataset`` (``pipe:curl``),
+  and streaming by pipelined ranged GETs instead of one GET per shard
+  (tools/bench_remote_chunked.py);
+* indextar ``remote="cache"`` filled by whole shards and by the ranged reads, first
+  and second epoch (tools/bench_remote_cache.py);
 * raw clients on the same spans in the sampler's order, the ceiling: aiohttp ranged
   GETs, ``--in-flight`` (256) at once, unsigned; obstore ``get_range_async`` the same
   way, and obstore ``get_ranges`` per shard over windows of 256 samples (its merging;
@@ -113,6 +117,7 @@ class Store:
     spans: list[list[tuple[int, int]]]  # per shard, per sample
     index_dir: Path
     work: Path
+    stats: list[Any]  # per shard, its RemoteStat (size, ETag), as an index records it
 
     @property
     def urls(self) -> list[str]:
@@ -259,6 +264,8 @@ def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
 
 
 def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> list[Row]:
+    from bench_remote_cache import cache_rows
+    from bench_remote_chunked import chunked_streaming
     from bench_remote_clients import obstore_get_ranges, obstore_ranges, raw_aiohttp
     from bench_remote_peers import peer_rows
 
@@ -269,7 +276,10 @@ def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> lis
         ("indextar i.i.d. ranges + read-ahead, 2 workers", indextar_iid(2, ahead=True)),
         ("indextar `StreamingTarDataset`", indextar_streaming),
         ("webdataset streaming (`pipe:curl`)", webdataset_streaming),
+        ("streaming by ranged GETs, 1 MiB x 8 in flight", chunked_streaming(1 << 20, 8)),
+        ("streaming by ranged GETs, 8 MiB x 4 in flight", chunked_streaming(8 << 20, 4)),
         (f"raw aiohttp ranged GETs, {in_flight} in flight", raw_aiohttp(in_flight)),
+        *cache_rows(),
     ]
     try:
         import obstore  # noqa: F401
@@ -371,18 +381,24 @@ def main() -> None:
         with upstream_cm as upstream:
             if args.store == "s3":
                 upstream.upload(BUCKET, paths)
-                prepare_peers(folder, paths, upstream)
+                if not args.only or any(o in p for o in args.only for p in ("Mosaic", "LitData")):
+                    prepare_peers(folder, paths, upstream)  # only for the peers' rows
                 origin = f"http://127.0.0.1:{upstream.port}"
             else:
                 origin = f"http://127.0.0.1:{upstream.port}"
+            stats: list[Any] = []
             for delay in args.delay_ms:
                 with DelayProxy(origin, delay_ms=delay) as proxy:
                     store = Store(
                         args.store, proxy, [p.name for p in paths], spans,
-                        folder / f"index-{args.store}", folder,
+                        folder / f"index-{args.store}", folder, stats,
                     )  # fmt: skip
                     if delay == args.delay_ms[0]:  # build the indexes once, outside the rows
+                        from bench_remote_chunked import stats_of
+
                         from indextar import IndexedTarDataset
+
+                        stats[:] = stats_of(store.urls, store.storage_options)
 
                         built = IndexedTarDataset(
                             store.urls, index_dir=store.index_dir,

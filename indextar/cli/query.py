@@ -18,6 +18,7 @@ from ..read.dataset import IndexedTarDataset
 from ..read.lookup import sample_keys
 from ..read.selection import where_rows
 from ..source.patterns import expand_shards
+from .joins import add_join_options, open_joined
 from .options import add_options, count
 
 __all__ = ["add_query_commands"]
@@ -52,6 +53,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _query(args: argparse.Namespace) -> int:
+    if args.join:
+        return _query_joined(args)
     ds = IndexedTarDataset(args.shards, index_dir=args.index_dir, build_missing=False)
     if args.json:
         for row in where_rows(ds, args.where):
@@ -70,6 +73,25 @@ def _query(args: argparse.Namespace) -> int:
             f"{len(view):,} of {len(ds):,} samples in {count(len(ds.shards), 'shard')} match "
             f"{args.where!r}"
         )
+    return 0
+
+
+def _query_joined(args: argparse.Namespace) -> int:
+    """``query --join``: the condition over either side's attributes (the left's first)."""
+    joined = open_joined(args.shards, args)
+    view = joined.where(args.where, cache_dir=False if args.no_cache else args.cache_dir)
+    lefts, _ = joined.sides(view.base_indices(np.arange(len(view))))
+    if args.count:
+        print(len(view))
+    elif args.keys or args.json:
+        out = sys.stdout.buffer
+        for index, key in zip(view.base_indices(np.arange(len(view))).tolist(),
+                              sample_keys(joined.left, lefts)):  # fmt: skip
+            line = json.dumps({"__index__": index, "__key__": key}) if args.json else key
+            out.write(line.encode("utf-8", "surrogateescape") + b"\n")
+        out.flush()
+    else:
+        print(f"{len(view):,} of {len(joined):,} joined samples match {args.where!r}")
     return 0
 
 
@@ -120,6 +142,7 @@ def add_query_commands(sub: Any) -> None:
         help="folder of cached selections (default: ~/.cache/indextar/selections)",
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    add_join_options(p)
     add_options(p, index_dir=True, json=True)
     p.set_defaults(func=_cmd_query)
 

@@ -16,13 +16,14 @@ from tqdm import tqdm
 
 from ..index.shard import ShardIndex
 from ..read.dataset import IndexedTarDataset
-from ..read.lookup import describe_sample, read_member, shard_members
+from ..read.lookup import SampleInfo, describe_sample, read_member, shard_members
 from ..read.subset import read_keys, report_unmatched
 from ..source.patterns import expand_shards
 from ..write.create import create_shards
 from ..write.export import export_dali, export_wids
 from ..write.export_parquet import export_parquet
 from ..write.reshard import reshard
+from .joins import add_join_options, describe_joined, joined_json, joined_rows, open_joined
 from .options import add_options
 
 __all__ = ["add_tool_commands"]
@@ -127,6 +128,8 @@ def _cmd_reshard(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
+    if args.join:
+        return _print_rows(joined_rows(open_joined(args.shard, args), args), args)
     table = shard_members(args.shard, index_dir=args.index_dir)
     listed: Sequence[int] = range(len(table))
     if args.select or args.exclude:
@@ -141,6 +144,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         (table.keys[i], [(table.exts[m], int(table.sizes[m])) for m in table.members_of(i)])
         for i in listed
     ]
+    return _print_rows(rows, args)
+
+
+def _print_rows(rows: list[tuple[str, list[tuple[str, int]]]], args: argparse.Namespace) -> int:
     if args.json:  # a reader that goes away (| head) is main's BrokenPipeError
         print(json.dumps([{"key": key, "members": dict(members)} for key, members in rows]))
     else:
@@ -157,6 +164,8 @@ def _cmd_cat(args: argparse.Namespace) -> int:
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
+    if args.join:
+        return _get_joined(args)
     if args.select or args.exclude:  # INDEX counts the selected samples
         dataset = IndexedTarDataset(args.dataset, index_dir=args.index_dir, build_missing=False)
         view = dataset.select(args.select) if args.select else dataset.exclude(args.exclude)
@@ -167,12 +176,35 @@ def _cmd_get(args: argparse.Namespace) -> int:
         members = [asdict(m) | {"head": m.head.decode("utf-8", "replace")} for m in info.members]
         print(json.dumps(asdict(info) | {"members": members}))
         return 0
+    _print_info(info, f"sample {info.index}: key {info.key!r}")
+    return 0
+
+
+def _print_info(info: SampleInfo, title: str) -> None:
     print(
-        f"sample {info.index}: key {info.key!r}\n  shard {info.shard}, sample {info.shard_sample}, "
+        f"{title}\n  shard {info.shard}, sample {info.shard_sample}, "
         f"bytes {info.start_offset}..{info.end_offset}"
     )
     for m in info.members:
         print(f"  {m.ext:<10} {m.size:>12,} bytes  {_preview(m.head, m.size)}")
+
+
+def _get_joined(args: argparse.Namespace) -> int:
+    """``get --join``: INDEX counts the joined (and selected) samples."""
+    joined = open_joined(args.dataset, args)
+    index = args.index
+    if args.select or args.exclude:
+        view = joined.select(args.select) if args.select else joined.exclude(args.exclude)
+        index = int(view.base_indices(index))
+    left, right = describe_joined(joined, index)
+    if args.json:
+        print(joined_json(left, right))
+        return 0
+    _print_info(left, f"sample {index % len(joined)}: key {left.key!r}")
+    if right is None:
+        print(f"  nothing joined from {args.join}")
+    else:
+        _print_info(right, "joined:")
     return 0
 
 
@@ -266,6 +298,7 @@ def add_tool_commands(sub: Any) -> None:
     add_options(p, index_dir=True, json=True)
     p.add_argument("shard")
     _add_key_filter(p, "the samples")
+    add_join_options(p)
     p.set_defaults(func=_cmd_ls)
 
     p = sub.add_parser("cat", help="write one member's bytes to stdout")
@@ -279,6 +312,7 @@ def add_tool_commands(sub: Any) -> None:
     p.add_argument("dataset", help="shard pattern ('data-{000..009}.tar') or manifest (.json)")
     p.add_argument("index", type=int, help="sample number (negative counts from the end)")
     _add_key_filter(p, "count the samples")
+    add_join_options(p)
     p.set_defaults(func=_cmd_get)
 
     p = sub.add_parser(

@@ -32,6 +32,7 @@ from ..source.patterns import expand_shards
 from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
+from .joining import JoinViews
 from .pool import BatchPool, DecodeThreads
 from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from .remote_batch import RemoteBatches
@@ -48,7 +49,7 @@ DEFAULT_MAX_OPEN_SHARDS = 64
 ShardsArg = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
 
 
-class IndexedTarDataset(RemoteBatches, KeyViews):
+class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
     """Map-style dataset over WebDataset tar shards, one sample per ``ds[i]``.
 
     Parameters
@@ -89,6 +90,11 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         Read-ahead budget of each process for remote shards read by ranges: bytes held
         and in flight. Used when batches come from :class:`~indextar.ReadAheadBatches`;
         ``0`` turns it off. See docs/remote.md.
+    cache_fill
+        With ``remote="cache"``: ``"shards"`` downloads a shard whole at its first read;
+        ``"ranges"`` reads it by ranges (and the read-ahead) as ``remote="ranges"`` does,
+        and writes each range fetched into the cache, which holds the shard whole once
+        its samples are read (an epoch). See docs/remote.md.
 
     Raises
     ------
@@ -118,6 +124,7 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         remote: Literal["ranges", "cache"] = "ranges",
         cache_dir: PathLike | None = None,
         cache_limit: int | str = "50GB",
+        cache_fill: Literal["shards", "ranges"] = "shards",
         storage_options: Mapping[str, Any] | None = None,
         decode_threads: DecodeThreads = 0,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
@@ -135,6 +142,7 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
             index_dir,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
+            cache_fill=cache_fill,
             storage_options=storage_options,
             build_missing=build_missing,
         )
@@ -167,7 +175,9 @@ class IndexedTarDataset(RemoteBatches, KeyViews):
         self._len = int(starts[-1])
         # The remote shards read by ranges, whose spans a batch fetches together.
         self._ranged: frozenset[int] = (
-            remote_shards(self.shards) if self._options.source.cache is None else frozenset()
+            remote_shards(self.shards)
+            if self._options.source.cache is None or self._options.source.cache.fill == "ranges"
+            else frozenset()
         )
         self._has_ranges = bool(self._ranged)
         self._reset_process_state()

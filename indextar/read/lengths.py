@@ -23,6 +23,7 @@ import numpy.typing as npt
 from ..errors import SelectionError
 from ..index.arrays import ShardArrays
 from .lookup import sample_keys
+from .protocols import KeyedView
 from .selection import attribute_values
 
 __all__ = ["LengthsArg", "document_lengths"]
@@ -46,8 +47,14 @@ def document_lengths(data: Any, lengths: LengthsArg) -> I64:
         If an array's length is not ``len(data)``.
     """
     base = getattr(data, "base", data)
+    keyed = isinstance(base, KeyedView)  # a joined view: its own values, by its index
     if isinstance(lengths, str):
-        values = attribute_values(base, lengths)
+        values = base.attribute_values(lengths) if keyed else attribute_values(base, lengths)
+    elif callable(lengths) and keyed:
+        raise TypeError(
+            f"lengths= of {base!r}: an attribute or SQL expression, or an array; "
+            "a callable of shards' arrays needs an IndexedTarDataset"
+        )
     elif callable(lengths):
         values = _from_arrays(base, lengths)
     else:
@@ -60,7 +67,7 @@ def document_lengths(data: Any, lengths: LengthsArg) -> I64:
     if base is not data:
         values = values[data.base_indices(np.arange(len(data)))]
     what = repr(lengths) if isinstance(lengths, str) else getattr(lengths, "__name__", "lengths")
-    return _checked(data, base, values, what, base)
+    return _checked(data, base, values, what, None if keyed else base)
 
 
 def _from_arrays(base: Any, lengths: Callable[[ShardArrays], npt.ArrayLike]) -> npt.NDArray[Any]:

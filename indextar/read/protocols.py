@@ -17,10 +17,13 @@ import numpy.typing as npt
 from ..index.manifest import ManifestShard
 from ..index.shard import ShardIndex
 
-__all__ = ["IndexedShards", "BatchReader", "SampleBuild"]
+__all__ = ["IndexedShards", "BatchReader", "SampleBuild", "Unbuilt", "UnbuiltReader", "KeyedView"]
 
 SampleBuild = Callable[[dict[str, Any], Any], Any]
 """A sample built from its fields and undecoded members (decode, ``keys=``, transform)."""
+
+Unbuilt = tuple[dict[str, Any], list[tuple[str, bytes]]]
+"""A sample read and not built: its fields, and its members as ``(extension, data)``."""
 
 
 class IndexedShards(Protocol):
@@ -103,4 +106,36 @@ class BatchReader(Protocol):
     def direct_builder(self) -> SampleBuild | None:
         """The build :meth:`read_into` may run as it reads, or ``None`` when batches
         need more (a decode pool, a transform, remote ranges)."""
+        ...
+
+
+class UnbuiltReader(IndexedShards, Protocol):
+    """A dataset of indexed shards that reads samples without building them, for a
+    joined view, which merges two datasets' members and then builds the sample."""
+
+    def read_unbuilt(self, positions: npt.NDArray[np.int64]) -> list[Unbuilt]:
+        """Each sample at ``positions`` (in range) as ``(fields, members)``."""
+        ...
+
+
+@runtime_checkable
+class KeyedView(Protocol):
+    """A view that finds its own samples by key, by ``where`` and by attribute values
+    (a joined view): ``KeySubset``, ``bucket_ids`` and ``PackedDataset`` ask it rather
+    than reading a dataset's indexes themselves."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+    def key_indices(self, keys: Any, *, strict: bool) -> npt.NDArray[np.int64]:
+        """Sorted indices of the samples whose key is one of ``keys``."""
+        ...
+
+    def where_indices(self, expression: str, *, cache_dir: Any) -> npt.NDArray[np.int64]:
+        """Sorted indices of the samples that satisfy ``expression``."""
+        ...
+
+    def attribute_values(self, expression: str) -> npt.NDArray[np.float64]:
+        """The value of ``expression`` for every sample, in order; NaN where NULL."""
         ...

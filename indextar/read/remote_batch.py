@@ -17,7 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..index.opener import OpenOptions
+from ..source.local import LocalFileSource
 from .pool import BatchPool
+from .protocols import SampleBuild, Unbuilt
 from .readahead import PlannedSpan, ReadAhead, fetchable_ahead
 from .remote_options import fetch_spans
 from .sample import SampleBuilder
@@ -42,6 +44,40 @@ class RemoteBatches:
 
     def _shard(self, shard_no: int) -> OpenShard:
         raise NotImplementedError
+
+    def read_into(
+        self,
+        out: list[Any],
+        ats: list[int],
+        shard_no: int,
+        locals_: list[int],
+        positions: list[int],
+        extra: dict[str, Any] | None,
+        build: SampleBuild | None,
+    ) -> None:
+        raise NotImplementedError
+
+    def read_unbuilt(self, positions: npt.NDArray[np.int64]) -> list[Unbuilt]:
+        """Each sample at ``positions`` (in range) as ``(fields, members)``, not decoded:
+        one grouped read per local shard, or every remote span in flight at once. For
+        views that merge members before building them (a joined view)."""
+        shard_nos = self.shard_starts.searchsorted(positions, side="right") - 1
+        shard_list = shard_nos.tolist()
+        local_list = (positions - self.shard_starts[shard_nos]).tolist()
+        position_list = positions.tolist()
+        if self._ranged and not self._ranged.isdisjoint(shard_list):
+            spans = self._fetch_spans(shard_list, local_list)
+            return [
+                self._read(n, local, position, span)
+                for n, local, position, span in zip(shard_list, local_list, position_list, spans)
+            ]
+        groups: dict[int, list[int]] = {}
+        for at, shard_no in enumerate(shard_list):
+            groups.setdefault(shard_no, []).append(at)
+        out: list[Any] = [None] * len(position_list)
+        for shard_no, group in groups.items():
+            self.read_into(out, group, shard_no, local_list, position_list, None, None)
+        return out
 
     def _read_remote_batch(
         self,
@@ -68,6 +104,8 @@ class RemoteBatches:
                 spans[at] = self._ahead.take((n, local))
                 if spans[at] is None:
                     wanted.append((at, n, local))
+        # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
+        wanted = [w for w in wanted if not isinstance(self._shard(w[1]).source, LocalFileSource)]
         if not wanted:
             return spans
         shards = [self._shard(n) for _, n, _ in wanted]

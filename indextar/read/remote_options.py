@@ -25,6 +25,7 @@ def dataset_options(
     *,
     cache_dir: str | os.PathLike[str] | None,
     cache_limit: int | str,
+    cache_fill: Literal["shards", "ranges"] = "shards",
     storage_options: Mapping[str, Any] | None,
     build_missing: bool = False,
 ) -> OpenOptions:
@@ -32,7 +33,8 @@ def dataset_options(
 
     ``strategy`` is how remote shards are read: ``"ranges"``, one ranged request per
     sample, batches in flight together; ``"cache"``, whole shards downloaded into the
-    shard cache at ``cache_dir`` (default ``~/.cache/indextar/shards``) and read locally.
+    shard cache at ``cache_dir`` (default ``~/.cache/indextar/shards``) and read locally
+    (``cache_fill="ranges"``: filled by the ranged reads instead).
     """
     if strategy not in ("ranges", "cache"):
         raise ValueError(f"remote= must be 'ranges' or 'cache', got {strategy!r}")
@@ -41,6 +43,7 @@ def dataset_options(
         cache = ShardCache(
             cache_dir if cache_dir is not None else default_cache_root() / "shards",
             limit=cache_limit,
+            fill=cache_fill,
             storage_options=storage_options,
         )
     return OpenOptions.make(

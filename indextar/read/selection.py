@@ -42,7 +42,7 @@ from ..index.remote import default_cache_root
 from ..index.shard import PathLike, ShardIndex, index_path
 from ..source.location import ShardLocation
 from .lookup import sample_keys
-from .protocols import IndexedShards
+from .protocols import IndexedShards, KeyedView
 
 __all__ = [
     "where_indices",
@@ -50,6 +50,7 @@ __all__ = [
     "attribute_values",
     "bucket_ids",
     "default_selection_cache",
+    "update_identity",
 ]
 
 log = logging.getLogger(__name__)
@@ -223,13 +224,21 @@ def _shards(dataset: IndexedShards) -> tuple[list[int], list[ShardIndex], Array]
 
 
 def _cache_key(expression: str, dataset: IndexedShards, numbers: Sequence[int]) -> str:
-    """The cache key of a selection: the expression and, per shard, the index file's
-    identity (path, inode, size, mtime: a rebuild or an import is a new file) and the
-    shard's (its size and mtime, or for a URL its fingerprint). Stats only, so that a
-    cached selection opens in milliseconds; a shard changed since (another key) is
-    then refused as stale when its index is opened to query it."""
+    """The cache key of a selection: the expression and the indexes' identities
+    (:func:`update_identity`)."""
     digest = hashlib.blake2b(_CACHE_VERSION, digest_size=16)
     digest.update(f"{len(dataset)}\0{expression}\0".encode())
+    update_identity(digest, dataset, numbers)
+    return digest.hexdigest()
+
+
+def update_identity(digest: Any, dataset: IndexedShards, numbers: Sequence[int]) -> None:
+    """Add to ``digest`` (a ``hashlib`` object), per shard of ``numbers``, the index
+    file's identity (path, inode, size, mtime: a rebuild or an import is a new file) and
+    the shard's (its size and mtime, or for a URL its fingerprint). Stats only, so that
+    a cached result opens in milliseconds; a shard changed since (another key) is then
+    refused as stale when its index is opened to compute it again. The key of cached
+    selections and joins."""
     for number in numbers:
         entry = dataset.shard_entries[number]
         if ShardLocation.of(entry.url).remote:
@@ -242,7 +251,6 @@ def _cache_key(expression: str, dataset: IndexedShards, numbers: Sequence[int]) 
         st = os.stat(path)
         identity = f"{os.path.abspath(path)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
         digest.update(f"{identity}\0{shard}\0".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
 
 
 def where_indices(
@@ -355,10 +363,16 @@ def bucket_ids(data: Any, expression: str, boundaries: Sequence[float]) -> npt.N
     if edges.ndim != 1 or (np.diff(edges) <= 0).any():
         raise ValueError(f"boundaries must be increasing numbers; got {list(boundaries)}")
     base = getattr(data, "base", data)
-    values = attribute_values(base, expression)
+    keyed = isinstance(base, KeyedView)  # a joined view: its own values, by its index
+    values = base.attribute_values(expression) if keyed else attribute_values(base, expression)
     if base is not data:
         values = values[data.base_indices(np.arange(len(data)))]
     missing = np.flatnonzero(np.isnan(values))
+    if missing.size and keyed:
+        raise SelectionError(
+            f"{missing.size} of {values.size} samples have no value for {expression!r} "
+            f"(the first: sample {int(missing[0])} of {data!r})"
+        )
     if missing.size:
         first = int(missing[0])
         position = first if base is data else int(data.base_indices(first))

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..errors import SampleIndexError, SampleKeyError
 from ..index.shard import PathLike
 from ..order.readahead import Hint, HintedBatch
-from .protocols import IndexedShards
+from .protocols import IndexedShards, KeyedView
 
 __all__ = ["KeySubset", "KeyViews", "KeysArg", "read_keys", "report_unmatched"]
 
@@ -127,7 +127,12 @@ class KeySubset:
     """
 
     def __init__(
-        self, base: IndexedShards, indices: Array, *, kept: bool, where: tuple[str, ...] = ()
+        self,
+        base: IndexedShards | KeyedView,
+        indices: Array,
+        *,
+        kept: bool,
+        where: tuple[str, ...] = (),
     ) -> None:
         self.base = base
         """The dataset this is a view of."""
@@ -146,20 +151,28 @@ class KeySubset:
         self._digest: str | None = None
 
     @classmethod
-    def of(cls, base: IndexedShards) -> KeySubset:
+    def of(cls, base: IndexedShards | KeyedView) -> KeySubset:
         """All of ``base``: nothing dropped."""
         return cls(base, np.empty(0, dtype=np.int64), kept=False)
 
     def select(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
         """This view's samples whose key is one of ``keys`` (see ``IndexedTarDataset.select``)."""
-        return self._keep(find_keys(self.base, keys, strict=strict), self._where)
+        return self._keep(self._find_keys(keys, strict), self._where)
+
+    def _find_keys(self, keys: KeysArg, strict: bool) -> Array:
+        if isinstance(self.base, KeyedView):  # a joined view finds its own
+            return self.base.key_indices(keys, strict=strict)
+        return find_keys(self.base, keys, strict=strict)
 
     def where(self, expression: str, *, cache_dir: PathLike | None | bool = None) -> KeySubset:
         """This view's samples that satisfy the SQL ``expression`` (see
         ``IndexedTarDataset.where``)."""
         from .selection import where_indices
 
-        found = where_indices(self.base, expression, cache_dir=cache_dir)
+        if isinstance(self.base, KeyedView):
+            found = self.base.where_indices(expression, cache_dir=cache_dir)
+        else:
+            found = where_indices(self.base, expression, cache_dir=cache_dir)
         return self._keep(found, self._where + (expression,))
 
     def _keep(self, found: Array, where: tuple[str, ...]) -> KeySubset:
@@ -173,7 +186,7 @@ class KeySubset:
 
     def exclude(self, keys: KeysArg, *, strict: bool = False) -> KeySubset:
         """This view's samples whose key is none of ``keys``."""
-        found = find_keys(self.base, keys, strict=strict)
+        found = self._find_keys(keys, strict)
         if self._kept is not None:
             return KeySubset(
                 self.base, np.setdiff1d(self._kept, found), kept=True, where=self._where

@@ -14,9 +14,9 @@ shards and copies samples out of the map (``_mapread.c``; ``extensions`` loads i
 which reach under fsspec's public API only through ``fsspec_internals``; ``s3direct``
 sends S3 ranged GETs with aiohttp, signed by ``sigv4``, without botocore's request
 pipeline; ``stream`` reads an object front to back in ranged chunks, ``objectstream``
-by one streaming GET (http, s3) resumed where it broke; ``forward`` reads one forward for a
-scan, streamed or by ranged reads of what is asked for; ``cache`` keeps whole remote
-shards in a bounded folder.
+by one streaming GET (http, s3) resumed where it broke, sent by ``streamgets``;
+``forward`` reads one forward for a scan, streamed or by ranged reads of what is asked
+for; ``cache`` keeps whole remote shards in a bounded folder.
 
 May import: the shared modules, and ``tar/`` for two things only: the check that a
 sample's span still begins with its own tar headers (``tar.spancheck``), which must

@@ -21,6 +21,7 @@ folder never holds more than ``limit`` bytes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -30,7 +31,7 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import CacheFullError, IndextarError, ShardFormatError, TruncatedShardError
 from ..tar.compress import split_compression_suffix
@@ -81,6 +82,10 @@ class ShardCache:
         Most bytes the folder holds (``"50GB"``, ``"512MiB"`` or an int).
     storage_options, retry
         For the downloads, as :class:`~indextar.source.remote.RangeSource`.
+    fill
+        ``"shards"``: a shard is downloaded whole at its first read. ``"ranges"``: it is
+        read by ranged requests, which also fill its entry, cached whole once they hold
+        all of it (:mod:`~indextar.source.fillcache`).
     """
 
     def __init__(
@@ -90,7 +95,11 @@ class ShardCache:
         limit: int | str,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        fill: Literal["shards", "ranges"] = "shards",
     ):
+        if fill not in ("shards", "ranges"):
+            raise ValueError(f"fill= must be 'shards' or 'ranges', got {fill!r}")
+        self.fill = fill
         self.directory = Path(directory)
         self.limit = parse_size(limit)
         self.storage_options = dict(storage_options or {})
@@ -141,15 +150,20 @@ class ShardCache:
                 if not path.exists():
                     self._download(url, expected, path, codec, plain_size)
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            st = os.fstat(fd)
-            if st.st_nlink > 0:  # not evicted between open and lock
-                # Least recently used goes first: the access time says when, and the
-                # modification time stays the download's, which every LocalFileSource of
-                # this copy (another worker's, a child's) checks its reads against.
-                os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
+            if _lock_shared(fd):
                 return fd
-            os.close(fd)
+
+    def open_cached(self, url: str, expected: RemoteStat) -> int | None:
+        """:meth:`open`'s descriptor where the shard is cached whole; None, and nothing
+        fetched, where it is not."""
+        path = self.path_for(url, expected)
+        while True:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            if _lock_shared(fd):
+                return fd
 
     def _download(
         self, url: str, expected: RemoteStat, path: Path, codec: str | None, plain_size: int
@@ -190,43 +204,66 @@ class ShardCache:
 
     def _reserve(self, part: Path, size: int, url: str) -> None:
         """Create ``part`` at ``size`` bytes (sparse) once that fits, evicting LRU shards."""
+        from filelock import FileLock
+
+        with FileLock(self.directory / ".cache.lock"):
+            self._reserve_locked(part, size, url)
+
+    def reserve_fill(self, part: Path, size: int, url: str, header: bytes) -> None:
+        """Keep ``part`` if its fill log (``<part>.ranges``) begins with ``header``: a
+        fill by ranged reads still going, or one whose filler was killed in this boot
+        (its bytes are in the page cache). Else reserve it afresh, as a download's, and
+        begin its log with ``header``. Under the cache's lock, so that one filler
+        starts it."""
+        from filelock import FileLock
+
+        log = Path(f"{part}.ranges")
+        with FileLock(self.directory / ".cache.lock"):
+            with contextlib.suppress(OSError):
+                kept = header + f" {part.stat().st_ino}\n".encode()
+                with open(log, "rb") as f:
+                    if f.read(len(kept)) == kept:
+                        return
+            self._reserve_locked(part, size, url)
+            with open(log, "wb") as f:
+                f.write(header + f" {part.stat().st_ino}\n".encode())
+
+    def _reserve_locked(self, part: Path, size: int, url: str) -> None:
         if size > self.limit:
             raise CacheFullError(
                 f"shard {url!r} has {size} bytes, more than the whole shard cache "
                 f"({self.limit} bytes in {str(self.directory)!r}); "
                 "raise cache_limit= or read it with remote='ranges'"
             )
-        from filelock import FileLock
-
-        with FileLock(self.directory / ".cache.lock"):
-            # This shard's own .part, if there is one, is a killed download's (its lock is
-            # ours now): it is replaced below, and so are the others whose lock is free.
-            entries = [
-                entry
-                for entry in self._entries()
-                if entry[0] != part and not (entry[2] and self._remove_dead_download(entry[0]))
-            ]
-            used = sum(entry_size for _, entry_size, _ in entries)
-            # Oldest first; downloads in progress are not candidates.
-            for entry, entry_size, _ in sorted(
-                (e for e in entries if not e[2]), key=lambda e: e[0].stat().st_atime_ns
-            ):
-                if used + size <= self.limit:
-                    break
-                if self._evict(entry):
-                    used -= entry_size
-            if used + size > self.limit:
-                raise CacheFullError(
-                    f"shard {url!r} ({size} bytes) does not fit into the shard cache "
-                    f"{str(self.directory)!r}: {used} of {self.limit} bytes are in shards that are "
-                    "open or downloading; raise cache_limit= or open fewer shards at once"
-                )
-            try:
-                with open(part, "wb") as f:
-                    f.truncate(size)
-            except OSError as e:
-                part.unlink(missing_ok=True)
-                raise self._disk_error(e, url, size) from e
+        # This shard's own .part, if there is one, is a killed download's (its lock is
+        # ours now): it is replaced below, and so are the others whose lock is free.
+        entries = [
+            entry
+            for entry in self._entries()
+            if entry[0] != part and not (entry[2] and self._remove_dead_download(entry[0]))
+        ]
+        used = sum(entry_size for _, entry_size, _ in entries)
+        # Oldest first; downloads in progress are not candidates.
+        for entry, entry_size, _ in sorted(
+            (e for e in entries if not e[2]), key=lambda e: e[0].stat().st_atime_ns
+        ):
+            if used + size <= self.limit:
+                break
+            if self._evict(entry):
+                used -= entry_size
+        if used + size > self.limit:
+            raise CacheFullError(
+                f"shard {url!r} ({size} bytes) does not fit into the shard cache "
+                f"{str(self.directory)!r}: {used} of {self.limit} bytes are in shards that are "
+                "open or downloading; raise cache_limit= or open fewer shards at once"
+            )
+        Path(f"{part}.ranges").unlink(missing_ok=True)  # a fill's log, of another part
+        try:
+            with open(part, "wb") as f:
+                f.truncate(size)
+        except OSError as e:
+            part.unlink(missing_ok=True)
+            raise self._disk_error(e, url, size) from e
 
     def _disk_error(self, error: OSError, url: str, size: int) -> CacheFullError:
         """The error for a disk that is full (or refuses the file) under the cache folder."""
@@ -240,7 +277,7 @@ class ShardCache:
         """``(path, size, is_download)`` of every cached shard and download."""
         entries = []
         for entry in self.directory.iterdir() if self.directory.exists() else ():
-            if entry.name.startswith(".") or entry.name.endswith(".lock"):
+            if entry.name.startswith(".") or entry.name.endswith((".lock", ".ranges")):
                 continue
             try:
                 entries.append((entry, entry.stat().st_size, entry.name.endswith(".part")))
@@ -263,6 +300,7 @@ class ShardCache:
             return False
         try:
             part.unlink(missing_ok=True)
+            Path(f"{part}.ranges").unlink(missing_ok=True)
             log.info("removed %s, left by a download that did not finish", part.name)
         finally:
             if fd >= 0:
@@ -288,7 +326,22 @@ class ShardCache:
         return True
 
     def __repr__(self) -> str:
-        return f"ShardCache({str(self.directory)!r}, limit={self.limit})"
+        return f"ShardCache({str(self.directory)!r}, limit={self.limit}, fill={self.fill!r})"
+
+
+def _lock_shared(fd: int) -> bool:
+    """Take a shared lock on a cached shard's descriptor and mark it used; False (and
+    ``fd`` closed) where it was evicted between its open and the lock."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    st = os.fstat(fd)
+    if st.st_nlink > 0:
+        # Least recently used goes first: the access time says when, and the
+        # modification time stays the download's, which every LocalFileSource of
+        # this copy (another worker's, a child's) checks its reads against.
+        os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
+        return True
+    os.close(fd)
+    return False
 
 
 def _fill(fd: int, source: RangeSource, size: int) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "get_ranges_direct",
     "head_direct",
     "precondition_failed",
+    "s3_error",
     "s3_get_object",
 ]
 
@@ -238,13 +239,17 @@ async def _direct_range(
         if status == 412:
             raise _stale(url, etag, _PRECONDITION_FAILED)
         if status >= 300:
-            raise _s3_error(url, response, await response.read())
+            raise s3_error(url, response, await response.read())
         _answered_etag(url, etag, response.headers.get("ETag"))
         data: bytes = await response.read()
         return _check_answer(url, start, end, status, response.headers.get("Content-Range"), data)
 
 
-def _s3_error(url: str, response: Any, body: bytes) -> Exception:
+def s3_error(url: str, response: Any, body: bytes) -> Exception:
+    """The error for an S3 answer of status 300 or more (its XML ``body`` read for the
+    code and message) as botocore's path raises it: 404 FileNotFoundError, 403
+    PermissionError, else aiohttp's ClientResponseError with the status and headers
+    that :mod:`~indextar.source.retry` reads."""
     import aiohttp
 
     found = dict(re.findall(rb"<(Code|Message)>([^<]*)</", body[:4096]))
@@ -344,7 +349,7 @@ async def head_direct(client: S3Direct, bucket: str, key: str, url: str) -> Remo
         URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
     ) as response:
         if response.status >= 300:
-            raise _s3_error(url, response, b"")
+            raise s3_error(url, response, b"")
         length = response.headers.get("Content-Length")
         info = {
             "size": None if length is None else int(length),

@@ -25,9 +25,10 @@ from typing import Any, Protocol, Union
 
 from ..tar.compress import sniff_codec
 from .base import ByteSource
-from .cache import CachedSource, ShardCache
+from .cache import ShardCache
 from .conditional import RemoteStat
 from .filesystems import REMOTE_SCHEMES, scheme_package
+from .fillcache import cache_source
 from .local import FileVersion, open_source
 from .remote import RangeSource
 
@@ -113,7 +114,7 @@ class ShardLocation:
         expected = RemoteStat(recorded.shard_size, recorded.etag)
         options = options or SourceOptions()
         if options.cache is not None:
-            return CachedSource(self.name, cache=options.cache, expected=expected)
+            return cache_source(self.name, options.cache, expected)
         return RangeSource(
             self.name,
             expected=expected,

@@ -2,8 +2,10 @@
 
 webdataset reads a shard with one GET (``curl``), and a 20 ms round trip costs it
 nothing: the body flows while the samples are used. :class:`ObjectStream` does the
-same for ``http(s)://`` and ``s3://`` (a signed ``GetObject`` through s3fs's botocore
-client, its body streamed), with what a bare GET lacks:
+same for ``http(s)://`` and ``s3://`` (a GET signed by :mod:`.sigv4` and sent by the
+direct client, :mod:`.s3direct`, where it serves the ``storage_options``; else a
+``GetObject`` through s3fs's botocore client), its body streamed, with what a bare GET
+lacks:
 
 * **Freshness.** The first answer's ETag (or the one an index recorded) is the
   version read: every resumed request carries it (``If-Match``) and checks the one
@@ -33,26 +35,18 @@ import hashlib
 import io
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import IndextarError, StaleIndexError, WrongRangeError
-from .conditional import RemoteStat, check_version, precondition_failed, s3_get_object
-from .filesystems import filesystem, split_url, without_client_retries
-from .fsspec_internals import (
-    http_raise_for_status,
-    http_request,
-    http_session,
-    run_on_loop,
-)
-from .retry import DEFAULT_RETRY, RetryPolicy, status_of, with_retries
+from .conditional import RemoteStat, check_version
+from .filesystems import split_url
+from .retry import DEFAULT_RETRY, RetryPolicy, with_retries
+from .streamgets import StreamAnswer, StreamGet, streaming_get
 
 __all__ = ["ObjectStream", "streams_protocol"]
 
 log = logging.getLogger(__name__)
-
-_READ = 256 << 10  # the most bytes one read of the body hands over
 
 _STREAMING_PROTOCOLS = ("http", "https", "s3", "s3a")
 
@@ -60,69 +54,6 @@ _STREAMING_PROTOCOLS = ("http", "https", "s3", "s3a")
 def streams_protocol(url: str) -> bool:
     """Whether ``url`` is read by one streaming GET (:class:`ObjectStream`)."""
     return split_url(url)[0] in _STREAMING_PROTOCOLS
-
-
-@dataclass(frozen=True, slots=True)
-class _Body:
-    """The open answer to one GET: its status, the headers that matter, and its body."""
-
-    status: int
-    etag: str | None
-    content_range: str | None
-    length: int | None
-    read: Callable[[], Awaitable[bytes]]
-    release: Callable[[], object]
-
-
-async def _no_body() -> bytes:
-    return b""
-
-
-async def _http_get(fs: Any, path: str, start: int, etag: str) -> _Body:
-    target, kwargs = http_request(fs, path)
-    headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-"}
-    if etag and not etag.startswith("W/"):  # If-Match compares strongly
-        headers["If-Match"] = f'"{etag}"'
-    session = await http_session(fs)
-    response = await session.get(target, headers=headers, **kwargs)
-    if response.status not in (412, 416):
-        try:
-            http_raise_for_status(fs, response, path)
-        except BaseException:
-            response.release()
-            raise
-    return _Body(
-        response.status, response.headers.get("ETag"), response.headers.get("Content-Range"),
-        response.content_length, lambda: response.content.read(_READ), response.release,
-    )  # fmt: skip
-
-
-async def _s3_get(fs: Any, path: str, start: int, etag: str) -> _Body:
-    """A signed ``GetObject`` through s3fs's client (its retries off: ours decide), the
-    body left open. The one place that signs a streaming S3 GET, so that it can move to
-    another signer."""
-    try:
-        response = await s3_get_object(fs, path, f"bytes={start}-", etag)
-    except Exception as e:
-        if precondition_failed(e):
-            return _Body(412, None, None, None, _no_body, lambda: None)
-        status = status_of(e)
-        if status == 416:
-            return _Body(416, None, None, None, _no_body, lambda: None)
-        if status in (None, 408, 429) or status >= 500:
-            raise
-        from s3fs.errors import translate_boto_error
-
-        raise translate_boto_error(e) from e
-    body = response["Body"]
-    return _Body(
-        response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206),
-        response.get("ETag"), response.get("ContentRange"), response.get("ContentLength"),
-        lambda: body.read(_READ), body.close,
-    )  # fmt: skip
-
-
-_GETS = {"http": _http_get, "https": _http_get, "s3": _s3_get, "s3a": _s3_get}
 
 
 class _Closed(Exception):
@@ -193,12 +124,11 @@ class ObjectStream(io.RawIOBase):
     def _produce(self) -> None:
         end: BaseException | bool = True
         try:
-            fs, path = filesystem(self.url, without_client_retries(self.url, self.storage_options))
-            get = _GETS[fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]]
+            run, get = streaming_get(self.url, self.storage_options)
             while (self.size is None or self.fetched < self.size) and not self._stopped:
                 offset = self.fetched
                 with_retries(
-                    lambda: run_on_loop(fs, lambda: self._pump(fs, get, path)),
+                    lambda: run(lambda: self._pump(get)),
                     self.retry, url=self.url, offset=offset, length=None,
                 )  # fmt: skip
         except BaseException as e:  # handed to the reader, raised there
@@ -207,7 +137,7 @@ class ObjectStream(io.RawIOBase):
             self._end = end
             self._changed.notify_all()
 
-    async def _pump(self, fs: Any, get: Any, path: str) -> None:
+    async def _pump(self, get: StreamGet) -> None:
         """One GET from ``fetched`` on: its bytes into the buffer until the end, or an
         error. An error after progress returns, so that the next GET resumes with a
         fresh budget of retries; before any, it raises for the retry loop.
@@ -215,7 +145,7 @@ class ObjectStream(io.RawIOBase):
         Without an ETag to make it conditional, a resumed GET starts again at byte 0
         and its bytes up to ``fetched`` must hash as those handed out did."""
         start = self.fetched if self.etag or not self.fetched else 0
-        body = await get(fs, path, start, self.etag)
+        body = await get(start, self.etag)
         try:
             self._check(body, start)
             if start < self.fetched:
@@ -244,7 +174,7 @@ class ObjectStream(io.RawIOBase):
         finally:
             body.release()
 
-    async def _match_prefix(self, body: _Body) -> None:
+    async def _match_prefix(self, body: StreamAnswer) -> None:
         """Read the answer up to ``fetched``: a version other than the one handed out
         raises; any bytes past it are handed out."""
         digest, seen, target = hashlib.blake2b(), 0, self.fetched
@@ -264,7 +194,7 @@ class ObjectStream(io.RawIOBase):
                 if len(head) < len(data):
                     await self._put(data[len(head) :])
 
-    def _check(self, body: _Body, start: int) -> None:
+    def _check(self, body: StreamAnswer, start: int) -> None:
         """Take the object's size and ETag from the first answer; refuse an answer that
         is another version's, or another range."""
         if body.status == 412:

@@ -198,8 +198,30 @@ class RangeSource(ByteSource):
             return self.expected.etag
         return self._stat.etag if self._stat is not None else ""
 
+    def held(self, offset: int, length: int) -> bytes | None:
+        """The range's bytes if this source holds them locally (a shard being put into
+        the cache: :class:`~indextar.source.fillcache.FillingSource`), else None."""
+        return None
+
+    def keep(self, offset: int, data: bytes) -> None:
+        """Told each range fetched, checked (a filling cache writes it down)."""
+
+    def fetch_length(self, offset: int, length: int) -> int:
+        """How many bytes from ``offset`` to fetch for a read of ``length``: ``length``;
+        a filling cache takes a sample's tar padding along."""
+        return length
+
     def _read_once(self, offset: int, length: int) -> bytes:
         """One request for the range, its answer checked; no retries."""
+        held = self.held(offset, length)
+        if held is not None:
+            return held
+        fetched = self.fetch_length(offset, length)
+        data = self._fetch_once(offset, fetched)
+        self.keep(offset, data)
+        return data if fetched == length else data[:length]
+
+    def _fetch_once(self, offset: int, length: int) -> bytes:
         self._ready()
         if self._direct is not None:
             request = (self._bucket, self._key, offset, offset + length, self.etag, self.url)
@@ -362,29 +384,36 @@ def fetch_ranges(
     sample of range ``i`` in errors.
     """
     results: list[bytes | None] = [None] * len(sources)
-    pending = list(range(len(sources)))
+    pending = []
+    asked = list(lengths)  # what is fetched: a filling cache's ranges take their padding
+    for i, source in enumerate(sources):
+        results[i] = source.held(offsets[i], lengths[i])
+        if results[i] is None:
+            pending.append(i)
+            asked[i] = source.fetch_length(offsets[i], lengths[i])
 
     def attempt() -> list[bytes] | Failed:
         nonlocal pending
         failed: list[tuple[int, BaseException]] = []
-        for i, outcome in zip(pending, _fetch(sources, offsets, lengths, pending, max_in_flight)):
+        for i, outcome in zip(pending, _fetch(sources, offsets, asked, pending, max_in_flight)):
             if isinstance(outcome, BaseException):
                 failed.append((i, outcome))
-            elif len(outcome) != lengths[i]:
+            elif len(outcome) != asked[i]:
                 short = WrongRangeError(
                     f"{len(outcome)} bytes",
-                    url=sources[i].url, offset=offsets[i], length=lengths[i], status=None,
+                    url=sources[i].url, offset=offsets[i], length=asked[i], status=None,
                 )  # fmt: skip
                 failed.append((i, short))
             else:
-                results[i] = outcome
+                sources[i].keep(offsets[i], outcome)
+                results[i] = outcome if asked[i] == lengths[i] else outcome[: lengths[i]]
         if not failed:
             return [r for r in results if r is not None]
-        asked, pending = len(pending), [i for i, _ in failed]
+        tried, pending = len(pending), [i for i, _ in failed]
         first = failed[0][0]
         return Failed(
             [error for _, error in failed], sources[first].url, offsets[first], lengths[first],
-            f" ({len(failed)} of {asked} ranges failed)", None if keys is None else keys[first],
+            f" ({len(failed)} of {tried} ranges failed)", None if keys is None else keys[first],
         )  # fmt: skip
 
     return retrying(attempt, sources[0].retry if sources else DEFAULT_RETRY)

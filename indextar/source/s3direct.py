@@ -116,11 +116,19 @@ class S3Direct:
         return signer.sign(method, host, path, query, headers)
 
     def request(
-        self, bucket: str, key: str, start: int, end: int, etag: str, *, method: str = "GET"
+        self,
+        bucket: str,
+        key: str,
+        start: int,
+        end: int | None,
+        etag: str,
+        *,
+        method: str = "GET",
     ) -> tuple[str, dict[str, str]]:
         """The URL (encoded) and the signed headers of a GET of bytes ``start .. end``
-        of ``bucket/key`` (all of it where ``end <= start``; ``method="HEAD"``: its
-        metadata), conditional on ``etag`` where it is not empty."""
+        of ``bucket/key`` (``end=None``: to the object's end; ``end <= start``: all of
+        it; ``method="HEAD"``: its metadata), conditional on ``etag`` where it is not
+        empty."""
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"
@@ -129,7 +137,9 @@ class S3Direct:
             netloc, host = endpoint.netloc, endpoint.host
             path = f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
         headers = dict(self._headers)
-        if end > start:
+        if end is None:
+            headers["range"] = f"bytes={start}-"
+        elif end > start:
             headers["range"] = f"bytes={start}-{end - 1}"
         if etag:
             headers["if-match"] = f'"{etag}"'

@@ -1,6 +1,7 @@
 """Every byte source passes :class:`conformance.ByteSourceConformance`: a local file's
-map, HTTP and S3 ranges, the shard cache, gzip seek points and zstd frames, each serving
-the same shard (real servers on 127.0.0.1, built once for the module)."""
+map, HTTP and S3 ranges, the shard cache (filled whole or by ranges), gzip seek points
+and zstd frames, each serving the same shard (real servers on 127.0.0.1, built once
+for the module)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from indextar.errors import RemoteReadError
 from indextar.index.opener import shard_source
 from indextar.source.base import ByteSource
 from indextar.source.cache import CachedSource, ShardCache
+from indextar.source.fillcache import FillingSource
 from indextar.source.frames import FramedSource
 from indextar.source.gzipped import GzipSeekSource
 from indextar.source.local import LocalFileSource, open_source
@@ -182,6 +184,31 @@ class TestCachedSource(ByteSourceConformance):
         return source, lambda: _rewrite(cached)  # the copy, changed under its map
 
 
+class TestFillingSource(_Remote):
+    """The shard cache filled by ranged reads: a range from the server until the cache
+    entry holds it, then from the entry. Each test has a cache of its own."""
+
+    @staticmethod
+    def _filling(http: HttpServer, name: str, folder: Path) -> FillingSource:
+        url = http.url(name)
+        cache = ShardCache(folder, limit="64MiB", retry=FAST, fill="ranges")
+        return FillingSource(url, cache=cache, expected=RangeSource(url, retry=FAST).stat())
+
+    @pytest.fixture
+    def source(self, http: HttpServer, tmp_path: Path) -> Iterator[ByteSource]:
+        with self._filling(http, "data.tar", tmp_path / "cache") as source:
+            yield source
+
+    @pytest.fixture
+    def changing(
+        self, http: HttpServer, http_root: Path, tmp_path: Path
+    ) -> tuple[ByteSource, Callable[[], None]]:
+        name = f"changing-{next(_names)}.tar"
+        path = http_root / name
+        path.write_bytes((http_root / "data.tar").read_bytes())
+        return self._filling(http, name, tmp_path), lambda: _rewrite(path)
+
+
 class TestGzipSeekSource(ByteSourceConformance):
     @pytest.fixture(scope="class")
     @classmethod
@@ -237,6 +264,7 @@ COVERED: dict[type[ByteSource], type[ByteSourceConformance]] = {
     LocalFileSource: TestLocalFileSource,
     RangeSource: TestS3RangeSource,  # and TestHttpRangeSource
     CachedSource: TestCachedSource,
+    FillingSource: TestFillingSource,
     GzipSeekSource: TestGzipSeekSource,
     FramedSource: TestZstdFramedSource,
 }

@@ -1,0 +1,248 @@
+/* Hash join of two datasets' keys for indextar/read/keyjoin.py.
+ *
+ * join(left_blob, left_starts, left_ends, right_blob, right_starts, right_ends, found) -> int
+ *
+ *   *_blob      bytes: every key of a side, one after another
+ *   *_starts    int64[n]: where each key starts in its blob
+ *   *_ends      int64[n]: where each ends
+ *   found       int64[n_left], written: the right position of each left key, or -1
+ *
+ *   Returns -1, or the position of a right key that an earlier right key already has
+ *   (then ``found`` is not written: the caller raises, naming it).
+ *
+ * The right keys go into an open-addressing table of a power of two slots, at most
+ * two thirds full: each slot one uint64, the high 32 bits of the key's hash and the
+ * key's position plus one (0: empty). Every left key is then probed; a slot whose hash
+ * bits match is compared byte for byte (memcmp), so the result is exact. Keys go 32 at
+ * a time, each step's memory prefetched for all of them before the next step (their
+ * slots, then their right keys' offsets, then those keys' bytes): the table and the
+ * right keys are read in random order, and a miss at a time would cost most of it. The hash
+ * takes 8 bytes at a time (multiply, xor-shift), as keyjoin.hash_keys does. The GIL is
+ * released while the loops run. Memory: 8 bytes a slot, 12 to 24 bytes a right key.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define MULTIPLY 0x9E3779B97F4A7C15ULL
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static int get(PyObject *obj, Buf *buf, int writable)
+{
+    buf->held = 0;
+    if (PyObject_GetBuffer(obj, &buf->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    buf->held = 1;
+    return 0;
+}
+
+static void release(Buf *buf)
+{
+    if (buf->held)
+        PyBuffer_Release(&buf->view);
+    buf->held = 0;
+}
+
+static inline uint64_t hash_key(const unsigned char *key, int64_t length)
+{
+    uint64_t h = (uint64_t)length * MULTIPLY;
+    int64_t at = 0;
+    for (; at + 8 <= length; at += 8) {
+        uint64_t word;
+        memcpy(&word, key + at, 8);
+        h ^= word;
+        h *= MULTIPLY;
+        h ^= h >> 29;
+    }
+    if (at < length) {
+        uint64_t word = 0;
+        memcpy(&word, key + at, (size_t)(length - at));
+        h ^= word;
+        h *= MULTIPLY;
+        h ^= h >> 29;
+    }
+    /* a final mix, so that the low bits (the slot) depend on every byte */
+    h ^= h >> 32;
+    h *= MULTIPLY;
+    h ^= h >> 29;
+    return h;
+}
+
+#define BLOCK 32
+
+/* Put right key ``r`` in the table; 1 if an equal key is there already. */
+static inline int insert(uint64_t *table, uint64_t mask, uint64_t h, int64_t r,
+                         const unsigned char *blob, const int64_t *starts, const int64_t *ends)
+{
+    uint64_t tag = h >> 32;
+    int64_t length = ends[r] - starts[r];
+    for (uint64_t slot = h & mask;; slot = (slot + 1) & mask) {
+        uint64_t entry = table[slot];
+        if (entry == 0) {
+            table[slot] = (tag << 32) | (uint64_t)(r + 1);
+            return 0;
+        }
+        if ((entry >> 32) == tag) {
+            int64_t other = (int64_t)(entry & 0xFFFFFFFFULL) - 1;
+            if (ends[other] - starts[other] == length &&
+                memcmp(blob + starts[other], blob + starts[r], (size_t)length) == 0)
+                return 1;
+        }
+    }
+}
+
+/* The right key of the first slot with ``h``'s hash bits, or -1 (none: no match). */
+static inline int64_t first_tagged(const uint64_t *table, uint64_t mask, uint64_t h)
+{
+    uint64_t tag = h >> 32;
+    for (uint64_t slot = h & mask;; slot = (slot + 1) & mask) {
+        uint64_t entry = table[slot];
+        if (entry == 0)
+            return -1;
+        if ((entry >> 32) == tag)
+            return (int64_t)(entry & 0xFFFFFFFFULL) - 1;
+    }
+}
+
+/* The right key equal to ``key``, or -1. */
+static inline int64_t lookup(const uint64_t *table, uint64_t mask, uint64_t h,
+                             const unsigned char *key, int64_t length, const unsigned char *blob,
+                             const int64_t *starts, const int64_t *ends)
+{
+    uint64_t tag = h >> 32;
+    for (uint64_t slot = h & mask;; slot = (slot + 1) & mask) {
+        uint64_t entry = table[slot];
+        if (entry == 0)
+            return -1;
+        if ((entry >> 32) == tag) {
+            int64_t r = (int64_t)(entry & 0xFFFFFFFFULL) - 1;
+            if (ends[r] - starts[r] == length && memcmp(blob + starts[r], key, (size_t)length) == 0)
+                return r;
+        }
+    }
+}
+
+static PyObject *join(PyObject *self, PyObject *args)
+{
+    PyObject *objs[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+                          &objs[5], &objs[6]))
+        return NULL;
+    Buf bufs[7];
+    for (int i = 0; i < 7; i++)
+        bufs[i].held = 0;
+    PyObject *result = NULL;
+    for (int i = 0; i < 7; i++)
+        if (get(objs[i], &bufs[i], i == 6) < 0)
+            goto done;
+    const unsigned char *left_blob = bufs[0].view.buf, *right_blob = bufs[3].view.buf;
+    const int64_t *left_starts = bufs[1].view.buf, *left_ends = bufs[2].view.buf;
+    const int64_t *right_starts = bufs[4].view.buf, *right_ends = bufs[5].view.buf;
+    int64_t *found = bufs[6].view.buf;
+    Py_ssize_t n_left = bufs[1].view.len / 8, n_right = bufs[4].view.len / 8;
+    if (bufs[2].view.len != bufs[1].view.len || bufs[5].view.len != bufs[4].view.len ||
+        bufs[6].view.len != bufs[1].view.len) {
+        PyErr_SetString(PyExc_ValueError, "starts, ends and found must be int64 arrays of one length");
+        goto done;
+    }
+    if (n_right >= ((Py_ssize_t)1 << 31) - 1) {
+        PyErr_SetString(PyExc_ValueError, "too many right keys for the C join");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_left; i++)
+        if (left_starts[i] < 0 || left_ends[i] < left_starts[i] || left_ends[i] > bufs[0].view.len) {
+            PyErr_Format(PyExc_ValueError, "left key %zd is outside its blob", i);
+            goto done;
+        }
+    for (Py_ssize_t i = 0; i < n_right; i++)
+        if (right_starts[i] < 0 || right_ends[i] < right_starts[i] || right_ends[i] > bufs[3].view.len) {
+            PyErr_Format(PyExc_ValueError, "right key %zd is outside its blob", i);
+            goto done;
+        }
+    uint64_t capacity = 16;
+    while (capacity < (uint64_t)n_right + (uint64_t)n_right / 2 + 1)
+        capacity <<= 1;
+    /* zeroed pages of its own, in huge pages where the kernel gives them: a probe is a
+     * random access, and with 4 KiB pages most would miss the TLB as well */
+    size_t table_bytes = (size_t)capacity * sizeof(uint64_t);
+    uint64_t *table = mmap(NULL, table_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (table == MAP_FAILED) {
+        PyErr_NoMemory();
+        goto done;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(table, table_bytes, MADV_HUGEPAGE);
+#endif
+    uint64_t mask = capacity - 1;
+    int64_t duplicate = -1;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t hashes[BLOCK];
+    for (int64_t first = 0; first < n_right && duplicate < 0; first += BLOCK) {
+        int64_t count = n_right - first < BLOCK ? n_right - first : BLOCK;
+        for (int64_t i = 0; i < count; i++) {
+            int64_t r = first + i;
+            hashes[i] = hash_key(right_blob + right_starts[r], right_ends[r] - right_starts[r]);
+            __builtin_prefetch(&table[hashes[i] & mask], 1);
+        }
+        for (int64_t i = 0; i < count && duplicate < 0; i++) {
+            int64_t r = first + i;
+            if (insert(table, mask, hashes[i], r, right_blob, right_starts, right_ends))
+                duplicate = r;
+        }
+    }
+    if (duplicate < 0) {
+        int64_t candidates[BLOCK];
+        for (int64_t first = 0; first < n_left; first += BLOCK) {
+            int64_t count = n_left - first < BLOCK ? n_left - first : BLOCK;
+            for (int64_t i = 0; i < count; i++) {
+                int64_t l = first + i;
+                hashes[i] = hash_key(left_blob + left_starts[l], left_ends[l] - left_starts[l]);
+                __builtin_prefetch(&table[hashes[i] & mask], 0);
+            }
+            /* the first slot of the key's hash bits: its right key's offsets next */
+            for (int64_t i = 0; i < count; i++) {
+                candidates[i] = first_tagged(table, mask, hashes[i]);
+                if (candidates[i] >= 0) {
+                    __builtin_prefetch(&right_starts[candidates[i]], 0);
+                    __builtin_prefetch(&right_ends[candidates[i]], 0);
+                }
+            }
+            for (int64_t i = 0; i < count; i++)
+                if (candidates[i] >= 0)
+                    __builtin_prefetch(right_blob + right_starts[candidates[i]], 0);
+            for (int64_t i = 0; i < count; i++) {
+                int64_t l = first + i, r = candidates[i];
+                const unsigned char *key = left_blob + left_starts[l];
+                int64_t length = left_ends[l] - left_starts[l];
+                if (r >= 0 && !(right_ends[r] - right_starts[r] == length &&
+                                memcmp(right_blob + right_starts[r], key, (size_t)length) == 0))
+                    r = lookup(table, mask, hashes[i], key, length, right_blob, right_starts,
+                               right_ends); /* another key with the same hash bits: probe on */
+                found[l] = r;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    munmap(table, table_bytes);
+    result = PyLong_FromLongLong(duplicate);
+done:
+    for (int i = 0; i < 7; i++)
+        release(&bufs[i]);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"join", join, METH_VARARGS, "Each left key's right position (-1: none); -1 or a duplicate."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keyjoin", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__keyjoin(void) { return PyModule_Create(&module); }
