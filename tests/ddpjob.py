@@ -18,6 +18,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -66,15 +67,23 @@ class Rank:
         return self._zygote.codes[self.pid]
 
 
+# What every rank's zygote imports; a zygote for other processes imports others.
+RANK_IMPORTS = (
+    "numpy", "torch", "torch.distributed", "torch.utils.data", "indextar",
+    "indextar.order.sampler",
+)  # fmt: skip
+
+
 class _Zygote:
-    """The test process's one zygote: started at its first job, ended with the process."""
+    """The test process's zygotes, one for each list of modules imported besides torch's:
+    started at its first job, ended with the process."""
 
-    _the: _Zygote | None = None
+    _started: dict[tuple[str, ...], _Zygote] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, imports: tuple[str, ...]) -> None:
         script = Path(__file__).resolve().parent / "_rank_zygote.py"
         self.process = subprocess.Popen(
-            [sys.executable, str(script)],
+            [sys.executable, str(script), *imports],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -86,10 +95,11 @@ class _Zygote:
         threading.Thread(target=self._listen, daemon=True).start()
 
     @classmethod
-    def get(cls) -> _Zygote:
-        if cls._the is None or cls._the.process.poll() is not None:
-            cls._the = cls()
-        return cls._the
+    def get(cls, imports: tuple[str, ...] = RANK_IMPORTS) -> _Zygote:
+        zygote = cls._started.get(imports)
+        if zygote is None or zygote.process.poll() is not None:
+            zygote = cls._started[imports] = cls(imports)
+        return zygote
 
     def _listen(self) -> None:
         assert self.process.stdout is not None
@@ -104,8 +114,11 @@ class _Zygote:
                     self.codes[message["exit"]] = message["code"]
                     self.ended.notify_all()
 
-    def fork(self, argv: list[str], out: Path, env: dict[str, str]) -> Rank:
-        request = {"argv": argv, "out": str(out), "env": env}
+    def fork(self, argv: list[str], out: Path, env: dict[str, str], **job: int | str) -> Rank:
+        """Fork a rank running ``argv``; with ``world=`` and ``port=``, a whole job in a
+        session of its own; with ``module=``, ``cwd=`` and ``err=``, ``python -m module``
+        (see tests/_rank_zygote.py)."""
+        request = {"argv": argv, "out": str(out), "env": env, **job}
         assert self.process.stdin is not None
         with self.lock:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -130,6 +143,34 @@ def launch(worker: Path, log_dir: Path, phase: str, world: int, *args: str) -> l
         ]  # fmt: skip
         ranks.append(zygote.fork(argv, log_dir / f"{phase}-rank{rank}.out", env))
     return ranks
+
+
+def start_job(
+    argv: list[str], out: Path, env: dict[str, str], *, world: int, imports: tuple[str, ...]
+) -> Rank:
+    """A job as torchrun starts one, ``world`` ranks on a free port (``world=0``: one plain
+    process), in a session of its own, forked from a zygote that imported torch and
+    ``imports``: its leader, whose exit code is torchrun's (0, 1 if a rank failed, or
+    ``-9`` if the job's process group was SIGKILLed); the ranks' output goes to ``out``."""
+    zygote = _Zygote.get(RANK_IMPORTS + imports)
+    return zygote.fork(argv, out, env, world=world, port=free_ports(1)[0])
+
+
+def run_module(
+    module: str, args: list[str], env: dict[str, str], *, imports: tuple[str, ...]
+) -> subprocess.CompletedProcess[bytes]:
+    """``python -m module *args`` with ``env`` in the current folder, forked from a zygote
+    that imported ``imports`` (no torch unless named), as ``subprocess.run`` with
+    ``capture_output=True`` returns it."""
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder, "out"), Path(folder, "err")
+        process = _Zygote.get(imports).fork(
+            args, out, env, module=module, cwd=os.getcwd(), err=str(err)
+        )
+        code = process.wait(timeout=TIMEOUT)
+        return subprocess.CompletedProcess(
+            [module, *args], code, out.read_bytes(), err.read_bytes()
+        )
 
 
 def wait_all(processes: list[Rank], log_dir: Path, phase: str) -> None:

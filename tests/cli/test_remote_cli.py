@@ -7,13 +7,13 @@ import gzip
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 from conftest import sample_members, tar_bytes
+from ddpjob import run_module
 from loopback_servers import HttpServer, SeaweedServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +38,20 @@ def s3_files(served: Path) -> list[Path]:
     return [served / f"data-{shard}.tar" for shard in range(2)]
 
 
-def indextar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+# What `python -m indextar` imports on URLs: once, in the zygote each call forks from.
+CLI_IMPORTS = ("indextar", "indextar.cli.commands", "fsspec", "s3fs", "aiohttp")
+
+
+def indextar_bytes(*args: str, env: dict[str, str] | None = None) -> CompletedProcess[bytes]:
+    """``python -m indextar *args``, a process of its own forked from a zygote
+    (tests/_rank_zygote.py) that imported the CLI once: 1 s of CPU less a call."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "indextar", *args], env=full_env, capture_output=True, text=True
-    )
+    return run_module("indextar", list(args), full_env, imports=CLI_IMPORTS)
+
+
+def indextar(*args: str, env: dict[str, str] | None = None) -> CompletedProcess[str]:
+    done = indextar_bytes(*args, env=env)
+    return CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def test_index_http_urls_into_an_index_dir(http: HttpServer, tmp_path: Path) -> None:
@@ -130,11 +139,7 @@ def test_inspect_http_urls_through_the_default_index_folder(
     assert [row["key"] for row in json.loads(listed.stdout)] == [f"h_{i:06d}" for i in range(4)]
     assert json.loads(listed.stdout)[2]["members"] == {"txt": 3 * len("h_2-txt"), "cls": 21}
 
-    cat = subprocess.run(
-        [sys.executable, "-m", "indextar", "cat", url, "h_000002.txt"],
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
-        capture_output=True,
-    )
+    cat = indextar_bytes("cat", url, "h_000002.txt", env=env)
     assert cat.returncode == 0 and cat.stdout == members["h_000002.txt"]
 
     got = indextar("get", url, "-1", "--json", env=env)

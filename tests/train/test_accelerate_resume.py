@@ -2,7 +2,7 @@
 
 Runs ``_accelerate_run.py`` (a DataLoader over indexed shards through
 ``indextar.train.accelerate.prepare_loader``, a tiny model, ``save_state`` every 4
-steps) on 1 process and under torchrun on 2, SIGKILLed mid-epoch with DataLoader
+steps) on 1 process and on 2 as torchrun starts them, SIGKILLed mid-epoch with DataLoader
 workers and resumed with another worker count or number of processes; and checks in
 process what Accelerate's own wrapping does to the sampler.
 """
@@ -16,7 +16,7 @@ import pytest
 import torch
 import trainruns
 from torch.utils.data import DataLoader
-from trainruns import global_order, keep_before, make_shards, run, seen, torchrun
+from trainruns import global_order, keep_before, make_shards, run, seen
 
 import indextar
 
@@ -66,27 +66,27 @@ def test_one_process_resumes_batch_for_batch_and_plain_prepare_does_not(
 def test_two_processes_resume_on_two_and_on_one(
     uninterrupted: tuple[str, list[tuple[int, str]]], tmp_path: Path
 ) -> None:
-    """torchrun on 2 processes (gloo), killed at step 5 of 6 after save_state at step 4,
+    """2 processes as torchrun starts them (gloo), killed at step 5 of 6 after save_state at
+    step 4,
     resumed on 2 and, from a copy of the same state, on 1 process."""
     pattern, expected = uninterrupted
     order = [key for _, key in expected]
     killed, elastic = tmp_path / "killed", tmp_path / "elastic"
     killed.mkdir()
-    launch = torchrun(2)
     run(
         SCRIPT,
         str(killed),
         pattern,
         "--workers=1",
         "--kill-at-step=5",
-        launcher=launch,
+        processes=2,
         expect_kill=True,
     )
     assert (killed / "step").read_text() == "4"
     keep_before(killed, 2, 4)
     shutil.copytree(killed, elastic)
 
-    run(SCRIPT, str(killed), pattern, "--workers=0", launcher=launch)
+    run(SCRIPT, str(killed), pattern, "--workers=0", processes=2)
     logs = seen(killed, 2)
     assert [step for step, _ in logs[0]] == [s for s in range(12) for _ in range(BATCH)]
     # Accelerate gives process p the global batches p, p + 2, ...: batch for batch.
@@ -110,11 +110,11 @@ def test_a_resumed_epoch_is_padded_as_the_uninterrupted_one(
     first positions. Killed after a step in the middle of epoch 0, then after its last
     round, each time resumed from the save before, every rank trains on the keys of the
     uninterrupted run step for step, the padding included."""
-    samples, launch = 50, torchrun(processes)
+    samples = 50
     pattern = make_shards(tmp_path / "data", per_shard=samples // 2)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir()
-    run(SCRIPT, str(straight), pattern, launcher=launch)
+    run(SCRIPT, str(straight), pattern, processes=processes)
     expected = seen(straight, processes)
     steps = -(-samples // (BATCH * processes))
     epoch0 = global_order([log[: steps * BATCH] for log in expected], chunk=BATCH)
@@ -130,12 +130,12 @@ def test_a_resumed_epoch_is_padded_as_the_uninterrupted_one(
             save_at,
             f"--kill-at-step={saved + 1}",
             "--workers=1",
-            launcher=launch,
+            processes=processes,
             expect_kill=True,
         )
         assert (resumed / "step").read_text() == str(saved)
         keep_before(resumed, processes, saved)
-    run(SCRIPT, str(resumed), pattern, save_at, launcher=launch)
+    run(SCRIPT, str(resumed), pattern, save_at, processes=processes)
     assert seen(resumed, processes) == expected
 
 

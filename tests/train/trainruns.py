@@ -4,7 +4,7 @@ Every training run appends the key of each sample it trains on to
 ``seen-rank<r>.txt`` as ``<step> <key>`` lines, ``step`` counting optimiser steps from
 the start of training (a resumed run continues the count). A run asked to
 ``--kill-at-step S`` SIGKILLs its whole process group (every rank, every DataLoader
-worker, the launcher) once all ranks have finished step ``S``.
+worker, the job's leader) once all ranks have finished step ``S``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from ddpjob import start_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDS, PER_SHARD = 2, 24  # 48 samples: whole global batches for 1 or 2 ranks of 4 or 8
@@ -35,25 +39,44 @@ def make_shards(run: Path, per_shard: int = PER_SHARD) -> str:
     return str(run / f"train-{{0..{SHARDS - 1}}}.tar")
 
 
-def run(script: Path, *args: str, launcher: tuple[str, ...] = (), expect_kill: bool = False) -> str:
-    """Run ``script`` (under ``launcher``, e.g. torchrun) in a session of its own."""
+# What each run script imports besides torch, once, in the zygote its runs fork from.
+PRELOAD = {
+    "_accelerate_run.py": ("torch._dynamo", "accelerate"),
+    "_lightning_run.py": ("torch._dynamo", "pytorch_lightning"),
+}
+
+
+def run(script: Path, *args: str, processes: int = 0, expect_kill: bool = False) -> str:
+    """Run ``script`` in a session of its own: one process, or ``processes`` ranks as
+    torchrun starts them (its environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...).
+    Every process is forked from a zygote (tests/_rank_zygote.py) that imported torch
+    and ``PRELOAD[script.name]`` once; its output is returned."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{script.parent}", OMP_NUM_THREADS="1")
     env.pop("PYTEST_XDIST_WORKER", None)
-    result = subprocess.run(
-        [sys.executable, *launcher, str(script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        start_new_session=True,
+    out_file = script_output(script)
+    job = start_job(
+        [str(script), *args], out_file, env, world=processes, imports=PRELOAD.get(script.name, ())
     )
-    out = result.stdout + result.stderr
+    try:
+        code = job.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise
+    out = out_file.read_text()
+    out_file.unlink()
     if expect_kill:
-        assert result.returncode in (-signal.SIGKILL, 1, 137), out  # torchrun exits 1
-        assert "killed at step" in out or result.returncode == -signal.SIGKILL, out
+        assert code in (-signal.SIGKILL, 1), out  # 1: a rank failed, as torchrun exits
+        assert "killed at step" in out or code == -signal.SIGKILL, out
     else:
-        assert result.returncode == 0, out
+        assert code == 0, out
     return out
+
+
+def script_output(script: Path) -> Path:
+    """A fresh file for one run's output."""
+    handle, name = tempfile.mkstemp(prefix=f"{script.stem}-", suffix=".out")
+    os.close(handle)
+    return Path(name)
 
 
 def uninterrupted(folder: Path, script: Path, samples: int) -> tuple[str, list[tuple[int, str]]]:
@@ -65,10 +88,6 @@ def uninterrupted(folder: Path, script: Path, samples: int) -> tuple[str, list[t
     [log] = seen(folder / "straight", 1)
     assert len(log) == 2 * samples and len({key for _, key in log[:samples]}) == samples
     return pattern, log
-
-
-def torchrun(nproc: int) -> tuple[str, ...]:
-    return ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}")
 
 
 def seen(run_dir: Path, world: int) -> list[list[tuple[int, str]]]:
