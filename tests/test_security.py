@@ -191,6 +191,7 @@ SQL_INTERPOLATIONS = {
     # _declared_type's fixed set ("INTEGER", "REAL", "TEXT", "")
     "columns": "', <quote(name)> <declared type>' for each attribute",
     "column": "quote(name): an attribute's name as a quoted identifier",
+    "selected": "', '.join(quote(name)) over the attribute columns (export_parquet)",
     "declared[name]": "a type from _declared_type's fixed set",
     "marks": "', ?' once per column: the values are parameters",
 }
