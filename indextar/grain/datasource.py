@@ -2,7 +2,7 @@
 
 Grain reads a source from several threads at once (``ReadOptions(num_threads=16)`` by
 default, in each worker process). The source takes no lock: a dataset's reads are safe
-from threads (its open shards are leased to each read, :mod:`indextar.read.leases`),
+from threads (its open shards are leased to each read, :mod:`indextar.read.shard`),
 and reads of remote shards wait on the network in parallel.
 """
 

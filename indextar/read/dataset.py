@@ -5,7 +5,7 @@ cumulative sums in numpy. Each process opens shards lazily, on first access, int
 LRU of at most ``max_open_shards`` :class:`~indextar.read.shard.OpenShard` objects
 (numpy tables plus a byte source), shared by the process's threads: each read leases
 its shard, which is closed when evicted only once no read holds it
-(:mod:`~indextar.read.leases`). Pickling drops that cache (``spawn`` workers start
+(:mod:`~indextar.read.shard`). Pickling drops that cache (``spawn`` workers start
 empty); a forked worker keeps the parent's tables, which are shared copy-on-write and
 never written, while its byte sources unmap their inherited mappings at once and map
 again on first read. No open file, mmap or SQLite connection crosses into a worker.
@@ -35,13 +35,12 @@ from ..source.prefetch import PrefetchStats
 from .decode import DecodeArg
 from .entries import index_entries
 from .joining import JoinViews
-from .leases import Lease, LRUCache
 from .pool import BatchPool, DecodeThreads
 from .readahead import DEFAULT_PREFETCH_BYTES, ReadAhead
 from .remote_batch import RemoteBatches
 from .remote_options import dataset_options, fetch_spans
 from .sample import SampleBuilder, fields_template
-from .shard import OpenShard
+from .shard import Lease, LRUCache, OpenShard
 from .subset import KeyViews
 
 __all__ = ["IndexedTarDataset", "DEFAULT_MAX_OPEN_SHARDS"]
@@ -214,7 +213,7 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
 
     def _lease(self, shard_no: int) -> Lease[OpenShard]:
         """Shard ``shard_no``, opened if it is not, leased until the caller gives it
-        back (``self._open.release``): not closed under a read (:mod:`.leases`)."""
+        back (``self._open.release``): not closed under a read (:mod:`.shard`)."""
         lease = self._open.acquire(shard_no)
         if lease is None:
             index, source = open_entry(

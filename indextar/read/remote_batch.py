@@ -18,13 +18,12 @@ import numpy.typing as npt
 
 from ..index.opener import OpenOptions
 from ..source.local import LocalFileSource
-from .leases import Lease, LRUCache
 from .pool import BatchPool
 from .protocols import SampleBuild, Unbuilt
 from .readahead import PlannedSpan, ReadAhead, fetchable_ahead
 from .remote_options import fetch_spans
 from .sample import SampleBuilder
-from .shard import OpenShard
+from .shard import Lease, LRUCache, OpenShard
 
 __all__ = ["RemoteBatches"]
 
