@@ -399,3 +399,16 @@ def test_a_new_place_that_decides_where_a_shard_lives_is_caught(tmp_path: Path) 
         "read/shard.py:5: startswith() of a scheme",
         "source/location.py:3: '://' in",
     ]
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_over_450_lines() -> None:
+    """Small single-purpose modules: a module past the cap is split, not grown."""
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

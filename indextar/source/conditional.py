@@ -12,6 +12,7 @@ guards those).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import re
@@ -30,6 +31,7 @@ from .fsspec_internals import (
     s3_method_kwargs,
     s3_split_path,
 )
+from .retry import with_retries
 from .s3direct import S3Direct
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "precondition_failed",
     "s3_error",
     "s3_get_object",
+    "wrong_or_stale",
 ]
 
 DirectRequest = tuple[str, str, int, int, str, str]
@@ -374,3 +377,39 @@ def get_ranges_direct(
     at once on fsspec's event loop thread; exceptions are returned."""
     get = functools.partial(_direct_range, client)
     return run_on_default_loop(lambda: _gather(get, requests, max_in_flight))
+
+
+def wrong_or_stale(
+    url: str,
+    expected: RemoteStat,
+    where: tuple[Any, str],
+    retry: Any,
+    error: StaleIndexError,
+    offset: int,
+    length: int,
+) -> Exception:
+    """What a failed header check of bytes read from ``url`` (``where``: its fsspec
+    filesystem and path) means.
+
+    Where the index recorded an ETag and the object still has it (asked again, past any
+    cache), the object is unchanged and the answer was wrong: a transient
+    :class:`~indextar.errors.WrongRangeError` to retry. Else ``error`` stands, or the
+    :class:`StaleIndexError` naming what changed. Without ETags nothing can tell the two
+    apart, so ``error`` stands.
+    """
+    fs, path = where
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache(path)
+    info = with_retries(lambda: fs.info(path), retry, url=url, offset=None, length=None)
+    now = RemoteStat.from_info(info, url)
+    try:
+        check_version(url, expected, now)
+    except StaleIndexError as changed:
+        return changed
+    if not now.etag:
+        return error
+    return WrongRangeError(
+        f"bytes that are not the sample's ({error}); its ETag {now.etag!r} is unchanged, "
+        "so the answer was wrong, not the object",
+        url=url, offset=offset, length=length, status=None,
+    )  # fmt: skip

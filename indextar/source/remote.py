@@ -19,7 +19,6 @@ sample and the last status.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 import logging
 import os
@@ -29,11 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import (
-    PipeRefusedError,
-    StaleIndexError,
-    WrongRangeError,
-)
+from ..errors import PipeRefusedError, StaleIndexError, WrongRangeError
 from .base import ByteSource, Span, fork_generation, split_members
 from .conditional import (
     RemoteStat,
@@ -43,6 +38,7 @@ from .conditional import (
     get_ranges,
     get_ranges_direct,
     head_direct,
+    wrong_or_stale,
 )
 from .filesystems import filesystem, split_url, without_client_retries
 from .fsspec_internals import default_loop, run_on_default_loop
@@ -311,34 +307,13 @@ class RangeSource(ByteSource):
         return out
 
     def wrong_or_stale(self, error: StaleIndexError, offset: int, length: int) -> Exception:
-        """What a failed header check of bytes read from this object means.
-
-        Where the index recorded an ETag and the object still has it (asked again,
-        past any cache), the object is unchanged and the answer was wrong: a transient
-        :class:`~indextar.errors.WrongRangeError` to retry. Else ``error`` stands, or
-        the :class:`StaleIndexError` naming what changed. Without ETags nothing can
-        tell the two apart, so ``error`` stands.
-        """
+        """What a failed header check of bytes read from this object means: a
+        transient wrong answer, a changed object, or ``error`` (:func:`~indextar.
+        source.conditional.wrong_or_stale`)."""
         if self.expected is None or not self.expected.etag:
             return error
-        fs, path = self._filesystem()
-        with contextlib.suppress(Exception):
-            fs.invalidate_cache(path)
-        info = with_retries(
-            lambda: fs.info(path), self.retry, url=self.url, offset=None, length=None
-        )
-        now = RemoteStat.from_info(info, self.url)
-        try:
-            check_version(self.url, self.expected, now)
-        except StaleIndexError as changed:
-            return changed
-        if not now.etag:
-            return error
-        return WrongRangeError(
-            f"bytes that are not the sample's ({error}); its ETag {now.etag!r} is unchanged, "
-            "so the answer was wrong, not the object",
-            url=self.url, offset=offset, length=length, status=None,
-        )  # fmt: skip
+        where = self._filesystem()
+        return wrong_or_stale(self.url, self.expected, where, self.retry, error, offset, length)
 
     def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
