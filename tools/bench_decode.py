@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import benchlib  # noqa: E402
+from photos import photo_noise, photo_scenes  # noqa: E402
 
 import indextar  # noqa: E402
 from indextar import image_decoder  # noqa: E402
@@ -66,24 +67,11 @@ Report = Callable[[str], None]
 def photo_jpegs(count: int, seed: int = 0) -> list[bytes]:
     """``count`` photo-like 1024x768 JPEGs: 16 shaded scenes with shapes, each image one
     of them shifted, with its own noise, at quality 90."""
-    from PIL import Image, ImageDraw
+    from PIL import Image
 
     rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
-    scenes = []
-    for _ in range(16):
-        scene = np.empty((HEIGHT, WIDTH, 3), np.float32)
-        for c in range(3):
-            fx, fy, phase = rng.uniform(-1, 1, 3)
-            scene[..., c] = 128 + 80 * np.sin(fx * x / 90 + fy * y / 70 + phase * 6)
-        img = Image.fromarray(scene.clip(0, 255).astype(np.uint8))
-        draw = ImageDraw.Draw(img)
-        for _ in range(12):
-            x0, y0 = int(rng.integers(0, WIDTH - 100)), int(rng.integers(0, HEIGHT - 100))
-            box = [x0, y0, x0 + int(rng.integers(20, 300)), y0 + int(rng.integers(20, 300))]
-            draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-        scenes.append(np.asarray(img, np.int16))
-    noise = [rng.integers(-12, 13, (HEIGHT, WIDTH, 3), dtype=np.int16) for _ in range(8)]
+    scenes = photo_scenes(rng, 16, WIDTH, HEIGHT)
+    noise = photo_noise(rng, 8, WIDTH, HEIGHT)
     out = []
     for i in range(count):
         pixels = np.roll(scenes[i % 16], 7 * i, axis=1) + np.roll(noise[i % 8], 13 * i, axis=0)

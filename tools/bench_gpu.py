@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import procstats  # noqa: E402
+from photos import photo_noise, photo_scenes  # noqa: E402
 
 WIDTH, HEIGHT, SIZE, BATCH = 1024, 768, 256, 64
 PER_SHARD = 125
@@ -58,27 +59,14 @@ PER_SHARD = 125
 
 def write_shard(args: tuple[str, int, int]) -> str:
     """Write ``count`` photo-like JPEG+cls samples from ``first`` into ``path`` and index it."""
-    from PIL import Image, ImageDraw
+    from PIL import Image
 
     from indextar import build_index
 
     path, first, count = args
     rng = np.random.default_rng(first)
-    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
-    scenes = []
-    for _ in range(3):
-        scene = np.empty((HEIGHT, WIDTH, 3), np.float32)
-        for c in range(3):
-            fx, fy, phase = rng.uniform(-1, 1, 3)
-            scene[..., c] = 128 + 80 * np.sin(fx * x / 90 + fy * y / 70 + phase * 6)
-        img = Image.fromarray(scene.clip(0, 255).astype(np.uint8))
-        draw = ImageDraw.Draw(img)
-        for _ in range(12):
-            x0, y0 = int(rng.integers(0, WIDTH - 100)), int(rng.integers(0, HEIGHT - 100))
-            box = [x0, y0, x0 + int(rng.integers(20, 300)), y0 + int(rng.integers(20, 300))]
-            draw.ellipse(box, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-        scenes.append(np.asarray(img, np.int16))
-    noise = [rng.integers(-12, 13, (HEIGHT, WIDTH, 3), dtype=np.int16) for _ in range(4)]
+    scenes = photo_scenes(rng, 3, WIDTH, HEIGHT)
+    noise = photo_noise(rng, 4, WIDTH, HEIGHT)
     with tarfile.open(path, "w") as tar:
         for i in range(first, first + count):
             pixels = np.roll(scenes[i % 3], 7 * i, axis=1) + np.roll(noise[i % 4], 13 * i, axis=0)
