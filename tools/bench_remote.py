@@ -1,9 +1,13 @@
 """Random and streaming reads from an object store with latency (issue 25).
 
 The shards (8 x 1,000 samples of 100 KB by default; ``--small``: 8 x 100) go into
-SeaweedFS's S3 gateway on 127.0.0.1 (``--store http``: an aiohttp file server), behind
-a proxy (tools/loopback_servers.py ``DelayProxy``) that answers every request
-``--delay-ms`` late (default: 0 and 20, one table each) and counts the bytes it returns.
+SeaweedFS's S3 gateway on 127.0.0.1 (``--store nginx``: S3's read API served by nginx,
+tools/nginx_store.py, a store whose CPU per request is near nothing, as a real
+store's is to its client; ``--store http``: an aiohttp file server), behind a proxy
+(tools/loopback_servers.py ``DelayProxy``: by default the TCP delay line of
+tools/delay_line.py, ``--proxy aiohttp`` the older aiohttp one) that delays every
+response ``--delay-ms`` (default: 0 and 20, one table each) and counts the bytes of
+the bodies it returns.
 Each row reads every sample once, on the same server:
 
 * indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
@@ -23,14 +27,16 @@ Each row reads every sample once, on the same server:
 
 Columns: samples/s from the row's first call to its last sample (start-up included),
 client CPU per sample (this process and its reaped children: DataLoader workers,
-``curl``; not the servers), time to the first sample, and bytes per sample counted
-at the proxy against the sample's span. Everything shares the machine's cores with
-the servers, so the raw clients measure the lab's ceiling, not a store's.
+``curl``; not the servers), server CPU per sample (the store's processes and the
+proxy's, from /proc), time to the first sample, and bytes per sample counted at the
+proxy against the sample's span. Everything shares the machine's cores with the
+servers, so a row whose server CPU is high is held by the lab, not by its client.
 
 Run::
 
     python tools/bench_remote.py --small --no-write      # a quick run, prints only
     python tools/bench_remote.py                          # the docs table
+    python tools/bench_remote.py --store nginx            # its nginx table
     python tools/bench_remote.py --delay-ms 20 --store http --only indextar
     python tools/bench_remote.py --small --no-write --only Streaming "webdataset streaming"
     python tools/bench_remote.py --loopback               # the older loopback table
@@ -451,7 +457,7 @@ def main() -> None:
         f" {machine}; {time.strftime('%Y-%m-%d')}).\n\n" + "\n\n".join(sections)
     )
     if not args.no_write:
-        write_doc(text)
+        write_doc(text, "bench_remote" if args.store == "s3" else f"bench_remote_{args.store}")
 
 
 if __name__ == "__main__":
