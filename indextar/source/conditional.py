@@ -229,23 +229,17 @@ async def _direct_range(
     """One GET of bytes ``start .. end`` through the direct client (:mod:`.s3direct`),
     checked as :func:`_s3_range` checks botocore's answer; errors as botocore's path
     raises them (404: FileNotFoundError, 403: PermissionError, else the status)."""
-    from yarl import URL
-
     if end <= start:
         return b""
-    target, headers = client.request(bucket, key, start, end, etag)
-    session = await client.session()
-    async with session.get(
-        URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
-    ) as response:
-        status = response.status
-        if status == 412:
-            raise _stale(url, etag, _PRECONDITION_FAILED)
-        if status >= 300:
-            raise s3_error(url, response, await response.read())
-        _answered_etag(url, etag, response.headers.get("ETag"))
-        data: bytes = await response.read()
-        return _check_answer(url, start, end, status, response.headers.get("Content-Range"), data)
+    answer = await client.get(bucket, key, start, end, etag)
+    status, headers = answer.status, answer.headers
+    if status == 412:
+        raise _stale(url, etag, _PRECONDITION_FAILED)
+    if status >= 300:
+        raise s3_error(url, answer, bytes(answer.body))
+    _answered_etag(url, etag, headers.get("etag"))
+    body = answer.body if isinstance(answer.body, bytes) else bytes(answer.body)
+    return _check_answer(url, start, end, status, headers.get("content-range"), body)
 
 
 def s3_error(url: str, response: Any, body: bytes) -> Exception:
