@@ -52,7 +52,7 @@ from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
 
-# A checked span is split by _mapread's copy where it is built: its header check in C
+# A fetched span is split by _mapread's copy where it is built: its header check in C
 # (the Python one is most of a small sample's read); else by split_members.
 _MAPREAD = mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
@@ -147,15 +147,21 @@ class OpenShard:
         key = self.key_blob[key_start:key_end]
         checked = key if self.check_names else b""  # b"": the checksums only
         try:
-            if span is not None:
-                try:
-                    members = split_members(
-                        span, self.members, first, count, names, checked,
-                        shard=self.shard, offset=start,
-                    )  # fmt: skip
-                    return key.decode("utf-8", "surrogateescape"), members
-                except StaleIndexError:
-                    pass  # read again: the source tells a changed shard from a wrong answer
+            if span is not None:  # a failed check reads it again: the source tells a
+                # changed shard from a wrong answer
+                if count <= _MAX_C_MEMBERS:
+                    got = _MAPREAD.members(span, 0, self.members, first, count, names, checked)  # type: ignore[union-attr]
+                    if type(got) is list:
+                        return key.decode("utf-8", "surrogateescape"), got
+                else:
+                    try:
+                        members = split_members(
+                            span, self.members, first, count, names, checked,
+                            shard=self.shard, offset=start,
+                        )  # fmt: skip
+                        return key.decode("utf-8", "surrogateescape"), members
+                    except StaleIndexError:
+                        pass
             members = self.source.read_members(
                 start, end - start, self.members, first, count, names, checked
             )

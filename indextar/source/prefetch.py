@@ -75,6 +75,7 @@ class _Entry:
     state: int = _QUEUED
     data: bytes | None = None
     start: Callable[[], Awaitable[bytes]] | None = None  # fetched on the loop, if any
+    waited: bool = False  # a reader waits for it (the loop wakes readers for these only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,6 @@ class Prefetcher(Generic[K]):
         self._done = threading.Condition(self._lock)
         self._started: list[threading.Thread] = []
         self._closed = False
-        self._waiting = 0  # readers waiting for a span in flight
         self._held = self._flight = self._peak = 0
         self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0}
 
@@ -195,10 +195,9 @@ class Prefetcher(Generic[K]):
             entry = self._entries.get(key)
             if entry is not None and entry.state == _FLIGHT:
                 self._counts["waited"] += 1
+                entry.waited = True
                 while entry.state == _FLIGHT and self._entries.get(key) is entry:
-                    self._waiting += 1
                     self._done.wait()
-                    self._waiting -= 1
             if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
                 if entry is not None and self._entries.get(key) is entry:
                     del self._entries[key]  # queued: the caller fetches it instead
@@ -330,7 +329,7 @@ class Prefetcher(Generic[K]):
             self._aflight -= 1
             self._landed(key, entry, data)
             self._fill()
-            if self._waiting:  # notify_all costs its checks even with no one waiting
+            if entry.waited:  # a wake-up costs the reader's thread a switch: only its span's
                 self._done.notify_all()
 
     def _start_threads(self) -> None:
