@@ -336,12 +336,6 @@ class FillingSource(RangeSource):
         finally:
             fill.unlock_finish()
 
-    def range_coroutine(self, offset: int, length: int) -> None:
-        """None: the read-ahead fetches a filling shard's ranges through :meth:`read`
-        (in its threads), which reads the ranges the part holds from it and writes
-        each one fetched into it; a bare coroutine on the event loop would do neither."""
-        return None
-
     def decompressed_copy(self, codec: str, size: int) -> ByteSource | None:
         """A shard that no read can start inside is downloaded and kept decompressed,
         as the whole-shard cache keeps it."""
