@@ -193,53 +193,61 @@ class _Connection(asyncio.BufferedProtocol):
                 if self._head_len >= _MAX_HEAD_BYTES:
                     raise ValueError(f"no end of its head in {self._head_len} bytes")
                 return
-            if not self._start_body(bytes(head[:end]), end + 4):
+            if not self._start_body(end):
                 return self._parse()  # a 1xx answer before the real one
         if self._chunked:
             body = _dechunked(head, self._head_len)
             if body is not None:
                 self._finish(body)
 
-    def _start_body(self, block: bytes, start: int) -> bool:
-        lines = block.split(b"\r\n")
-        version, status, reason = (lines[0].decode("latin-1").split(" ", 2) + [""])[:3]
+    def _start_body(self, end: int) -> bool:
+        """Take the status and headers of the head that ends at ``end`` and start its
+        body; False for a 1xx answer (the real one follows)."""
+        head, start = self._head, end + 4
+        lines = str(memoryview(head)[:end], "latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code, _, reason = rest.partition(" ")
         if not version.startswith("HTTP/1."):
             raise ValueError(f"status line {lines[0][:80]!r}")
+        status = int(code)
+        if status < 200:
+            self._shift(start)
+            return False
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            name, _, value = line.decode("latin-1").partition(":")
+            name, _, value = line.partition(":")
             name, value = name.strip().lower(), value.strip()
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        rest = self._head_len - start
-        head = self._head
-        head[:rest] = head[start : self._head_len]
-        self._head_len = rest
-        if 100 <= int(status) < 200:
-            return False
-        self._status, self._reason, self._headers = int(status), reason, headers
+        self._status, self._reason, self._headers = status, reason, headers
         connection = headers.get("connection", "").lower()
         self.reusable = "close" not in connection and (
             version == "HTTP/1.1" or "keep-alive" in connection
         )
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
         self._got, self._length = 0, -1
-        if self._chunked:
-            self._body = bytearray()  # a marker: the head is read; the body is in _head
+        if self._chunked or length is None:  # the body is read into the head buffer
+            self.reusable = self.reusable and self._chunked
+            self._shift(start)
+            self._body = bytearray()  # a marker: the head is read
             return True
-        if "content-length" not in headers:
-            self.reusable = False
-            self._body = bytearray()
-            return True
-        self._length = int(headers["content-length"])
+        self._length = int(length)
+        rest = self._head_len - start
         if rest > self._length:
             self.reusable = False  # more than the answer: never reuse this connection
         self._body = body = bytearray(self._length)
         self._got = got = min(rest, self._length)
-        body[:got] = memoryview(head)[:got]
+        body[:got] = memoryview(head)[start : start + got]
         self._head_len = 0
         if got == self._length:
             self._finish(body)
         return True
+
+    def _shift(self, start: int) -> None:
+        """Drop the head buffer's bytes before ``start``."""
+        rest = self._head_len - start
+        self._head[:rest] = self._head[start : self._head_len]
+        self._head_len = rest
 
 
 def _dechunked(data: bytearray, size: int) -> bytes | None:
