@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..index.opener import OpenOptions
+from ..source.base import SpanBytes
 from ..source.local import LocalFileSource
 from .pool import BatchPool
 from .protocols import SampleBuild, Unbuilt
@@ -89,10 +90,10 @@ class RemoteBatches:
                 fields.update(extra)
         return self._pool.map(self._builder.build, read)
 
-    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
+    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[SpanBytes | None]:
         """The remote samples' bytes, fetched ahead or all requests in flight at once;
         ``None`` for local ones."""
-        spans: list[bytes | None] = [None] * len(shard_nos)
+        spans: list[SpanBytes | None] = [None] * len(shard_nos)
         wanted: list[tuple[int, int, int]] = []  # (at, shard_no, local) to fetch now
         for at, (n, local) in enumerate(zip(shard_nos, locals_)):
             if n in self._ranged:
@@ -159,7 +160,7 @@ class RemoteBatches:
         shard_nos: list[int],
         locals_: list[int],
         positions: list[int],
-        spans: list[bytes | None],
+        spans: list[SpanBytes | None],
     ) -> list[Unbuilt]:
         """Each sample's fields and undecoded members, from its span already fetched
         (``None``: read now); one lease a shard."""

@@ -205,8 +205,8 @@ class _Connection(asyncio.BufferedProtocol):
         body; False for a 1xx answer (the real one follows)."""
         head, start = self._head, end + 4
         lines = str(memoryview(head)[:end], "latin-1").split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code, _, reason = rest.partition(" ")
+        version, _, answered = lines[0].partition(" ")
+        code, _, reason = answered.partition(" ")
         if not version.startswith("HTTP/1."):
             raise ValueError(f"status line {lines[0][:80]!r}")
         status = int(code)

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .base import ByteSource
+from .base import ByteSource, SpanBytes
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -54,7 +54,7 @@ SpanFetch = Callable[[Sequence[ByteSource], Sequence[int], Sequence[int]], list[
 all requests in flight together; raises if any cannot be read. The seam where a faster
 client plugs in."""
 
-SpanStart = Callable[[ByteSource, int, int], Callable[[], Awaitable[bytes]] | None]
+SpanStart = Callable[[ByteSource, int, int], Callable[[], Awaitable[SpanBytes]] | None]
 """``start(source, offset, length)``: a function whose coroutine fetches the span on
 the prefetcher's event loop (one attempt), or None where ``fetch`` must fetch it."""
 
@@ -73,8 +73,8 @@ class _Entry:
     length: int
     dues: list[int] = field(default_factory=list)  # the batches that will take it
     state: int = _QUEUED
-    data: bytes | None = None
-    start: Callable[[], Awaitable[bytes]] | None = None  # fetched on the loop, if any
+    data: SpanBytes | None = None
+    start: Callable[[], Awaitable[SpanBytes]] | None = None  # fetched on the loop, if any
     waited: bool = False  # a reader waits for it (the loop wakes readers for these only)
 
 
@@ -189,7 +189,7 @@ class Prefetcher(Generic[K]):
                 self._work.notify(-(-len(self._queue) // self._chunk))
             self._wake()
 
-    def take(self, key: K) -> bytes | None:
+    def take(self, key: K) -> SpanBytes | None:
         """The span wanted as ``key``, once fetched; ``None`` if the caller must fetch it."""
         with self._lock:
             entry = self._entries.get(key)
@@ -267,7 +267,7 @@ class Prefetcher(Generic[K]):
             if entry.state == _QUEUED and self._entries.get(key) is entry
         )
 
-    def _landed(self, key: K, entry: _Entry, data: bytes | None) -> None:
+    def _landed(self, key: K, entry: _Entry, data: SpanBytes | None) -> None:
         """A fetch of ``entry`` ended with ``data`` (None: it failed)."""
         self._flight -= entry.length
         if data is None or self._entries.get(key) is not entry or not entry.dues:
@@ -317,7 +317,7 @@ class Prefetcher(Generic[K]):
 
     async def _fetch_one(self, key: K, entry: _Entry) -> None:
         start, entry.start = entry.start, None
-        data: bytes | None = None
+        data: SpanBytes | None = None
         try:
             assert start is not None
             data = await start()
@@ -370,7 +370,7 @@ class Prefetcher(Generic[K]):
                     return
             entries = [entry for _, entry in chunk]
             try:
-                got: list[bytes | None] = list(
+                got: list[SpanBytes | None] = list(
                     self._fetch(
                         [e.source for e in entries],
                         [e.offset for e in entries],

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import StaleIndexError, WrongRangeError
-from .base import ByteSource, Span, fork_generation, split_members
+from .base import ByteSource, Span, SpanBytes, fork_generation, split_members
 from .conditional import (
     RemoteStat,
     check_version,
@@ -185,7 +185,7 @@ class RangeSource(ByteSource):
         the cache: :class:`~indextar.source.fillcache.FillingSource`), else None."""
         return None
 
-    def keep(self, offset: int, data: bytes) -> None:
+    def keep(self, offset: int, data: SpanBytes) -> None:
         """Told each range fetched, checked (a filling cache writes it down)."""
 
     def fetch_length(self, offset: int, length: int) -> int:
@@ -220,7 +220,9 @@ class RangeSource(ByteSource):
             got = fs.cat_file(path, start=offset, end=offset + length)
         return self._checked(got, offset, length)
 
-    def range_coroutine(self, offset: int, length: int) -> Callable[[], Awaitable[bytes]] | None:
+    def range_coroutine(
+        self, offset: int, length: int
+    ) -> Callable[[], Awaitable[SpanBytes]] | None:
         """A function whose coroutine makes one attempt at the range on fsspec's own
         event loop (:func:`~indextar.source.fsspec_internals.default_loop`), as
         :meth:`_read_once` does but for the retries; None where this shard's reads go
@@ -229,7 +231,7 @@ class RangeSource(ByteSource):
         self._ready()
         fetched = self.fetch_length(offset, length)
         end = offset + fetched
-        get: Callable[[], Awaitable[bytes]]
+        get: Callable[[], Awaitable[SpanBytes]]
         if self._direct is not None:
             request = (self._bucket, self._key, offset, end, self.etag, self.url)
             get = functools.partial(get_range_direct, self._direct, request)
@@ -244,11 +246,10 @@ class RangeSource(ByteSource):
         return functools.partial(self._through_hooks, get, offset, length)
 
     async def _through_hooks(
-        self, get: Callable[[], Awaitable[bytes]], offset: int, length: int
-    ) -> bytes:
-        """The range as :meth:`_read_once` reads it, ``get()`` fetching it; the hooks in
-        the loop's executor (a filling cache's reads, writes and locks block, and the
-        :meth:`keep` that finishes a shard fetches on this loop)."""
+        self, get: Callable[[], Awaitable[SpanBytes]], offset: int, length: int
+    ) -> SpanBytes:
+        """The range as :meth:`_read_once` reads it, by ``get()``; the hooks in the loop's
+        executor (a filling cache's block, and its last :meth:`keep` fetches on the loop)."""
         loop = asyncio.get_running_loop()
         held = await loop.run_in_executor(None, self.held, offset, length)
         if held is not None:
