@@ -238,7 +238,9 @@ print(json.dumps({{"seconds": seconds, "added": peak - base, "plan": plan.nbytes
 
 
 def planning_table(
-    sizes: list[int], report: Report, strategies: tuple[str, ...] = ("best-fit", "concat-split")
+    sizes: list[int],
+    report: Report,
+    strategies: tuple[str, ...] = ("best-fit", "first-fit", "concat-split"),
 ) -> dict[str, Any]:
     report(
         "Planning log-normal lengths (int32) at max_length=4096, each in a fresh process "
@@ -250,7 +252,7 @@ def planning_table(
     report("|---|---|---|---|---|---|")
     results = {}
     for n in sizes:
-        for strategy in strategies if n < 10**8 else ("best-fit",):  # concat-split: ~100 B/doc
+        for strategy in strategies:
             code = _PLAN_CHILD.format(repo=str(REPO), n=n, strategy=strategy)
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             if done.returncode:

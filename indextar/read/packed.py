@@ -17,7 +17,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,9 @@ from ..errors import SampleFormatError
 from ..order.packing import PackPlan, Strategy, plan_packs
 from ..order.readahead import Hint, HintedBatch
 from .lengths import LengthsArg, document_lengths
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Pack", "PackedDataset", "collate_packs"]
 
@@ -239,12 +242,18 @@ class PackedDataset:
         )
 
 
-def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int = -100) -> Any:
+def collate_packs(
+    packs: Sequence[Pack],
+    *,
+    pad_id: int = 0,
+    ignore_index: int = -100,
+    dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """A batch of packs as torch tensors, for variable-length attention.
 
     Returns a dict of:
 
-    * ``input_ids``: ``(batch, max_length)`` int64, each pack's tokens end to end, then
+    * ``input_ids``: ``(batch, max_length)``, each pack's tokens end to end, then
       ``pad_id``;
     * ``position_ids``: the same shape, restarting at 0 with each document (and with the
       padding);
@@ -254,44 +263,67 @@ def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int =
       batch (``batch * max_length`` tokens, each row's padding one more segment), as
       flash-attention's varlen functions take them;
     * ``max_seqlen``: the longest document, an int.
+
+    ``dtype`` is that of the first three: ``torch.int64`` (the default: what
+    ``torch.nn.functional.cross_entropy`` takes as targets, and so every trainer's loss
+    over ``labels``) or ``torch.int32`` (half the bytes; embeddings and indexing take
+    it, the loss wants ``labels.long()``). All four tensors are views of one buffer, so
+    a DataLoader worker hands the batch over in one shared-memory block, not four.
     """
     import torch
 
     if not packs:
         raise ValueError("collate_packs needs at least one pack")
+    dtype = torch.int64 if dtype is None else dtype
+    if dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"dtype must be torch.int64 or torch.int32; got {dtype}")
     width = packs[0].max_length
     rows = len(packs)
-    input_ids = np.full((rows, width), pad_id, np.int64)
-    segments: list[int] = []  # every segment's length, row by row: documents, then padding
-    padding: list[int] = []  # which segments are padding
+    cells = rows * width
+    used = np.zeros(rows, np.int64)
+    sizes: list[int] = []  # every segment's length, row by row: documents, then padding
     for row, pack in enumerate(packs):
         if pack.max_length != width:
             raise ValueError(f"packs of {pack.max_length} and {width} tokens in one batch")
-        sizes = [len(piece) for piece in pack.tokens]
-        used = sum(sizes)
-        if used:
-            input_ids[row, :used] = np.concatenate(pack.tokens)
-        segments += sizes
-        if used < width:
-            padding.append(len(segments))
-            segments.append(width - used)
-    lengths = np.asarray(segments, np.int64)
-    cu_seqlens = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=cu_seqlens[1:])
-    starts = np.repeat(cu_seqlens[:-1], lengths)
-    positions = (np.arange(rows * width, dtype=np.int64) - starts).reshape(rows, width)
-    flat_labels = input_ids.copy().reshape(-1)
-    flat_labels[cu_seqlens[:-1]] = ignore_index
-    if padding:
-        is_padding = np.zeros(len(lengths), bool)
-        is_padding[padding] = True
-        flat_labels[np.repeat(is_padding, lengths)] = ignore_index
-    labels = flat_labels.reshape(rows, width)
-    cu_seqlens = cu_seqlens.astype(np.int32)
+        pieces = [len(piece) for piece in pack.tokens]
+        used[row] = filled = sum(pieces)
+        sizes += pieces
+        if filled < width:
+            sizes.append(width - filled)
+        elif filled > width:
+            raise ValueError(f"a pack of {filled} tokens in packs of {width}")
+    segments = np.asarray(sizes, np.int64)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    buffer = torch.empty(3 * cells * itemsize + 4 * (len(segments) + 1), dtype=torch.uint8)
+    grid = buffer[: 3 * cells * itemsize].view(dtype).view(3, rows, width)
+    cu_seqlens = buffer[3 * cells * itemsize :].view(torch.int32)
+    input_ids, labels, positions = grid.numpy()
+    for row, pack in enumerate(packs):
+        filled = int(used[row])
+        if filled:
+            np.concatenate(pack.tokens, out=input_ids[row, :filled], casting="unsafe")
+        input_ids[row, filled:] = pad_id
+    np.copyto(labels, input_ids)
+    for row in np.flatnonzero(used < width).tolist():
+        labels[row, used[row] :] = ignore_index
+    ends = np.cumsum(segments)
+    cu = cu_seqlens.numpy()
+    cu[0] = 0
+    cu[1:] = ends
+    starts = ends[:-1]  # the first token of every segment after the first
+    flat_labels = labels.reshape(-1)
+    flat_labels[0] = ignore_index
+    flat_labels[starts] = ignore_index
+    # positions: 1 a token, minus the segment before at each segment's start, summed
+    flat_positions = positions.reshape(-1)
+    flat_positions.fill(1)
+    flat_positions[0] = 0
+    flat_positions[starts] = 1 - segments[:-1]
+    np.cumsum(flat_positions, out=flat_positions, dtype=flat_positions.dtype)
     return {
-        "input_ids": torch.from_numpy(input_ids),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(positions),
-        "cu_seqlens": torch.from_numpy(cu_seqlens),
-        "max_seqlen": int(np.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0,
+        "input_ids": grid[0],
+        "labels": grid[1],
+        "position_ids": grid[2],
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": int(segments.max()),
     }
