@@ -13,7 +13,6 @@ once; :class:`~indextar.ResumableSampler` shuffles their order every epoch
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,9 +22,19 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleFormatError
+from ..index.shard import PathLike
 from ..order.packing import PackPlan, Strategy, plan_packs
 from ..order.readahead import Hint, HintedBatch
 from .lengths import LengthsArg, document_lengths
+from .packcache import (
+    CachedPlan,
+    lengths_digest,
+    lengths_source,
+    load_plan,
+    plan_cache_folder,
+    plan_key,
+    save_plan,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -91,6 +100,12 @@ class PackedDataset:
     tokens
         The tokens of a sample as ``data`` returns it, a 1-D array. Default: the sample
         itself, or the one member of a one-member tuple (``keys="tokens"``).
+    cache_dir
+        Where the lengths and the plan are cached (as ``packs/<key>.npz`` under it;
+        default: the selection cache's folder), keyed by the lengths' source (an
+        expression and the indexes' identities, or an array's values), ``max_length``,
+        the strategy, the seed and the epoch (:mod:`indextar.read.packcache`); the next
+        open with the same arguments loads them. ``False`` neither reads nor writes.
 
     Raises
     ------
@@ -107,17 +122,21 @@ class PackedDataset:
         strategy: Strategy = "best-fit",
         seed: int = 0,
         tokens: Callable[[Any], npt.ArrayLike] | None = None,
+        cache_dir: PathLike | None | bool = None,
     ) -> None:
         self.data = data
         self.strategy = strategy
         self.seed = int(seed)
         self.epoch = 0
-        self.lengths = document_lengths(data, lengths)
-        """Each document's token count, from the index."""
-        self.plan: PackPlan = plan_packs(self.lengths, max_length, strategy=strategy, seed=seed)
-        """The packs: which documents, which tokens of each."""
         self._tokens = _as_tokens if tokens is None else tokens
-        self._digest: str | None = None
+        self._cache = plan_cache_folder(cache_dir)
+        self._source = None if self._cache is None else lengths_source(data, lengths)
+        planned = self._planned(int(max_length), 0, lambda: document_lengths(data, lengths), None)
+        self.lengths = planned.lengths
+        """Each document's token count, from the index."""
+        self.plan: PackPlan = planned.plan
+        """The packs: which documents, which tokens of each."""
+        self._digest = planned.digest
         if self.plan.overlong or self.plan.empty:
             log.info(
                 "%d of %d documents are longer than %d tokens (%s); %d are empty (left out)",
@@ -138,9 +157,33 @@ class PackedDataset:
         iterator is made: workers with ``persistent_workers=True`` keep their plan.
         """
         self.epoch = int(epoch)
-        self.plan = plan_packs(
-            self.lengths, self.max_length, strategy=self.strategy, seed=self.seed, epoch=epoch
-        )
+        known = self.lengths
+        self.plan = self._planned(self.max_length, self.epoch, lambda: known, self._digest).plan
+
+    def _planned(
+        self, max_length: int, epoch: int, lengths: Callable[[], I64], digest: str | None
+    ) -> CachedPlan:
+        """The lengths (``lengths()`` unless cached) and the plan of ``epoch``, from the
+        cache or made (and cached)."""
+        key = None
+        if self._cache is not None and self._source is not None:
+            key = plan_key(
+                self._source,
+                max_length=max_length,
+                strategy=self.strategy,
+                seed=self.seed,
+                epoch=epoch,
+            )
+            cached = load_plan(self._cache, key, len(self.data))
+            if cached is not None:
+                log.debug("plan of %r from the cache %s", self.data, self._cache)
+                return cached
+        found = lengths()
+        plan = plan_packs(found, max_length, strategy=self.strategy, seed=self.seed, epoch=epoch)
+        made = CachedPlan(found, digest or lengths_digest(found), plan)
+        if key is not None and self._cache is not None:
+            save_plan(self._cache, key, made)
+        return made
 
     @property
     def max_length(self) -> int:
@@ -216,10 +259,6 @@ class PackedDataset:
         """What ``ResumableSampler`` records of this dataset and checks on resume: the
         plan's strategy, seed and size, a digest of the documents' lengths (which with
         those fix every epoch's plan), and the data's own selection, if a view's."""
-        if self._digest is None:
-            digest = hashlib.blake2b(digest_size=16)
-            digest.update(np.ascontiguousarray(self.lengths, dtype="<i8").tobytes())
-            self._digest = digest.hexdigest()
         return {
             "packing": self.strategy,
             "max_length": self.max_length,
