@@ -324,6 +324,13 @@ def _collate_int32(packs: list[Any]) -> dict[str, Any]:
     return indextar.collate_packs(packs, dtype=torch.int32)
 
 
+def _collate_apart(packs: list[Any]) -> dict[str, Any]:
+    """``collate_packs`` as it was before 346bfc1: each tensor in its own block of memory
+    (a worker shares each one apart)."""
+    batch = indextar.collate_packs(packs)
+    return {k: v.clone() if hasattr(v, "clone") else v for k, v in batch.items()}
+
+
 def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
@@ -358,6 +365,11 @@ def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> 
             loader(packed, per_batch, _collate_int32),
             lambda b: int((b["input_ids"] != 0).sum()),
             "packed, `collate_packs(dtype=torch.int32)`",
+        ),
+        "apart": (
+            loader(packed, per_batch, _collate_apart),
+            lambda b: int((b["input_ids"] != 0).sum()),
+            "packed, each tensor in its own block (`collate_packs` before 346bfc1)",
         ),
         "same tensors": (
             loader(ds, docs_per_batch, _as_one_row),
