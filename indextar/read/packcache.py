@@ -3,7 +3,8 @@
 One file holds what opening a ``PackedDataset`` computes for one ``(lengths source,
 max_length, strategy, seed, epoch)``: the documents' lengths, a digest of them, and the
 plan's arrays. The next open with the same arguments loads it instead of reading the
-lengths from every shard's index and planning again.
+lengths from every shard's index and planning again. (``PackedDataset`` caches the
+plan it opens with, epoch 0: one file a dataset, not one an epoch.)
 
 The key is a digest of the lengths' source and the plan's arguments. For lengths named
 by an attribute or SQL expression: the expression, and every shard's index and shard
@@ -123,9 +124,10 @@ def plan_key(source: bytes, *, max_length: int, strategy: str, seed: int, epoch:
     return digest.hexdigest()
 
 
-def load_plan(folder: Path, key: str, documents: int) -> CachedPlan | None:
-    """The plan cached under ``key`` for ``documents`` documents, or ``None`` where
-    there is none, or it does not load whole and consistent."""
+def load_plan(folder: Path, key: str, documents: int, *, split: bool) -> CachedPlan | None:
+    """The plan cached under ``key`` for ``documents`` documents (``split``: with each
+    piece's first token, as ``concat-split`` plans), or ``None`` where there is none,
+    or it does not load whole and consistent."""
     path = folder / f"{key}.npz"
     try:
         with open(path, "rb") as file, np.load(file, allow_pickle=False) as stored:
@@ -135,14 +137,14 @@ def load_plan(folder: Path, key: str, documents: int) -> CachedPlan | None:
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
         log.warning("the cached plan %s does not load (%s); planning again", path, e)
         return None
-    cached = _checked(arrays, key, documents)
+    cached = _checked(arrays, key, documents, split)
     if cached is None:
         log.warning("the cached plan %s is not one plan of %d documents; planning again",
                     path, documents)  # fmt: skip
     return cached
 
 
-def _checked(arrays: dict[str, Any], key: str, documents: int) -> CachedPlan | None:
+def _checked(arrays: dict[str, Any], key: str, documents: int, split: bool) -> CachedPlan | None:
     """The plan in ``arrays`` if they are one plan of ``documents`` documents."""
     if any(name not in arrays for name in (*_ARRAYS, "meta", "key", "digest")):
         return None
@@ -159,6 +161,7 @@ def _checked(arrays: dict[str, Any], key: str, documents: int) -> CachedPlan | N
         or offsets[0] != 0
         or offsets[-1] != pieces.size
         or piece_lengths.shape != pieces.shape
+        or (starts is not None) != split
         or (starts is not None and starts.shape != pieces.shape)
         or (pieces.size and (pieces.min() < 0 or pieces.max() >= documents))
     ):

@@ -104,8 +104,9 @@ class PackedDataset:
         Where the lengths and the plan are cached (as ``packs/<key>.npz`` under it;
         default: the selection cache's folder), keyed by the lengths' source (an
         expression and the indexes' identities, or an array's values), ``max_length``,
-        the strategy, the seed and the epoch (:mod:`indextar.read.packcache`); the next
-        open with the same arguments loads them. ``False`` neither reads nor writes.
+        the strategy and the seed (:mod:`indextar.read.packcache`); the next open with
+        the same arguments loads them. ``False`` neither reads nor writes. The plans of
+        :meth:`set_epoch` are made, not cached.
 
     Raises
     ------
@@ -131,7 +132,7 @@ class PackedDataset:
         self._tokens = _as_tokens if tokens is None else tokens
         self._cache = plan_cache_folder(cache_dir)
         self._source = None if self._cache is None else lengths_source(data, lengths)
-        planned = self._planned(int(max_length), 0, lambda: document_lengths(data, lengths), None)
+        planned = self._planned(int(max_length), lambda: document_lengths(data, lengths))
         self.lengths = planned.lengths
         """Each document's token count, from the index."""
         self.plan: PackPlan = planned.plan
@@ -157,30 +158,29 @@ class PackedDataset:
         iterator is made: workers with ``persistent_workers=True`` keep their plan.
         """
         self.epoch = int(epoch)
-        known = self.lengths
-        self.plan = self._planned(self.max_length, self.epoch, lambda: known, self._digest).plan
+        self.plan = plan_packs(
+            self.lengths, self.max_length, strategy=self.strategy, seed=self.seed, epoch=epoch
+        )
 
-    def _planned(
-        self, max_length: int, epoch: int, lengths: Callable[[], I64], digest: str | None
-    ) -> CachedPlan:
-        """The lengths (``lengths()`` unless cached) and the plan of ``epoch``, from the
-        cache or made (and cached)."""
+    def _planned(self, max_length: int, lengths: Callable[[], I64]) -> CachedPlan:
+        """The lengths (``lengths()`` unless cached) and the plan of epoch 0, from the
+        cache or made (and cached). Only the first plan is cached: one file a dataset,
+        not one an epoch (at 1e8 documents a plan is 1.3 GB), and a later epoch's plan
+        needs no lengths read, only planning."""
         key = None
         if self._cache is not None and self._source is not None:
             key = plan_key(
-                self._source,
-                max_length=max_length,
-                strategy=self.strategy,
-                seed=self.seed,
-                epoch=epoch,
+                self._source, max_length=max_length, strategy=self.strategy, seed=self.seed, epoch=0
             )
-            cached = load_plan(self._cache, key, len(self.data))
+            cached = load_plan(
+                self._cache, key, len(self.data), split=self.strategy == "concat-split"
+            )
             if cached is not None:
                 log.debug("plan of %r from the cache %s", self.data, self._cache)
                 return cached
         found = lengths()
-        plan = plan_packs(found, max_length, strategy=self.strategy, seed=self.seed, epoch=epoch)
-        made = CachedPlan(found, digest or lengths_digest(found), plan)
+        plan = plan_packs(found, max_length, strategy=self.strategy, seed=self.seed)
+        made = CachedPlan(found, lengths_digest(found), plan)
         if key is not None and self._cache is not None:
             save_plan(self._cache, key, made)
         return made
