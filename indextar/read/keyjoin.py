@@ -3,7 +3,8 @@
 The join of :meth:`IndexedTarDataset.join <indextar.IndexedTarDataset.join>` is two
 arrays: for each joined sample, its index in the left dataset and in the right one
 (``-1`` where a left join found no right sample). They come from the indexes alone:
-every shard's key blob and key offsets (one ``SELECT`` each, shards in threads);
+every shard's key blob and key lengths (one ``SELECT`` each, shards in threads,
+not the rest of the index's arrays: :mod:`indextar.index.keyblob`);
 the right keys put in a hash table and each left key looked up in it, every match
 compared byte for byte, in C (``_keyjoin.c``). The numpy reference hashes each key
 to 64 bits (8 bytes at a time, however long), sorts the right hashes, finds the left
@@ -36,6 +37,7 @@ import numpy.typing as npt
 
 from ..atomic import write_atomic
 from ..errors import JoinError
+from ..index.keyblob import ShardKeys
 from ..index.shard import PathLike
 from .extensions import keyjoin
 from .protocols import IndexedShards
@@ -83,32 +85,28 @@ class KeyColumn:
     @classmethod
     def of(cls, dataset: IndexedShards) -> KeyColumn:
         """The keys of every non-empty shard's index (opened and validated: a changed
-        shard raises :class:`~indextar.StaleIndexError`), read in threads."""
+        shard raises :class:`~indextar.StaleIndexError`), read in threads: each index's
+        keys and their lengths alone (:meth:`~indextar.ShardIndex.load_keys`)."""
         numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
 
-        def load(number: int) -> tuple[bytes, Array, Array, tuple[str, ...]]:
-            arrays = dataset.shard_index(number).load_arrays()
-            samples = arrays.samples
-            return arrays.key_blob, samples[:, 4], samples[:, 5], arrays.ext_names
+        def load(number: int) -> ShardKeys:
+            return dataset.shard_index(number).load_keys()
 
         with ThreadPoolExecutor(max(1, min(_THREADS, len(numbers)))) as pool:
             loaded = list(pool.map(load, numbers))
-        blobs, starts, ends = [], [], []
+        total = sum(len(keys.starts) for keys in loaded)
+        starts, ends = np.empty(total, np.int64), np.empty(total, np.int64)
         exts: set[str] = set()
-        offset = 0
-        for blob, start, end, names in loaded:
-            blobs.append(blob)
-            starts.append(start + offset)
-            ends.append(end + offset)
-            exts.update(names)
-            offset += len(blob)
-        empty = np.empty(0, np.int64)
-        return cls(
-            blob=b"".join(blobs),
-            starts=np.concatenate(starts) if starts else empty,
-            ends=np.concatenate(ends) if ends else empty,
-            exts=frozenset(exts),
-        )
+        offset = at = 0
+        for keys in loaded:
+            count = len(keys.starts)
+            np.add(keys.starts, offset, out=starts[at : at + count])
+            np.add(keys.ends, offset, out=ends[at : at + count])
+            exts.update(keys.ext_names)
+            offset += len(keys.blob)
+            at += count
+        blob = b"".join(keys.blob for keys in loaded)
+        return cls(blob=blob, starts=starts, ends=ends, exts=frozenset(exts))
 
 
 def hash_keys(keys: KeyColumn) -> npt.NDArray[np.uint64]:
