@@ -22,6 +22,7 @@ key, and computing it again opens that side's indexes, which refuse a changed sh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -234,6 +235,23 @@ class JoinPlan:
 
     def __len__(self) -> int:
         return len(self.right)
+
+    def keeping_right(self, kept: Array) -> JoinPlan:
+        """The join with a view of the right dataset, its sorted indices ``kept``: a
+        pair whose right sample is not in the view is dropped (an inner join) or has
+        no right sample (a left join)."""
+        right = np.asarray(self.right)
+        in_view = np.zeros(int(kept.max()) + 1 if kept.size else 0, dtype=bool)
+        in_view[kept] = True
+        held = (right >= 0) & (right < in_view.size)
+        held[held] = in_view[right[held]]
+        digest = hashlib.blake2b(self.digest.encode(), digest_size=16)
+        digest.update(np.ascontiguousarray(kept, dtype="<i8").tobytes())
+        if self.left is None:
+            right, left = np.where(held, right, -1), None
+        else:
+            right, left = right[held], np.asarray(self.left)[held]
+        return dataclasses.replace(self, left=left, right=right, digest=digest.hexdigest())
 
 
 def _cache_files(folder: Path, digest: str) -> tuple[Path, Path, Path]:
