@@ -90,6 +90,6 @@ class JoinViews:
                 )
         plan = plan_join(self, right, how, cache_dir=cache_dir)
         if isinstance(other, KeySubset):
-            plan = plan.keeping_right(other.base_indices(np.arange(len(other))))
+            plan = plan.keeping_right(other.base_indices(np.arange(len(other))), how)
         names = member_names(plan.left_exts, plan.right_exts, prefix=prefix, rename=rename)
         return JoinedDataset(self, right, plan, how=how, names=names, builder=builder)

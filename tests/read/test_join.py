@@ -339,3 +339,20 @@ def test_read_ahead_reaches_both_remote_sides(
 
 def _keys_and_members(sample: dict[str, Any]) -> str:
     return json.dumps({k: v.hex() for k, v in _members(sample).items()} | {"k": sample["__key__"]})
+
+
+def test_an_inner_join_that_keeps_every_left_sample(
+    sides: Made, tmp_path: Path, make_tar: Callable[..., Path]
+) -> None:
+    _, right, expected = sides
+    kept = [k for k in LEFT_KEYS if k not in MISSING][:12]
+    left = str(make_tar({f"{k}.jpg": _left_members(k)["jpg"] for k in kept}, name="few.tar"))
+    options: dict[str, Any] = {"prefix": "clip.", "cache_dir": tmp_path / "cache"}
+    right_ds = indextar.IndexedTarDataset(right)
+    for _ in range(2):  # computed, then from the cache (no left array stored)
+        joined = indextar.IndexedTarDataset([left]).join(right_ds, **options)
+        assert joined.plan.left is None
+        assert [s["__key__"] for s in joined] == kept
+        assert [_members(s)["clip.npy"] for s in joined] == [expected[k]["clip.npy"] for k in kept]
+    scored = indextar.IndexedTarDataset([left]).join(right_ds.where("score >= 5"), **options)
+    assert [s["__key__"] for s in scored] == [k for k in kept if sum(k.encode()) % 10 >= 5]
