@@ -18,8 +18,8 @@
  * The right keys go into an open-addressing table of a power of two slots, at most
  * two thirds full: each slot one uint64, the high 32 bits of the key's hash and the
  * key's position plus one (0: empty). Every left key is then probed; a slot whose hash
- * bits match is compared byte for byte (memcmp), so the result is exact. Keys go 32 at
- * a time, each step's memory prefetched for all of them before the next step (their
+ * bits match is compared byte for byte (memcmp), so the result is exact. Keys go
+ * through a pipeline, each step's memory prefetched 16 keys before it is read (their
  * slots, then their right keys' offsets, then those keys' bytes): the table and the
  * right keys are read in random order, and a miss at a time would cost most of it. The hash
  * takes 8 bytes at a time (multiply, xor-shift), as keyjoin.hash_keys does. Memory: 8
@@ -80,7 +80,8 @@ static inline uint64_t hash_key(const unsigned char *key, int64_t length)
     return h;
 }
 
-#define BLOCK 32
+#define AHEAD 16 /* keys between a prefetch and its read */
+#define RING 64  /* a power of two above 3 AHEAD: the keys in flight */
 
 /* Put right key ``r`` in the table; 1 if an equal key is there already. */
 static inline int insert(uint64_t *table, uint64_t mask, uint64_t h, int64_t r,
@@ -206,19 +207,17 @@ static int table_init(KeyTable *self, PyObject *args, PyObject *kwargs)
     uint64_t mask = capacity - 1;
     int64_t duplicate = -1;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t hashes[BLOCK];
-    for (int64_t first = 0; first < n_right && duplicate < 0; first += BLOCK) {
-        int64_t count = n_right - first < BLOCK ? n_right - first : BLOCK;
-        for (int64_t i = 0; i < count; i++) {
-            int64_t r = first + i;
-            hashes[i] = hash_key(right_blob + right_starts[r], right_ends[r] - right_starts[r]);
-            __builtin_prefetch(&table[hashes[i] & mask], 1);
+    uint64_t hashes[RING];
+    /* key r is hashed (its slot prefetched) AHEAD keys before it is inserted */
+    for (int64_t i = 0; i < n_right + AHEAD && duplicate < 0; i++) {
+        if (i < n_right) {
+            uint64_t h = hash_key(right_blob + right_starts[i], right_ends[i] - right_starts[i]);
+            hashes[i & (RING - 1)] = h;
+            __builtin_prefetch(&table[h & mask], 1);
         }
-        for (int64_t i = 0; i < count && duplicate < 0; i++) {
-            int64_t r = first + i;
-            if (insert(table, mask, hashes[i], r, right_blob, right_starts, right_ends))
-                duplicate = r;
-        }
+        int64_t r = i - AHEAD;
+        if (r >= 0 && insert(table, mask, hashes[r & (RING - 1)], r, right_blob, right_starts, right_ends))
+            duplicate = r;
     }
     Py_END_ALLOW_THREADS
     self->table = table;
@@ -259,34 +258,39 @@ static PyObject *table_probe(KeyTable *self, PyObject *args)
     const uint64_t *table = self->table;
     uint64_t mask = self->mask;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t hashes[BLOCK];
-    int64_t candidates[BLOCK];
-    for (int64_t first = 0; first < n_left; first += BLOCK) {
-        int64_t count = n_left - first < BLOCK ? n_left - first : BLOCK;
-        for (int64_t i = 0; i < count; i++) {
-            int64_t l = first + i;
-            hashes[i] = hash_key(left_blob + left_starts[l], left_ends[l] - left_starts[l]);
-            __builtin_prefetch(&table[hashes[i] & mask], 0);
+    uint64_t hashes[RING];
+    int64_t candidates[RING];
+    /* A pipeline: key l is hashed (its slot prefetched) at step l, its slot read (its
+     * right key's offsets prefetched) at step l + AHEAD, those offsets read (the key's
+     * bytes prefetched) at l + 2 AHEAD, and compared at l + 3 AHEAD: each read comes
+     * AHEAD keys' work after its prefetch. */
+    for (int64_t i = 0; i < n_left + 3 * AHEAD; i++) {
+        if (i < n_left) {
+            uint64_t h = hash_key(left_blob + left_starts[i], left_ends[i] - left_starts[i]);
+            hashes[i & (RING - 1)] = h;
+            __builtin_prefetch(&table[h & mask], 0);
         }
-        /* the first slot of the key's hash bits: its right key's offsets next */
-        for (int64_t i = 0; i < count; i++) {
-            candidates[i] = first_tagged(table, mask, hashes[i]);
-            if (candidates[i] >= 0) {
-                __builtin_prefetch(&right_starts[candidates[i]], 0);
-                __builtin_prefetch(&right_ends[candidates[i]], 0);
+        int64_t l = i - AHEAD;
+        if (l >= 0 && l < n_left) {
+            int64_t r = first_tagged(table, mask, hashes[l & (RING - 1)]);
+            candidates[l & (RING - 1)] = r;
+            if (r >= 0) {
+                __builtin_prefetch(&right_starts[r], 0);
+                __builtin_prefetch(&right_ends[r], 0);
             }
         }
-        for (int64_t i = 0; i < count; i++)
-            if (candidates[i] >= 0)
-                __builtin_prefetch(right_blob + right_starts[candidates[i]], 0);
-        for (int64_t i = 0; i < count; i++) {
-            int64_t l = first + i, r = candidates[i];
+        l = i - 2 * AHEAD;
+        if (l >= 0 && l < n_left && candidates[l & (RING - 1)] >= 0)
+            __builtin_prefetch(right_blob + right_starts[candidates[l & (RING - 1)]], 0);
+        l = i - 3 * AHEAD;
+        if (l >= 0) {
+            int64_t r = candidates[l & (RING - 1)];
             const unsigned char *key = left_blob + left_starts[l];
             int64_t length = left_ends[l] - left_starts[l];
             if (r >= 0 && !(right_ends[r] - right_starts[r] == length &&
                             memcmp(right_blob + right_starts[r], key, (size_t)length) == 0))
-                r = lookup(table, mask, hashes[i], key, length, right_blob, right_starts,
-                           right_ends); /* another key with the same hash bits: probe on */
+                r = lookup(table, mask, hashes[l & (RING - 1)], key, length, right_blob,
+                           right_starts, right_ends); /* another key with the same hash bits */
             found[l] = r;
         }
     }
