@@ -111,9 +111,8 @@ def find_keys(dataset: IndexedShards, keys: KeysArg, *, strict: bool) -> Array:
     for shard_no, start in enumerate(dataset.shard_starts[:-1].tolist()):
         if dataset.shard_sizes[shard_no] == 0:
             continue
-        arrays = dataset.shard_index(shard_no).load_arrays()
-        samples = arrays.samples
-        found.append(start + wanted.match(arrays.key_blob, samples[:, 4], samples[:, 5]))
+        keys_of = dataset.shard_index(shard_no).load_keys()  # the keys alone
+        found.append(start + wanted.match(keys_of.blob, keys_of.starts, keys_of.ends))
     report_unmatched(wanted.unmatched(), wanted.keys.size, strict=strict, what=repr(dataset))
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
