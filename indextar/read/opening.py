@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 
 from ..errors import IndextarError
 from ..source.codecs import decompressing, open_decompressed
-from ..source.location import ShardLocation
+from ..source.location import ShardLocation, check_pipe_allowed
 from ..source.objectstream import ObjectStream, streams_protocol
-from ..source.remote import RangeSource, check_pipe_allowed
+from ..source.remote import RangeSource
 from ..source.stream import RemoteStream
 
 __all__ = ["open_stream", "start_stream"]

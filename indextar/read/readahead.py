@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ..order.readahead import Hint
 from ..source import prefetch
-from ..source.base import ByteSource, fork_generation
+from ..source.base import ByteSource, SpanBytes, fork_generation
 from ..source.frames import FramedSource
 from ..source.fsspec_internals import default_loop
 from ..source.prefetch import Prefetcher, PrefetchStats, SpanFetch
@@ -61,7 +61,7 @@ def fetchable_ahead(source: ByteSource) -> bool:
 
 def start_on_loop(
     source: ByteSource, offset: int, length: int
-) -> Callable[[], Awaitable[bytes]] | None:
+) -> Callable[[], Awaitable[SpanBytes]] | None:
     """How the prefetcher fetches a plain remote shard's span on fsspec's event loop
     (:meth:`RangeSource.range_coroutine`); None for others (its threads fetch those)."""
     return source.range_coroutine(offset, length) if isinstance(source, RangeSource) else None
@@ -139,7 +139,7 @@ class ReadAhead:
             prefetcher.want(list(plan(indices)), number)  # shards opened unlocked
             self._announced = number
 
-    def take(self, key: SampleKey) -> bytes | None:
+    def take(self, key: SampleKey) -> SpanBytes | None:
         """Sample ``key``'s span if it was fetched ahead (waiting if in flight), else ``None``."""
         prefetcher = self._current()
         return None if prefetcher is None else prefetcher.take(key)

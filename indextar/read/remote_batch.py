@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..index.opener import OpenOptions
+from ..source.base import SpanBytes
 from ..source.local import LocalFileSource
 from .pool import BatchPool
 from .protocols import SampleBuild, Unbuilt
@@ -67,10 +68,7 @@ class RemoteBatches:
         position_list = positions.tolist()
         if self._ranged and not self._ranged.isdisjoint(shard_list):
             spans = self._fetch_spans(shard_list, local_list)
-            return [
-                self._read(n, local, position, span)
-                for n, local, position, span in zip(shard_list, local_list, position_list, spans)
-            ]
+            return self._split(shard_list, local_list, position_list, spans)
         groups: dict[int, list[int]] = {}
         for at, shard_no in enumerate(shard_list):
             groups.setdefault(shard_no, []).append(at)
@@ -86,18 +84,16 @@ class RemoteBatches:
         positions: list[int],
         extra: dict[str, Any] | None,
     ) -> list[Any]:
-        spans = self._fetch_spans(shard_nos, locals_)
-        read: list[Any] = [None] * len(positions)
-        for at, (shard_no, span) in enumerate(zip(shard_nos, spans)):
-            read[at] = self._read(shard_no, locals_[at], positions[at], span)
-            if extra:
-                read[at][0].update(extra)
+        read = self._split(shard_nos, locals_, positions, self._fetch_spans(shard_nos, locals_))
+        if extra:
+            for fields, _ in read:
+                fields.update(extra)
         return self._pool.map(self._builder.build, read)
 
-    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[bytes | None]:
+    def _fetch_spans(self, shard_nos: list[int], locals_: list[int]) -> list[SpanBytes | None]:
         """The remote samples' bytes, fetched ahead or all requests in flight at once;
         ``None`` for local ones."""
-        spans: list[bytes | None] = [None] * len(shard_nos)
+        spans: list[SpanBytes | None] = [None] * len(shard_nos)
         wanted: list[tuple[int, int, int]] = []  # (at, shard_no, local) to fetch now
         for at, (n, local) in enumerate(zip(shard_nos, locals_)):
             if n in self._ranged:
@@ -106,19 +102,18 @@ class RemoteBatches:
                     wanted.append((at, n, local))
         if not wanted:
             return spans
-        leases: list[Lease[OpenShard]] = []
+        leases: dict[int, Lease[OpenShard]] = {}  # one a shard, for the fetch
         try:
-            shards: list[OpenShard] = []
-            remote: list[tuple[int, int, int]] = []
-            for w in wanted:
-                leases.append(self._lease(w[1]))
-                # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
-                if not isinstance(leases[-1].value.source, LocalFileSource):
-                    remote.append(w)
-                    shards.append(leases[-1].value)
-            wanted = remote
+            for _, n, _ in wanted:
+                if n not in leases:
+                    leases[n] = self._lease(n)
+            # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
+            wanted = [
+                w for w in wanted if not isinstance(leases[w[1]].value.source, LocalFileSource)
+            ]
             if not wanted:
                 return spans
+            shards = [leases[n].value for _, n, _ in wanted]
             where = [shard.span(local) for shard, (_, _, local) in zip(shards, wanted)]
             fetched = fetch_spans(  # compressed shards: their frames, or from their seek points
                 [shard.source for shard in shards],
@@ -127,20 +122,20 @@ class RemoteBatches:
                 keys=[shard.key(local) for shard, (_, _, local) in zip(shards, wanted)],
             )
         finally:
-            for lease in leases:
+            for lease in leases.values():
                 self._open.release(lease)
         for (at, _, _), data in zip(wanted, fetched):
             spans[at] = data
         return spans
 
     def _plan_ahead(self, indices: npt.NDArray[np.int64]) -> Iterator[PlannedSpan]:
-        """The remote spans of ``indices`` to fetch ahead: in shards already open, or
-        while fewer than ``max_open_shards`` are (a guess never evicts a shard)."""
+        """The remote spans of ``indices`` to fetch ahead, shard by shard: in shards
+        already open, or while fewer than ``max_open_shards`` are (a guess never evicts
+        a shard)."""
         positions = indices[(indices >= 0) & (indices < self._len)]
         shard_nos = self.shard_starts.searchsorted(positions, side="right") - 1
-        for n, local in zip(
-            shard_nos.tolist(), (positions - self.shard_starts[shard_nos]).tolist()
-        ):
+        locals_ = positions - self.shard_starts[shard_nos]
+        for n in dict.fromkeys(shard_nos.tolist()):  # in the order of their first samples
             if n not in self._ranged or (
                 n not in self._open and len(self._open) >= self.max_open_shards
             ):
@@ -153,17 +148,33 @@ class RemoteBatches:
             # checks, and reopens for the threads that fetch ahead.
             self._open.release(lease)
             shard = lease.value
-            if fetchable_ahead(shard.source):
-                yield ((n, local), shard.source, *shard.span(local))
+            if not fetchable_ahead(shard.source):
+                continue
+            wanted = locals_[shard_nos == n]
+            starts, ends = shard.samples[wanted, 0].tolist(), shard.samples[wanted, 1].tolist()
+            for local, start, end in zip(wanted.tolist(), starts, ends):
+                yield ((n, local), shard.source, start, end - start)
 
-    def _read(
-        self, shard_no: int, local: int, position: int, span: bytes | None = None
-    ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        """A sample's fields and undecoded members; ``span``: its bytes, already fetched."""
-        lease = self._lease(shard_no)
+    def _split(
+        self,
+        shard_nos: list[int],
+        locals_: list[int],
+        positions: list[int],
+        spans: list[SpanBytes | None],
+    ) -> list[Unbuilt]:
+        """Each sample's fields and undecoded members, from its span already fetched
+        (``None``: read now); one lease a shard."""
+        read: list[Unbuilt] = []
+        leases: dict[int, Lease[OpenShard]] = {}
         try:
-            shard = lease.value
-            key, members = shard.read(local, span)
+            for n, local, position, span in zip(shard_nos, locals_, positions, spans):
+                lease = leases.get(n)
+                if lease is None:
+                    lease = leases[n] = self._lease(n)
+                key, members = lease.value.read(local, span)
+                fields = {"__key__": key, "__shard__": lease.value.shard, "__index__": position}
+                read.append((fields, members))
         finally:
-            self._open.release(lease)
-        return {"__key__": key, "__shard__": shard.shard, "__index__": position}, members
+            for lease in leases.values():
+                self._open.release(lease)
+        return read

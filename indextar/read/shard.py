@@ -46,13 +46,13 @@ import numpy.typing as npt
 from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.shard import ShardIndex
-from ..source.base import ByteSource, Span, split_members
+from ..source.base import ByteSource, Span, SpanBytes, split_members
 from ..source.extensions import mapread
 from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
 
-# A checked span is split by _mapread's copy where it is built: its header check in C
+# A fetched span is split by _mapread's copy where it is built: its header check in C
 # (the Python one is most of a small sample's read); else by split_members.
 _MAPREAD = mapread()
 _MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
@@ -130,7 +130,9 @@ class OpenShard:
         start, end = self.samples[local, :2].tolist()
         return start, end - start
 
-    def read(self, local: int, span: bytes | None = None) -> tuple[str, list[tuple[str, bytes]]]:
+    def read(
+        self, local: int, span: SpanBytes | None = None
+    ) -> tuple[str, list[tuple[str, bytes]]]:
         """Sample ``local``'s key and ``(extension, data)`` members, in one read.
 
         ``span``, if given, is the sample's bytes already fetched (remote batches); if
@@ -147,15 +149,21 @@ class OpenShard:
         key = self.key_blob[key_start:key_end]
         checked = key if self.check_names else b""  # b"": the checksums only
         try:
-            if span is not None:
-                try:
-                    members = split_members(
-                        span, self.members, first, count, names, checked,
-                        shard=self.shard, offset=start,
-                    )  # fmt: skip
-                    return key.decode("utf-8", "surrogateescape"), members
-                except StaleIndexError:
-                    pass  # read again: the source tells a changed shard from a wrong answer
+            if span is not None:  # a failed check reads it again: the source tells a
+                # changed shard from a wrong answer
+                if count <= _MAX_C_MEMBERS:
+                    got = _MAPREAD.members(span, 0, self.members, first, count, names, checked)  # type: ignore[union-attr]
+                    if type(got) is list:
+                        return key.decode("utf-8", "surrogateescape"), got
+                else:
+                    try:
+                        members = split_members(
+                            span, self.members, first, count, names, checked,
+                            shard=self.shard, offset=start,
+                        )  # fmt: skip
+                        return key.decode("utf-8", "surrogateescape"), members
+                    except StaleIndexError:
+                        pass
             members = self.source.read_members(
                 start, end - start, self.members, first, count, names, checked
             )
@@ -194,7 +202,9 @@ class OpenShard:
         spans = self.source.read_many(offsets, [e - s for s, e in zip(offsets, ends)])
         return [self._read_checked(n, span) for n, span in zip(local, spans)]
 
-    def _read_checked(self, local: int, span: bytes | None) -> tuple[str, list[tuple[str, bytes]]]:
+    def _read_checked(
+        self, local: int, span: SpanBytes | None
+    ) -> tuple[str, list[tuple[str, bytes]]]:
         """:meth:`read` of a shard whose index records checksums: the span is read
         whole, hashed, then split."""
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
@@ -206,7 +216,7 @@ class OpenShard:
         if count <= _MAX_C_MEMBERS:  # the span's bytes as the map, at base 0
             got = _MAPREAD.members(span, 0, self.members, first, count, self.ext_names, checked)  # type: ignore[union-attr]
             if type(got) is not list:
-                headers = span[: int(self.members[first, 0])]
+                headers = bytes(span[: int(self.members[first, 0])])
                 raise stale_error(got, shard=self.shard, offset=start, key=key, headers=headers)
             return key.decode("utf-8", "surrogateescape"), got
         members = split_members(
@@ -215,7 +225,7 @@ class OpenShard:
         )  # fmt: skip
         return key.decode("utf-8", "surrogateescape"), members
 
-    def _verified(self, local: int, start: int, span: bytes, key: bytes) -> bytes:
+    def _verified(self, local: int, start: int, span: SpanBytes, key: bytes) -> SpanBytes:
         """``span`` if it hashes to sample ``local``'s checksum. A remote shard's span
         that does not is read once more (a server may answer another range, or a
         transfer be damaged past TCP's checksum); a local one is refused at once."""

@@ -19,9 +19,9 @@ import torch.utils.data
 
 from ..errors import IndextarError, SampleFormatError
 from ..index.naming import skip_reason, split_name
+from ..source.location import check_pipe_allowed
 from ..source.objectstream import ObjectStream
 from ..source.patterns import expand_shards
-from ..source.remote import check_pipe_allowed
 from ..tar.stream import iter_members
 from .decode import DecodeArg
 from .opening import open_stream, start_stream

@@ -27,11 +27,17 @@ from ..tar.spancheck import OK, check_headers, stale_error
 __all__ = [
     "ByteSource",
     "Span",
+    "SpanBytes",
     "fork_generation",
     "corrupt_layout_error",
     "outside_error",
     "split_members",
 ]
+
+
+SpanBytes = bytes | bytearray
+"""A span's bytes as fetched: ``bytes``, or the ``bytearray`` an answer was received
+into (:mod:`~indextar.source.http11`), which the members are then copied out of once."""
 
 
 class ByteSource(abc.ABC):
@@ -138,7 +144,7 @@ Span = tuple[int, int, int, int, "bytes | None"]
 
 
 def split_members(
-    span: bytes,
+    span: SpanBytes,
     member_rows: npt.NDArray[np.int64],
     first: int,
     count: int,
@@ -155,11 +161,14 @@ def split_members(
     """
     rows = member_rows[first : first + count].tolist()
     if key is not None and rows:
-        headers = span[: rows[0][0]]
+        headers = bytes(span[: rows[0][0]])
         failed = check_headers(headers, key)
         if failed != OK:
             raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
-    return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+    if isinstance(span, bytes):
+        return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
+    view = memoryview(span)  # members are bytes, copied once out of the buffer
+    return [(ext_names[code], bytes(view[start : start + size])) for start, size, code in rows]
 
 
 def corrupt_layout_error(raw: ByteSource, url: str, layout: str, where: str) -> IndexFormatError:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RemoteReadError, StaleIndexError, WrongRangeError
+from .base import SpanBytes
 from .fsspec_internals import (
     cat_file_async,
     http_raise_for_status,
@@ -140,11 +141,11 @@ def precondition_failed(error: BaseException) -> bool:
 
 
 def _check_answer(
-    url: str, start: int, end: int, status: int, content_range: str | None, data: bytes
-) -> bytes:
-    """``data`` if it is the answer to a read of bytes ``start .. end``: a 206 whose
+    url: str, start: int, end: int, status: int, content_range: str | None, data: SpanBytes
+) -> None:
+    """Refuse ``data`` unless it answers a read of bytes ``start .. end``: a 206 whose
     ``Content-Range`` is that range, with a body of its length (or a 200 with the whole
-    object when the range was all of it). Else :class:`WrongRangeError`, transient."""
+    object when the range was all of it); :class:`WrongRangeError`, transient."""
     length = end - start
     if status == 206:
         answered = (content_range or "").strip().partition("/")[0]
@@ -164,7 +165,6 @@ def _check_answer(
             f"{len(data)} bytes (status {status}, Content-Range {content_range!r})",
             url=url, offset=start, length=length, status=status,
         )  # fmt: skip
-    return data
 
 
 async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: str) -> bytes:
@@ -179,9 +179,8 @@ async def _http_range(fs: Any, path: str, start: int, end: int, etag: str, url: 
         http_raise_for_status(fs, response, path)
         _answered_etag(url, etag, response.headers.get("ETag"))
         data: bytes = await response.read()
-        return _check_answer(
-            url, start, end, response.status, response.headers.get("Content-Range"), data
-        )
+        _check_answer(url, start, end, response.status, response.headers.get("Content-Range"), data)
+        return data
 
 
 async def s3_get_object(fs: Any, path: str, byte_range: str, etag: str) -> Any:
@@ -218,7 +217,8 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
         _answered_etag(url, etag, response.get("ETag"))
         data: bytes = await response["Body"].read()
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 206)
-        return _check_answer(url, start, end, status, response.get("ContentRange"), data)
+        _check_answer(url, start, end, status, response.get("ContentRange"), data)
+        return data
     finally:
         response["Body"].close()
 
@@ -226,26 +226,30 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
 async def _direct_range(
     client: S3Direct, bucket: str, key: str, start: int, end: int, etag: str, url: str
 ) -> bytes:
+    """:func:`_direct_body`'s bytes as ``bytes`` (the callers of :func:`get_ranges_direct`
+    hand them on as they are)."""
+    body = await _direct_body(client, bucket, key, start, end, etag, url)
+    return body if isinstance(body, bytes) else bytes(body)
+
+
+async def _direct_body(
+    client: S3Direct, bucket: str, key: str, start: int, end: int, etag: str, url: str
+) -> SpanBytes:
     """One GET of bytes ``start .. end`` through the direct client (:mod:`.s3direct`),
     checked as :func:`_s3_range` checks botocore's answer; errors as botocore's path
-    raises them (404: FileNotFoundError, 403: PermissionError, else the status)."""
-    from yarl import URL
-
+    raises them (404: FileNotFoundError, 403: PermissionError, else the status). The
+    body as it was received: a ``bytearray``, not copied again."""
     if end <= start:
         return b""
-    target, headers = client.request(bucket, key, start, end, etag)
-    session = await client.session()
-    async with session.get(
-        URL(target, encoded=True), headers=headers, allow_redirects=False, proxy=client.proxy
-    ) as response:
-        status = response.status
-        if status == 412:
-            raise _stale(url, etag, _PRECONDITION_FAILED)
-        if status >= 300:
-            raise s3_error(url, response, await response.read())
-        _answered_etag(url, etag, response.headers.get("ETag"))
-        data: bytes = await response.read()
-        return _check_answer(url, start, end, status, response.headers.get("Content-Range"), data)
+    answer = await client.get(bucket, key, start, end, etag)
+    status, headers = answer.status, answer.headers
+    if status == 412:
+        raise _stale(url, etag, _PRECONDITION_FAILED)
+    if status >= 300:
+        raise s3_error(url, answer, bytes(answer.body))
+    _answered_etag(url, etag, headers.get("etag"))
+    _check_answer(url, start, end, status, headers.get("content-range"), answer.body)
+    return answer.body
 
 
 def s3_error(url: str, response: Any, body: bytes) -> Exception:
@@ -334,10 +338,11 @@ async def get_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     return await _get_range(fs, path, start, end, etag, url)
 
 
-async def get_range_direct(client: S3Direct, request: DirectRequest) -> bytes:
+async def get_range_direct(client: S3Direct, request: DirectRequest) -> SpanBytes:
     """One attempt at a :data:`DirectRequest` through the direct S3 client, as
-    :func:`get_ranges_direct` reads each; not retried. Await it on fsspec's loop."""
-    return await _direct_range(client, *request)
+    :func:`get_ranges_direct` reads each, not retried, its body as it was received
+    (:func:`_direct_body`). Await it on fsspec's loop."""
+    return await _direct_body(client, *request)
 
 
 async def head_direct(client: S3Direct, bucket: str, key: str, url: str) -> RemoteStat:

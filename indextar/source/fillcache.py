@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import ByteSource, fork_generation
+from .base import ByteSource, SpanBytes, fork_generation
 from .cache import CachedSource, ShardCache
 from .conditional import RemoteStat, check_version
 from .remote import RangeSource, fetch_ranges
@@ -175,7 +175,7 @@ class _Fill:
             data = os.pread(fd, length, offset)
         return data if len(data) == length else None
 
-    def keep(self, offset: int, data: bytes) -> bool:
+    def keep(self, offset: int, data: SpanBytes) -> bool:
         """Write ``data`` into the part; whether the part is now nearly whole (and no
         thread of this process is finishing it)."""
         with self.lock:  # the flock is the descriptor's: one thread at a time takes it
@@ -293,7 +293,7 @@ class FillingSource(RangeSource):
     def held(self, offset: int, length: int) -> bytes | None:
         return self._current().held(offset, length)
 
-    def keep(self, offset: int, data: bytes) -> None:
+    def keep(self, offset: int, data: SpanBytes) -> None:
         fill = self._current()
         try:
             nearly_whole = fill.keep(offset, data)
@@ -335,12 +335,6 @@ class FillingSource(RangeSource):
             fill.promote()
         finally:
             fill.unlock_finish()
-
-    def range_coroutine(self, offset: int, length: int) -> None:
-        """None: the read-ahead fetches a filling shard's ranges through :meth:`read`
-        (in its threads), which reads the ranges the part holds from it and writes
-        each one fetched into it; a bare coroutine on the event loop would do neither."""
-        return None
 
     def decompressed_copy(self, codec: str, size: int) -> ByteSource | None:
         """A shard that no read can start inside is downloaded and kept decompressed,

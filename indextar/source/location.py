@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union
 
+from ..errors import PipeRefusedError
 from ..tar.compress import sniff_codec
 from .base import ByteSource
 from .cache import ShardCache
@@ -33,15 +34,30 @@ from .local import FileVersion, open_source
 from .remote import RangeSource
 
 __all__ = [
+    "ALLOW_PIPE_ENV",
     "INDEX_SUFFIX",
     "REMOTE_SCHEMES",
     "Recorded",
     "ShardLocation",
     "SourceOptions",
+    "check_pipe_allowed",
     "remote_shards",
     "scheme_package",
     "url_scheme",
 ]
+
+ALLOW_PIPE_ENV = "INDEXTAR_ALLOW_PIPE"
+"""Set to ``1`` to allow ``pipe:`` shards everywhere, as ``allow_pipe=True`` does."""
+
+
+def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
+    """Refuse a ``pipe:CMD`` shard unless the caller or the environment allows it."""
+    if url.startswith("pipe:") and not (allow_pipe or os.environ.get(ALLOW_PIPE_ENV) == "1"):
+        raise PipeRefusedError(
+            f"refusing the shard {url[:60]!r}: a pipe: shard runs a shell command; pass "
+            f"allow_pipe=True or set the environment variable {ALLOW_PIPE_ENV}=1 if you trust it"
+        )
+
 
 PathLike = Union[str, "os.PathLike[str]"]
 

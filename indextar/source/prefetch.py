@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .base import ByteSource
+from .base import ByteSource, SpanBytes
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -54,7 +54,7 @@ SpanFetch = Callable[[Sequence[ByteSource], Sequence[int], Sequence[int]], list[
 all requests in flight together; raises if any cannot be read. The seam where a faster
 client plugs in."""
 
-SpanStart = Callable[[ByteSource, int, int], Callable[[], Awaitable[bytes]] | None]
+SpanStart = Callable[[ByteSource, int, int], Callable[[], Awaitable[SpanBytes]] | None]
 """``start(source, offset, length)``: a function whose coroutine fetches the span on
 the prefetcher's event loop (one attempt), or None where ``fetch`` must fetch it."""
 
@@ -73,8 +73,9 @@ class _Entry:
     length: int
     dues: list[int] = field(default_factory=list)  # the batches that will take it
     state: int = _QUEUED
-    data: bytes | None = None
-    start: Callable[[], Awaitable[bytes]] | None = None  # fetched on the loop, if any
+    data: SpanBytes | None = None
+    start: Callable[[], Awaitable[SpanBytes]] | None = None  # fetched on the loop, if any
+    waited: bool = False  # a reader waits for it (the loop wakes readers for these only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,6 @@ class Prefetcher(Generic[K]):
         self._done = threading.Condition(self._lock)
         self._started: list[threading.Thread] = []
         self._closed = False
-        self._waiting = 0  # readers waiting for a span in flight
         self._held = self._flight = self._peak = 0
         self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0}
 
@@ -189,16 +189,15 @@ class Prefetcher(Generic[K]):
                 self._work.notify(-(-len(self._queue) // self._chunk))
             self._wake()
 
-    def take(self, key: K) -> bytes | None:
+    def take(self, key: K) -> SpanBytes | None:
         """The span wanted as ``key``, once fetched; ``None`` if the caller must fetch it."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry.state == _FLIGHT:
                 self._counts["waited"] += 1
+                entry.waited = True
                 while entry.state == _FLIGHT and self._entries.get(key) is entry:
-                    self._waiting += 1
                     self._done.wait()
-                    self._waiting -= 1
             if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
                 if entry is not None and self._entries.get(key) is entry:
                     del self._entries[key]  # queued: the caller fetches it instead
@@ -268,7 +267,7 @@ class Prefetcher(Generic[K]):
             if entry.state == _QUEUED and self._entries.get(key) is entry
         )
 
-    def _landed(self, key: K, entry: _Entry, data: bytes | None) -> None:
+    def _landed(self, key: K, entry: _Entry, data: SpanBytes | None) -> None:
         """A fetch of ``entry`` ended with ``data`` (None: it failed)."""
         self._flight -= entry.length
         if data is None or self._entries.get(key) is not entry or not entry.dues:
@@ -318,7 +317,7 @@ class Prefetcher(Generic[K]):
 
     async def _fetch_one(self, key: K, entry: _Entry) -> None:
         start, entry.start = entry.start, None
-        data: bytes | None = None
+        data: SpanBytes | None = None
         try:
             assert start is not None
             data = await start()
@@ -330,7 +329,7 @@ class Prefetcher(Generic[K]):
             self._aflight -= 1
             self._landed(key, entry, data)
             self._fill()
-            if self._waiting:  # notify_all costs its checks even with no one waiting
+            if entry.waited:  # a wake-up costs the reader's thread a switch: only its span's
                 self._done.notify_all()
 
     def _start_threads(self) -> None:
@@ -371,7 +370,7 @@ class Prefetcher(Generic[K]):
                     return
             entries = [entry for _, entry in chunk]
             try:
-                got: list[bytes | None] = list(
+                got: list[SpanBytes | None] = list(
                     self._fetch(
                         [e.source for e in entries],
                         [e.offset for e in entries],

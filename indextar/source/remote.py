@@ -18,18 +18,18 @@ sample and the last status.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import PipeRefusedError, StaleIndexError, WrongRangeError
-from .base import ByteSource, Span, fork_generation, split_members
+from ..errors import StaleIndexError, WrongRangeError
+from .base import ByteSource, Span, SpanBytes, fork_generation, split_members
 from .conditional import (
     RemoteStat,
     check_version,
@@ -46,28 +46,14 @@ from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 from .s3direct import S3Direct, direct_client_for
 
 __all__ = [
-    "ALLOW_PIPE_ENV",
     "DEFAULT_RETRY",
     "RetryPolicy",
     "RangeSource",
     "fetch_ranges",
-    "check_pipe_allowed",
     "with_retries",
 ]
 
 log = logging.getLogger(__name__)
-
-ALLOW_PIPE_ENV = "INDEXTAR_ALLOW_PIPE"
-"""Set to ``1`` to allow ``pipe:`` shards everywhere, as ``allow_pipe=True`` does."""
-
-
-def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
-    """Refuse a ``pipe:CMD`` shard unless the caller or the environment allows it."""
-    if url.startswith("pipe:") and not (allow_pipe or os.environ.get(ALLOW_PIPE_ENV) == "1"):
-        raise PipeRefusedError(
-            f"refusing the shard {url[:60]!r}: a pipe: shard runs a shell command; pass "
-            f"allow_pipe=True or set the environment variable {ALLOW_PIPE_ENV}=1 if you trust it"
-        )
 
 
 class RangeSource(ByteSource):
@@ -199,7 +185,7 @@ class RangeSource(ByteSource):
         the cache: :class:`~indextar.source.fillcache.FillingSource`), else None."""
         return None
 
-    def keep(self, offset: int, data: bytes) -> None:
+    def keep(self, offset: int, data: SpanBytes) -> None:
         """Told each range fetched, checked (a filling cache writes it down)."""
 
     def fetch_length(self, offset: int, length: int) -> int:
@@ -234,21 +220,43 @@ class RangeSource(ByteSource):
             got = fs.cat_file(path, start=offset, end=offset + length)
         return self._checked(got, offset, length)
 
-    def range_coroutine(self, offset: int, length: int) -> Callable[[], Awaitable[bytes]] | None:
+    def range_coroutine(
+        self, offset: int, length: int
+    ) -> Callable[[], Awaitable[SpanBytes]] | None:
         """A function whose coroutine makes one attempt at the range on fsspec's own
-        event loop (:func:`~indextar.source.fsspec_internals.default_loop`), conditional
-        and checked as :meth:`read` is, not retried; None where this shard's reads go
+        event loop (:func:`~indextar.source.fsspec_internals.default_loop`), as
+        :meth:`_read_once` does but for the retries; None where this shard's reads go
         through a filesystem with a loop of its own, or a blocking one. Call it in a
         reader's thread, never on the loop: the first call may check the object first."""
         self._ready()
-        end = offset + length
+        fetched = self.fetch_length(offset, length)
+        end = offset + fetched
+        get: Callable[[], Awaitable[SpanBytes]]
         if self._direct is not None:
             request = (self._bucket, self._key, offset, end, self.etag, self.url)
-            return functools.partial(get_range_direct, self._direct, request)
-        fs, path = self._filesystem()
-        if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is default_loop():
-            return functools.partial(get_range, fs, path, offset, end, self.etag, self.url)
-        return None
+            get = functools.partial(get_range_direct, self._direct, request)
+        else:
+            fs, path = self._filesystem()
+            if not getattr(fs, "async_impl", False) or fs.loop is not default_loop():
+                return None
+            get = functools.partial(get_range, fs, path, offset, end, self.etag, self.url)
+        kind = type(self)
+        if kind.held is RangeSource.held and kind.keep is RangeSource.keep and fetched == length:
+            return get
+        return functools.partial(self._through_hooks, get, offset, length)
+
+    async def _through_hooks(
+        self, get: Callable[[], Awaitable[SpanBytes]], offset: int, length: int
+    ) -> SpanBytes:
+        """The range as :meth:`_read_once` reads it, by ``get()``; the hooks in the loop's
+        executor (a filling cache's block, and its last :meth:`keep` fetches on the loop)."""
+        loop = asyncio.get_running_loop()
+        held = await loop.run_in_executor(None, self.held, offset, length)
+        if held is not None:
+            return held
+        data = await get()
+        await loop.run_in_executor(None, self.keep, offset, data)
+        return data if len(data) == length else data[:length]
 
     def read(self, offset: int, length: int) -> bytes:
         self._ready()
@@ -328,13 +336,8 @@ class RangeSource(ByteSource):
         self._fs = self._direct = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "expected": self.expected,
-            "storage_options": self.storage_options,
-            "retry": self.retry,
-            "max_in_flight": self.max_in_flight,
-        }
+        names = ("url", "expected", "storage_options", "retry", "max_in_flight")
+        return {name: getattr(self, name) for name in names}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]

@@ -35,6 +35,7 @@ from typing import Any
 from .base import fork_generation
 from .filesystems import split_url
 from .fsspec_internals import configured_options
+from .http11 import Answer, Http11Pool, request_head
 from .sigv4 import Credentials, SigV4Signer, quote_key
 
 __all__ = ["S3Direct", "direct_client", "direct_client_for"]
@@ -102,6 +103,7 @@ class S3Direct:
         self._verify = verify
         self._signer: SigV4Signer | None = None
         self._sessions: dict[tuple[int, int], Any] = {}
+        self._pools: dict[tuple[int, int, str], Http11Pool] = {}
         self.proxy = _proxy(endpoint)
 
     def _signed(
@@ -129,13 +131,30 @@ class S3Direct:
         of ``bucket/key`` (``end=None``: to the object's end; ``end <= start``: all of
         it; ``method="HEAD"``: its metadata), conditional on ``etag`` where it is not
         empty."""
+        netloc, host, path = self._where(bucket, key)
+        headers = self._signed(method, host, path, "", self._conditions(start, end, etag))
+        return f"{self.endpoint.scheme}://{netloc}{path}", headers
+
+    async def get(self, bucket: str, key: str, start: int, end: int, etag: str) -> Answer:
+        """The answer to a GET of bytes ``start .. end`` of ``bucket/key``, conditional
+        on ``etag`` where it is not empty: sent by :mod:`.http11` on this event loop's
+        keep-alive connections (through aiohttp's session where a proxy is set)."""
+        netloc, host, path = self._where(bucket, key)
+        headers = self._signed("GET", host, path, "", self._conditions(start, end, etag))
+        url = f"{self.endpoint.scheme}://{netloc}{path}"
+        if self.proxy is not None:
+            return await self._get_by_session(url, headers)
+        return await self._pool(netloc).get(url, request_head(path, host, headers))
+
+    def _where(self, bucket: str, key: str) -> tuple[str, str, str]:
+        """``(netloc, Host header, encoded path)`` of ``bucket/key``."""
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"
-            path = f"{endpoint.prefix}/{quote_key(key)}"
-        else:
-            netloc, host = endpoint.netloc, endpoint.host
-            path = f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
+            return netloc, host, f"{endpoint.prefix}/{quote_key(key)}"
+        return endpoint.netloc, endpoint.host, f"{endpoint.prefix}/{bucket}/{quote_key(key)}"
+
+    def _conditions(self, start: int, end: int | None, etag: str) -> dict[str, str]:
         headers = dict(self._headers)
         if end is None:
             headers["range"] = f"bytes={start}-"
@@ -143,7 +162,37 @@ class S3Direct:
             headers["range"] = f"bytes={start}-{end - 1}"
         if etag:
             headers["if-match"] = f'"{etag}"'
-        return f"{endpoint.scheme}://{netloc}{path}", self._signed(method, host, path, "", headers)
+        return headers
+
+    def _pool(self, netloc: str) -> Http11Pool:
+        """This event loop's connections to ``netloc`` (made on first use, in this process)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        slot = (id(loop), fork_generation(), netloc)
+        pool = self._pools.get(slot)
+        if pool is None:
+            connect, read = self._timeouts
+            pool = Http11Pool(
+                self.endpoint.scheme, netloc, verify=self._verify, connect_timeout=connect,
+                read_timeout=read,
+            )  # fmt: skip
+            if not _OPEN:
+                atexit.register(_close_sessions)
+            self._pools[slot] = pool
+            _OPEN.append((loop, fork_generation(), pool))
+        return pool
+
+    async def _get_by_session(self, url: str, headers: dict[str, str]) -> Answer:
+        from yarl import URL
+
+        session = await self.session()
+        async with session.get(
+            URL(url, encoded=True), headers=headers, allow_redirects=False, proxy=self.proxy
+        ) as response:
+            body = await response.read()
+            found = {name.lower(): value for name, value in response.headers.items()}
+            return Answer(url, response.status, response.reason or "", found, body)
 
     async def session(self) -> Any:
         """This event loop's aiohttp session (made on first use, in this process)."""
@@ -176,18 +225,25 @@ class S3Direct:
         return f"S3Direct({endpoint.scheme}://{endpoint.host}, region={self.region!r})"
 
 
-_OPEN: list[tuple[Any, int, Any]] = []  # (loop, fork generation, session) made here
+_OPEN: list[tuple[Any, int, Any]] = []  # (loop, fork generation, session or pool) made here
 
 
 def _close_sessions() -> None:
-    """At exit, close this process's sessions on their loops, while these still run
-    (else aiohttp complains from its finalizers once the interpreter is half gone)."""
+    """At exit, close this process's sessions and connections on their loops, while
+    these still run (else aiohttp and asyncio complain from their finalizers once the
+    interpreter is half gone)."""
     import asyncio
 
-    for loop, generation, session in _OPEN:
-        if generation == fork_generation() and loop.is_running() and not session.closed:
+    async def close(opened: Any) -> None:
+        if isinstance(opened, Http11Pool):
+            opened.close()
+        elif not opened.closed:
+            await opened.close()
+
+    for loop, generation, opened in _OPEN:
+        if generation == fork_generation() and loop.is_running():
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=1)
+                asyncio.run_coroutine_threadsafe(close(opened), loop).result(timeout=1)
 
 
 def _proxy(endpoint: _Endpoint) -> str | None:

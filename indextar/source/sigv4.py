@@ -18,6 +18,7 @@ import hmac
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 __all__ = ["EMPTY_SHA256", "Credentials", "SigV4Signer", "quote_key"]
@@ -53,7 +54,7 @@ class SigV4Signer:
 
     __slots__ = (
         "credentials", "region", "service", "_day", "_signing_key", "_scope_tail", "_second",
-        "_stamp",
+        "_stamp", "_pads", "_layouts",
     )  # fmt: skip
 
     def __init__(self, credentials: Credentials, region: str, service: str = "s3"):
@@ -64,6 +65,9 @@ class SigV4Signer:
         self._signing_key = b""
         self._scope_tail = f"/{region}/{service}/aws4_request"
         self._second, self._stamp = -1, ""  # the last stamp, made once a second
+        self._pads: tuple[Any, Any] = (None, None)  # the day's HMAC, its inner and outer hash
+        # header names as given -> (sorted, joined by ";"): a GET signs the same ones
+        self._layouts: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
 
     def _key(self, day: str) -> bytes:
         if day != self._day:
@@ -71,7 +75,22 @@ class SigV4Signer:
             for part in (self.region, self.service, "aws4_request"):
                 key = hmac.digest(key, part.encode(), "sha256")
             self._day, self._signing_key = day, key
+            # HMAC's two hashes of the padded key, copied for each signature: OpenSSL's
+            # one-shot HMAC sets up its key again on every call (twice the time)
+            padded = key.ljust(64, b"\0")
+            self._pads = (
+                hashlib.sha256(bytes(b ^ 0x36 for b in padded)),
+                hashlib.sha256(bytes(b ^ 0x5C for b in padded)),
+            )
         return self._signing_key
+
+    def _hmac(self, day: str, message: bytes) -> str:
+        """HMAC-SHA256 of ``message`` with the day's signing key, in hex."""
+        self._key(day)
+        inner, outer = self._pads[0].copy(), self._pads[1].copy()
+        inner.update(message)
+        outer.update(inner.digest())
+        return str(outer.hexdigest())
 
     def sign(
         self,
@@ -105,26 +124,26 @@ class SigV4Signer:
         signed["x-amz-content-sha256"] = EMPTY_SHA256
         if self.credentials.token:
             signed["x-amz-security-token"] = self.credentials.token
-        names = sorted(signed)
-        canonical = "\n".join(
-            (
-                method,
-                path,
-                query,
-                *(f"{name}:{' '.join(signed[name].split())}" for name in names),
-                "",
-                ";".join(names),
-                EMPTY_SHA256,
-            )
+        given = tuple(signed)
+        layout = self._layouts.get(given)
+        if layout is None:
+            if len(self._layouts) > 64:
+                self._layouts.clear()
+            names = tuple(sorted(signed))
+            layout = self._layouts[given] = (names, ";".join(names))
+        names, signed_names = layout
+        canonical = "".join(
+            [f"{method}\n{path}\n{query}\n"]
+            + [f"{name}:{' '.join(signed[name].split())}\n" for name in names]
+            + [f"\n{signed_names}\n{EMPTY_SHA256}"]
         )
         scope = day + self._scope_tail
-        to_sign = "\n".join(
-            ("AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest())
-        )
-        signature = hmac.digest(self._key(day), to_sign.encode(), "sha256").hex()
+        digest = hashlib.sha256(canonical.encode()).hexdigest()
+        to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{digest}"
+        signature = self._hmac(day, to_sign.encode())
         signed["authorization"] = (
             f"AWS4-HMAC-SHA256 Credential={self.credentials.access_key}/{scope}, "
-            f"SignedHeaders={';'.join(names)}, Signature={signature}"
+            f"SignedHeaders={signed_names}, Signature={signature}"
         )
         del signed["host"]  # aiohttp sends it, from the URL
         return signed

@@ -6,6 +6,7 @@ trusted."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,24 @@ def test_an_epoch_fills_the_cache_and_the_next_one_reads_it_locally(
     assert epoch(ds, workers, seed=2) == expected()  # the same dataset object, its shards open
     assert epoch(dataset(http, tmp_path), workers, seed=3) == expected()  # a new one
     assert served(http) == (0, 0)
+
+
+def test_a_filling_shard_is_read_ahead_on_the_event_loop(
+    http: HttpServer, http_root: Path, tmp_path: Path
+) -> None:
+    # Before: FillingSource.range_coroutine returned None, so that its spans went to
+    # the read-ahead's threads (through read(), which serves and fills the cache).
+    ds = dataset(http, tmp_path)
+    threads = {t for t in threading.enumerate() if t.name.startswith("indextar-prefetch")}
+    assert epoch(ds, 0, seed=4) == expected()
+    started = {t for t in threading.enumerate() if t.name.startswith("indextar-prefetch")}
+    stats = ds.prefetch_stats()
+    assert stats is not None and stats.taken > len(expected()) // 2
+    assert started - threads == set()
+    files = cached_files(tmp_path / "cache")
+    assert sorted(f.read_bytes() for f in files) == sorted(
+        (http_root / f"fill-{n}.tar").read_bytes() for n in range(SHARDS)
+    )
 
 
 def test_an_object_changed_mid_epoch_is_refused_and_never_cached(
