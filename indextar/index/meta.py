@@ -32,6 +32,7 @@ from ..tar.scan import TarScan
 from .arrays import ShardArrays, arrays_from, connect_readonly
 from .attribute_json import attributes_member
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
+from .keyblob import ShardKeys, read_keys
 from .naming import Grouping, from_sql, raw_name, sql_text
 
 __all__ = [
@@ -319,6 +320,13 @@ class ShardIndex:
         """The arrays random access reads, in one query (from the tables if the index has none)."""
         with contextlib.closing(connect_readonly(self.path)) as conn:
             return arrays_from(conn, self.path, self.meta.num_samples, self.meta.num_members)
+
+    def load_keys(self) -> ShardKeys:
+        """Every sample's key, as bytes in one blob: the index's keys and their lengths
+        alone, not the rest of its arrays (a join reads every key of a dataset)."""
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            keys = read_keys(conn, self.path, self.meta.num_samples, self.meta.num_members)
+            return keys if keys is not None else ShardKeys.of(arrays_from_tables(conn))
 
     def has_attributes(
         self, attributes_from: str | None = None, *, meta: str | None = None
