@@ -147,6 +147,11 @@ def main() -> None:
                 f"epoch {epoch}: train accuracy {correct / max(total, 1):.2f} (rank 0)", flush=True
             )
     log.close()
+    # Free the DDP model first: its Reducer holds the last reference to the process
+    # group, and a group freed through it waits for gloo's threads with the GIL held
+    # while one of them needs the GIL (a hang at exit; torch issue 56297).
+    # destroy_process_group then frees the group with the GIL released.
+    del model, optimiser
     dist.destroy_process_group()
 
 
