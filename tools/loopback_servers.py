@@ -100,6 +100,21 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 3) -> None:
 
 
 @dataclass(frozen=True)
+class ChildServer:
+    """A server in a child process of its own session: ``pid``, and stopped on exit."""
+
+    _process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+
+
 class FaultPlan:
     """What ``/faulty/`` (and a proxy's paths) do to ranged GETs: each fault's chance
     per request, drawn in this order from one seeded generator.
@@ -121,7 +136,7 @@ class FaultPlan:
     seed: int = 0
 
 
-class HttpServer:
+class HttpServer(ChildServer):
     """The aiohttp app below, serving ``root``, in a child process; ``upstream``: an
     endpoint (``http://host:port``) to proxy every other path to, with the faults."""
 
@@ -149,15 +164,6 @@ class HttpServer:
         _wait_until(lambda: self.stats() is not None, self._process, "the HTTP test server")
         return self
 
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
-
-    def __exit__(self, *exc: object) -> None:
-        if self._process is not None:
-            _stop(self._process)
-
     def url(self, path: str, *, mode: str = "files") -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/{path}"
 
@@ -183,7 +189,7 @@ class HttpServer:
             return [tuple(entry) for entry in json.load(r)]  # type: ignore[misc]
 
 
-class DelayProxy:
+class DelayProxy(ChildServer):
     """A proxy on 127.0.0.1, in a child process, that answers each request ``delay_ms``
     late and counts the bytes of the bodies it returns.
 
@@ -215,15 +221,6 @@ class DelayProxy:
         _wait_until(lambda: self.stats() is not None, self._process, "the delaying proxy")
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._process is not None:
-            _stop(self._process)
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
-
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -242,7 +239,7 @@ class DelayProxy:
         urllib.request.urlopen(self._control("reset"), timeout=5).close()
 
 
-class SeaweedServer:
+class SeaweedServer(ChildServer):
     """SeaweedFS master, volume, filer and S3 gateway in one ``weed server`` process.
 
     With ``auth=True`` the gateway checks every request's signature against the one
@@ -345,11 +342,6 @@ class SeaweedServer:
             "AWS_ENDPOINT_URL": options["endpoint_url"],
             "AWS_DEFAULT_REGION": "us-east-1",
         }
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
 
     def __exit__(self, *exc: object) -> None:
         # SIGKILL at once: on SIGTERM weed takes some 25 s (its volume server's

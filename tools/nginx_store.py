@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loopback_servers import _stop, _wait_until, free_ports  # noqa: E402
+from loopback_servers import ChildServer, _wait_until, free_ports  # noqa: E402
 
 CONFIG = """\
 worker_processes 1;
@@ -67,7 +67,7 @@ EMPTY_LISTING = (
 )
 
 
-class NginxStore:
+class NginxStore(ChildServer):
     """``nginx`` on a free port of 127.0.0.1, serving ``<folder>/root`` path-style."""
 
     def __init__(self, folder: str | os.PathLike[str]):
@@ -104,15 +104,6 @@ class NginxStore:
         except urllib.error.HTTPError:
             return True  # 403/404: it answers
         return True
-
-    def __exit__(self, *exc: object) -> None:
-        if self._process is not None:
-            _stop(self._process)
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
 
     def upload(self, bucket: str, files: Iterable[Path], prefix: str = "") -> None:
         """Put each file in ``bucket`` under ``prefix`` and its own name (a hard link)."""
