@@ -99,7 +99,6 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 3) -> None:
         process.wait()
 
 
-@dataclass(frozen=True)
 class ChildServer:
     """A server in a child process of its own session: ``pid``, and stopped on exit."""
 
@@ -115,6 +114,7 @@ class ChildServer:
             _stop(self._process)
 
 
+@dataclass(frozen=True)
 class FaultPlan:
     """What ``/faulty/`` (and a proxy's paths) do to ranged GETs: each fault's chance
     per request, drawn in this order from one seeded generator.
