@@ -29,7 +29,7 @@ from .._version import __version__
 from ..errors import IndexFormatError, MissingIndexError, ShardNotFoundError, StaleIndexError
 from ..source.location import ShardLocation
 from ..tar.scan import TarScan
-from .arrays import ShardArrays, arrays_from, connect_readonly
+from .arrays import ShardArrays, arrays_from, arrays_from_tables, connect_readonly
 from .attribute_json import attributes_member
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
 from .keyblob import ShardKeys, read_keys
