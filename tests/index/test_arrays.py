@@ -107,3 +107,6 @@ def test_the_keys_are_read_alone_from_their_lengths(make_tar) -> None:  # type: 
     older = open_index(shard).load_keys()
     assert older.blob == keys.blob and np.array_equal(older.ends, keys.ends)
     assert verify_index(shard).ok
+    edit(index.path, "DELETE FROM arrays")  # older still: no arrays, only the tables
+    oldest = open_index(shard).load_keys()
+    assert oldest.blob == keys.blob and np.array_equal(oldest.ends, keys.ends)
