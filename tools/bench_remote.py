@@ -1,9 +1,13 @@
 """Random and streaming reads from an object store with latency (issue 25).
 
 The shards (8 x 1,000 samples of 100 KB by default; ``--small``: 8 x 100) go into
-SeaweedFS's S3 gateway on 127.0.0.1 (``--store http``: an aiohttp file server), behind
-a proxy (tools/loopback_servers.py ``DelayProxy``) that answers every request
-``--delay-ms`` late (default: 0 and 20, one table each) and counts the bytes it returns.
+SeaweedFS's S3 gateway on 127.0.0.1 (``--store nginx``: S3's read API served by nginx,
+tools/nginx_store.py, a store whose CPU per request is near nothing, as a real
+store's is to its client; ``--store http``: an aiohttp file server), behind a proxy
+(tools/loopback_servers.py ``DelayProxy``: by default the TCP delay line of
+tools/delay_line.py, ``--proxy aiohttp`` the older aiohttp one) that delays every
+response ``--delay-ms`` (default: 0 and 20, one table each) and counts the bytes of
+the bodies it returns.
 Each row reads every sample once, on the same server:
 
 * indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
@@ -23,14 +27,16 @@ Each row reads every sample once, on the same server:
 
 Columns: samples/s from the row's first call to its last sample (start-up included),
 client CPU per sample (this process and its reaped children: DataLoader workers,
-``curl``; not the servers), time to the first sample, and bytes per sample counted
-at the proxy against the sample's span. Everything shares the machine's cores with
-the servers, so the raw clients measure the lab's ceiling, not a store's.
+``curl``; not the servers), server CPU per sample (the store's processes and the
+proxy's, from /proc), time to the first sample, and bytes per sample counted at the
+proxy against the sample's span. Everything shares the machine's cores with the
+servers, so a row whose server CPU is high is held by the lab, not by its client.
 
 Run::
 
     python tools/bench_remote.py --small --no-write      # a quick run, prints only
     python tools/bench_remote.py                          # the docs table
+    python tools/bench_remote.py --store nginx            # its nginx table
     python tools/bench_remote.py --delay-ms 20 --store http --only indextar
     python tools/bench_remote.py --small --no-write --only Streaming "webdataset streaming"
     python tools/bench_remote.py --loopback               # the older loopback table
@@ -70,7 +76,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loopback_servers import DelayProxy, HttpServer, SeaweedServer  # noqa: E402
-from procstats import cpu_seconds  # noqa: E402
+from procstats import cpu_seconds, process_tree_cpu  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks-remote.md"
@@ -113,6 +119,7 @@ class Store:
 
     kind: str  # "s3" or "http"
     proxy: DelayProxy
+    server_pid: int  # the store's process (its CPU and the proxy's: the server column)
     names: list[str]
     spans: list[list[tuple[int, int]]]  # per shard, per sample
     index_dir: Path
@@ -166,16 +173,18 @@ class Row:
     cpu: float
     first: float
     fetched: int
+    server_cpu: float = 0.0  # the store's and the proxy's
     note: str = ""
 
     def cells(self, span_bytes: int) -> list[str]:
         if not self.samples:
-            return [self.case, "-", "-", "-", "-", self.note]
+            return [self.case, "-", "-", "-", "-", "-", self.note]
         per_sample = self.fetched / self.samples
         return [
             self.case,
             f"{self.samples / self.seconds:,.0f}",
             f"{self.cpu / self.samples * 1e3:.2f} ms",
+            f"{self.server_cpu / self.samples * 1e3:.2f} ms",
             f"{self.first:.2f} s",
             f"{per_sample / 1e3:,.1f} kB ({self.fetched / span_bytes:.2f}x)",
             self.note,
@@ -190,7 +199,11 @@ def measure(case: str, store: Store, read: Reader) -> Row:
     print(f"  {case} ...", file=sys.stderr, flush=True)
     store.proxy.reset()
     first: list[float] = []
-    cpu, start = cpu_seconds(), time.perf_counter()
+
+    def server() -> float:
+        return process_tree_cpu(store.server_pid) + process_tree_cpu(store.proxy.pid)
+
+    cpu, served, start = cpu_seconds(), server(), time.perf_counter()
 
     def mark() -> None:
         if not first:
@@ -200,11 +213,10 @@ def measure(case: str, store: Store, read: Reader) -> Row:
         count = read(store, mark)
     except Exception as e:  # a peer that cannot run here: say so in the table
         log.exception("%s failed", case)
-        return Row(case, 0, 0, 0, 0, 0, f"failed: {type(e).__name__}: {str(e)[:80]}")
-    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
-    return Row(
-        case, count, seconds, cpu, first[0] if first else seconds, store.proxy.stats()["bytes"]
-    )
+        return Row(case, 0, 0, 0, 0, 0, note=f"failed: {type(e).__name__}: {str(e)[:80]}")
+    seconds, cpu, served = time.perf_counter() - start, cpu_seconds() - cpu, server() - served
+    fetched = store.proxy.stats()["bytes"]
+    return Row(case, count, seconds, cpu, first[0] if first else seconds, fetched, served)
 
 
 # -- the rows ---------------------------------------------------------------------
@@ -301,8 +313,9 @@ def rows_for(store: Store, in_flight: int, only: list[str] | None = None) -> lis
 
 def table(rows: list[Row], span_bytes: int) -> str:
     lines = [
-        "| case | samples/s | client CPU per sample | first sample | bytes per sample | note |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| case | samples/s | client CPU per sample | server CPU per sample | first sample"
+        " | bytes per sample | note |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     return "\n".join(lines + ["| " + " | ".join(row.cells(span_bytes)) + " |" for row in rows])
 
@@ -348,7 +361,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100_000, help="bytes of each sample's jpg")
     parser.add_argument("--small", action="store_true", help="100 samples a shard (a quick run)")
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0, 20])
-    parser.add_argument("--store", choices=["s3", "http"], default="s3")
+    parser.add_argument(
+        "--store", choices=["s3", "nginx", "http"], default="s3",
+        help="s3: SeaweedFS's S3 gateway; nginx: S3's read API served by nginx"
+        " (tools/nginx_store.py); http: an aiohttp file server",
+    )  # fmt: skip
+    parser.add_argument(
+        "--proxy", choices=["tcp", "aiohttp"], default="tcp",
+        help="the delaying proxy: a TCP delay line (tools/delay_line.py) or the older aiohttp one",
+    )  # fmt: skip
     parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
     parser.add_argument(
         "--only", nargs="+", default=[], help="only the rows whose name contains one of these"
@@ -376,10 +397,15 @@ def main() -> None:
         spans = [sample_spans(p) for p in paths]
         if args.store == "s3":
             upstream_cm: Any = SeaweedServer(folder / "seaweed")
+        elif args.store == "nginx":
+            from nginx_store import NginxStore
+
+            upstream_cm = NginxStore(folder / "nginx")
         else:
             upstream_cm = HttpServer(folder)
+        kind = "http" if args.store == "http" else "s3"
         with upstream_cm as upstream:
-            if args.store == "s3":
+            if kind == "s3":
                 upstream.upload(BUCKET, paths)
                 if not args.only or any(o in p for o in args.only for p in ("Mosaic", "LitData")):
                     prepare_peers(folder, paths, upstream)  # only for the peers' rows
@@ -388,9 +414,9 @@ def main() -> None:
                 origin = f"http://127.0.0.1:{upstream.port}"
             stats: list[Any] = []
             for delay in args.delay_ms:
-                with DelayProxy(origin, delay_ms=delay) as proxy:
+                with DelayProxy(origin, delay_ms=delay, kind=args.proxy) as proxy:
                     store = Store(
-                        args.store, proxy, [p.name for p in paths], spans,
+                        kind, proxy, upstream.pid, [p.name for p in paths], spans,
                         folder / f"index-{args.store}", folder, stats,
                     )  # fmt: skip
                     if delay == args.delay_ms[0]:  # build the indexes once, outside the rows
@@ -417,15 +443,21 @@ def main() -> None:
                 )
                 print(sections[-1] + "\n", flush=True)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    server = "SeaweedFS S3 gateway" if args.store == "s3" else "an aiohttp file server"
+    server = {
+        "s3": "SeaweedFS S3 gateway",
+        "nginx": "S3's read API served by nginx",
+        "http": "an aiohttp file server",
+    }[args.store]
+    proxy = "a TCP delay line" if args.proxy == "tcp" else "an aiohttp proxy"
     text = (
-        f"Measured by `tools/bench_remote.py{' --small' if args.small else ''}`"
+        f"Measured by `tools/bench_remote.py{' --small' if args.small else ''}"
+        f"{' --store ' + args.store if args.store != 's3' else ''}`"
         f" ({args.shards} shards x {args.per_shard:,} samples"
-        f" of {args.size:,} + 1 bytes; {server} on 127.0.0.1 behind a delaying proxy;"
+        f" of {args.size:,} + 1 bytes; {server} on 127.0.0.1 behind {proxy};"
         f" {machine}; {time.strftime('%Y-%m-%d')}).\n\n" + "\n\n".join(sections)
     )
     if not args.no_write:
-        write_doc(text)
+        write_doc(text, "bench_remote" if args.store == "s3" else f"bench_remote_{args.store}")
 
 
 if __name__ == "__main__":

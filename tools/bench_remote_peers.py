@@ -62,13 +62,20 @@ def _litdata_sample(sample: tuple[bytes, int]) -> dict[str, Any]:
     return {"jpg": sample[0], "cls": sample[1]}
 
 
-def _upload(seaweed: Any, folder: Path, prefix: str) -> None:
+def _upload(server: Any, folder: Path, prefix: str) -> None:
+    """Every file under ``folder`` into the bucket under ``prefix``: by S3 PUTs, or where
+    the store is a folder (tools/nginx_store.py), by its own ``put``."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    keys = [f"{BUCKET}/{prefix}/{path.relative_to(folder)}" for path in files]
+    if hasattr(server, "put"):
+        for path, key in zip(files, keys, strict=True):
+            server.put(path, key)
+        return
     import s3fs
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **seaweed.storage_options())
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            fs.put_file(str(path), f"{BUCKET}/{prefix}/{path.relative_to(folder)}")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options())
+    for path, key in zip(files, keys, strict=True):
+        fs.put_file(str(path), key)
 
 
 def prepare_peers(folder: Path, paths: list[Path], seaweed: Any) -> None:

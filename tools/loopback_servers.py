@@ -48,7 +48,7 @@ import sys
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,11 @@ class HttpServer:
         _wait_until(lambda: self.stats() is not None, self._process, "the HTTP test server")
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
     def __exit__(self, *exc: object) -> None:
         if self._process is not None:
             _stop(self._process)
@@ -179,21 +184,33 @@ class HttpServer:
 
 
 class DelayProxy:
-    """An aiohttp reverse proxy on 127.0.0.1, in a child process, that answers each
-    request ``delay_ms`` late and counts the bytes it returns (its own ``/_proxy/``
-    paths report and reset the counts; no S3 bucket name starts with ``_``)."""
+    """A proxy on 127.0.0.1, in a child process, that answers each request ``delay_ms``
+    late and counts the bytes of the bodies it returns.
 
-    def __init__(self, upstream: str, *, delay_ms: float = 0):
+    ``kind="tcp"`` (the default) is tools/delay_line.py, a TCP delay line that parses
+    only what it counts (about 0.1 ms of CPU per 100 KB response); ``kind="aiohttp"``
+    is the first one, an aiohttp server forwarding through an aiohttp client (about
+    1 ms), whose own ``/_proxy/`` paths report and reset the counts."""
+
+    def __init__(self, upstream: str, *, delay_ms: float = 0, kind: str = "tcp"):
+        if kind not in ("tcp", "aiohttp"):
+            raise ValueError(f"kind must be 'tcp' or 'aiohttp', not {kind!r}")
         self.upstream = upstream.rstrip("/")
         self.delay_ms = delay_ms
-        self.port = self.filer_port = 0
+        self.kind = kind
+        self.port = self.control_port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> DelayProxy:
-        self.port = free_ports(1)[0]
+        if self.kind == "tcp":
+            self.port, self.control_port = free_ports(2)
+            line = str(Path(__file__).with_name("delay_line.py"))
+            args = [line, self.upstream, str(self.port), str(self.control_port)]
+        else:
+            self.port = free_ports(1)[0]
+            args = [__file__, "proxy", self.upstream, str(self.port)]
         self._process = subprocess.Popen(
-            [sys.executable, __file__, "proxy", self.upstream, str(self.port), str(self.delay_ms)],
-            start_new_session=True,
+            [sys.executable, *args, str(self.delay_ms)], start_new_session=True
         )
         _wait_until(lambda: self.stats() is not None, self._process, "the delaying proxy")
         return self
@@ -203,16 +220,26 @@ class DelayProxy:
             _stop(self._process)
 
     @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def _control(self, what: str) -> str:
+        if self.kind == "tcp":
+            return f"http://127.0.0.1:{self.control_port}/{what}"
+        return f"{self.endpoint}/_proxy/{what}"
+
     def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(f"{self.endpoint}/_proxy/stats", timeout=5) as r:
+        with urllib.request.urlopen(self._control("stats"), timeout=5) as r:
             result: dict[str, int] = json.load(r)
             return result
 
     def reset(self) -> None:
-        urllib.request.urlopen(f"{self.endpoint}/_proxy/reset", timeout=5).close()
+        urllib.request.urlopen(self._control("reset"), timeout=5).close()
 
 
 class SeaweedServer:
@@ -223,9 +250,12 @@ class SeaweedServer:
     it accepts any.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], *, auth: bool = False):
+    def __init__(
+        self, folder: str | os.PathLike[str], *, auth: bool = False, options: Sequence[str] = ()
+    ):
         self.folder = Path(folder)
         self.auth = auth
+        self.options = list(options)  # more ``weed server`` flags
         self.port = self.filer_port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -250,6 +280,7 @@ class SeaweedServer:
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             "-master.volumeSizeLimitMB=64", "-volume.max=50", "-metricsPort=0",
+            *self.options,
         ]  # fmt: skip
         if self.auth:
             identities = {"identities": [
@@ -314,6 +345,11 @@ class SeaweedServer:
             "AWS_ENDPOINT_URL": options["endpoint_url"],
             "AWS_DEFAULT_REGION": "us-east-1",
         }
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
 
     def __exit__(self, *exc: object) -> None:
         # SIGKILL at once: on SIGTERM weed takes some 25 s (its volume server's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["bytes_read", "cpu_seconds", "rss_bytes"]
+__all__ = ["bytes_read", "cpu_seconds", "process_tree_cpu", "rss_bytes"]
 
 
 def bytes_read() -> int:
@@ -20,6 +20,23 @@ def cpu_seconds() -> float:
     they exit); children still running, such as servers, are not counted yet."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def process_tree_cpu(pid: int) -> float:
+    """User and system CPU seconds so far of the running process ``pid`` and of its
+    running descendants (a server and its workers), from ``/proc/<pid>/stat``."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        one = todo.pop()
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{one}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # it ended meanwhile
+            continue
+    return total
 
 
 def rss_bytes(pid: int | None = None) -> int:

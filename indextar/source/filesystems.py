@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .fsspec_internals import cached_instances
+from .fsspec_internals import cached_instances, prefer_uvloop
 
 __all__ = [
     "REMOTE_SCHEMES",
@@ -82,6 +82,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
         raise ImportError(
             f"reading {protocol}:// shards needs fsspec: pip install 'indextar[remote]'"
         ) from e
+    prefer_uvloop()  # before the filesystem takes fsspec's loop
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as e:

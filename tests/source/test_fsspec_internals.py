@@ -68,3 +68,39 @@ def test_no_other_module_reaches_under_fsspec() -> None:
 def test_the_list_names_each_attribute_once() -> None:
     keys = [(i.module, i.owner, i.name) for i in INTERNALS]
     assert len(keys) == len(set(keys))
+
+
+_LOOP_PROBE = """
+import asyncio, os, sys
+from indextar.source.fsspec_internals import default_loop, run_on_default_loop
+
+async def kind():
+    return type(asyncio.get_running_loop()).__module__
+
+first = default_loop()
+print(run_on_default_loop(kind))
+pid = os.fork()
+if pid == 0:  # a forked child: a fresh loop of the same kind, running, not the parent's
+    ok = default_loop() is not first and run_on_default_loop(kind) == type(first).__module__
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), run_on_default_loop(kind))
+"""
+
+
+@pytest.mark.parametrize(("setting", "module"), [("1", "uvloop"), ("0", "asyncio.unix_events")])
+def test_remote_reads_run_on_uvloop_unless_told_not(setting: str, module: str) -> None:
+    """uvloop is in ``indextar[remote]``: fsspec's loop, made by indextar first, is a
+    uvloop one (``INDEXTAR_UVLOOP=0``: asyncio's); a forked child makes its own, and the
+    parent's still runs after the child ends."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("uvloop", reason="uvloop does not install on this platform")
+    env = dict(os.environ, INDEXTAR_UVLOOP=setting)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOOP_PROBE], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [module, "0", module]

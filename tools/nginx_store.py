@@ -1,0 +1,138 @@
+"""An object store whose CPU is (nearly) elsewhere: nginx serving S3's read API.
+
+tools/bench_remote.py runs the store, the proxy and the client on one 2-core
+machine. SeaweedFS's S3 gateway spends 1.1-1.4 ms of CPU on each 100 KB ranged GET
+(measured with tools/bench_remote.py ``--server-cpu``), several times what a good
+client spends, so against it every design that sends one request per sample is held
+by the server's CPU on the client's own cores, which a real store does not take.
+nginx (C, ``sendfile``) serves the same objects for a few tens of microseconds each,
+so the rows measure the clients.
+
+It answers what the readers here send: path-style ``GET``/``HEAD /bucket/key``
+with ``Range`` (206 and ``Content-Range``), ``ETag``, ``If-Match`` (412). It checks
+no signature and every listing is empty, so a reader must be given its objects' URLs. Objects
+are the files under ``<folder>/root/<bucket>/``, hard-linked there by :meth:`upload`.
+
+Needs the ``nginx`` binary (Debian: ``apt-get install nginx-light``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loopback_servers import _stop, _wait_until, free_ports  # noqa: E402
+
+CONFIG = """\
+worker_processes 1;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log warn;
+daemon off;
+user root;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    default_type application/octet-stream;
+    client_body_temp_path {folder}/tmp;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        root {folder}/root;
+        location / {{
+            # a listing (ListObjectsV2) is always empty: readers are given their URLs
+            if ($args ~ "list-type=") {{
+                add_header Content-Type application/xml;
+                return 200 '{empty_listing}';
+            }}
+        }}
+    }}
+}}
+"""
+
+
+EMPTY_LISTING = (
+    '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><KeyCount>0</KeyCount>'
+    "<IsTruncated>false</IsTruncated></ListBucketResult>"
+)
+
+
+class NginxStore:
+    """``nginx`` on a free port of 127.0.0.1, serving ``<folder>/root`` path-style."""
+
+    def __init__(self, folder: str | os.PathLike[str]):
+        self.folder = Path(folder).resolve()
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def binary() -> str | None:
+        return shutil.which("nginx") or next(
+            (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+        )
+
+    def __enter__(self) -> NginxStore:
+        nginx = self.binary()
+        if nginx is None:
+            raise RuntimeError("no nginx binary: apt-get install nginx-light")
+        self.port = free_ports(1)[0]
+        (self.folder / "root").mkdir(parents=True, exist_ok=True)
+        (self.folder / "tmp").mkdir(exist_ok=True)
+        config = self.folder / "nginx.conf"
+        config.write_text(
+            CONFIG.format(folder=self.folder, port=self.port, empty_listing=EMPTY_LISTING)
+        )
+        self._process = subprocess.Popen(
+            [nginx, "-c", str(config), "-p", str(self.folder)], start_new_session=True
+        )
+        _wait_until(self._ready, self._process, "nginx")
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2).close()
+        except urllib.error.HTTPError:
+            return True  # 403/404: it answers
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def upload(self, bucket: str, files: Iterable[Path], prefix: str = "") -> None:
+        """Put each file in ``bucket`` under ``prefix`` and its own name (a hard link)."""
+        for path in files:
+            self.put(Path(path), f"{bucket}/{prefix}{Path(path).name}")
+
+    def put(self, path: Path, key: str) -> None:
+        target = self.folder / "root" / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copyfile(path, target)
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs options for this endpoint (the keys are sent and not checked)."""
+        return {
+            "key": "indextar-test",
+            "secret": "indextar-test",
+            "endpoint_url": f"http://127.0.0.1:{self.port}",
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
