@@ -10,7 +10,7 @@ only the imports, done before any thread exists, are shared.
 Protocol, one JSON object a line: in ``{"argv": [script, *args], "out": file,
 "env": {...}}``; out ``{"pid": n}`` for each request, then ``{"exit": pid, "code": c}``
 when that rank ends (``c`` as ``Popen.returncode``: ``-9`` for a SIGKILL). The zygote
-ends when its input closes.
+ends when its input closes, and SIGKILLs first what it forked that still runs.
 
 A request with ``"world": n`` (and ``"port"``) is a whole job as torchrun would start
 it (tests/train/trainruns.py): the forked child leads a session of its own (a
@@ -27,11 +27,13 @@ without an interpreter's start, 1 s of CPU a call).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import runpy
 import select
+import signal
 import sys
 import traceback
 from typing import Any
@@ -106,28 +108,40 @@ def main() -> None:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 
-    children: set[int] = set()
+    children: dict[int, bool] = {}  # pid -> whether it leads a job's session
     pending = b""
     while True:
         if select.select([0], [], [], 0.05)[0]:
             chunk = os.read(0, 1 << 16)
             if not chunk:
-                return  # the driver is gone
+                end(children)  # the driver is gone
+                return
             pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    request = json.loads(line)
                     run = run_job if "world" in request else run_rank
                     sys.exit(run(request))  # the interpreter's own exit
-                children.add(pid)
+                children[pid] = "world" in request
                 send({"pid": pid})
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                children.discard(pid)
+                del children[pid]
                 send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def end(children: dict[int, bool]) -> None:
+    """SIGKILL what still runs of what the driver started (a job: its whole session):
+    a driver killed, or a test given up on by pytest-timeout, leaves no rank behind."""
+    for pid, job in children.items():
+        if job:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)  # also a job's leader not yet in a session of its own
+        os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,18 @@
    were installed into with ``pip install --target``, appended to ``sys.path`` so
    that the venv's numpy and torch stay first). Padding is the fraction of the packs'
    slots without a token; tokens a packer drops (truncation) are counted apart.
-2. **Planning** ``plan_packs(strategy="best-fit")`` at 1e6 and 1e7 log-normal lengths
+2. **Planning** ``plan_packs`` (each strategy) at 1e6 and 1e7 log-normal lengths
    (1e8 with ``--large``), each in a fresh process: seconds, and the peak resident
    memory the planning added over the lengths themselves, per document.
 3. **Reading**: tokens per second through a DataLoader with 2 workers, packs
-   (``PackedDataset`` + ``collate_packs``) against the same documents unpacked
-   (batches of documents, their tokens concatenated), from the same shards.
+   (``PackedDataset`` + ``collate_packs``, int64 and int32) against the same documents
+   read unpacked from the same shards: made into the same tensors (end to end, no
+   padding), padded to each batch's longest, and bare (tokens concatenated, no tensors).
 
-Run ``python tools/bench_pack.py [--quick] [--peers DIR] [--large]`` or
+4. **Opening** a ``PackedDataset`` of 1e6 documents, planned against loaded from the
+   plan cache.
+
+Run ``python tools/bench_pack.py [--quick] [--peers DIR] [--large] [--tables ...]`` or
 ``python tools/bench.py pack``. The machine may be shared: the reading rows are
 interleaved rounds, and their ratio is what to read.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -33,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage
 from typing import Any
 
 import numpy as np
@@ -43,6 +49,7 @@ sys.path.insert(0, str(REPO))
 import indextar  # noqa: E402
 
 MAX_LENGTH = 4096
+log = logging.getLogger("bench_pack")
 Report = Callable[[str], None]
 
 
@@ -238,7 +245,9 @@ print(json.dumps({{"seconds": seconds, "added": peak - base, "plan": plan.nbytes
 
 
 def planning_table(
-    sizes: list[int], report: Report, strategies: tuple[str, ...] = ("best-fit", "concat-split")
+    sizes: list[int],
+    report: Report,
+    strategies: tuple[str, ...] = ("best-fit", "first-fit", "concat-split"),
 ) -> dict[str, Any]:
     report(
         "Planning log-normal lengths (int32) at max_length=4096, each in a fresh process "
@@ -250,7 +259,7 @@ def planning_table(
     report("|---|---|---|---|---|---|")
     results = {}
     for n in sizes:
-        for strategy in strategies if n < 10**8 else ("best-fit",):  # concat-split: ~100 B/doc
+        for strategy in strategies:
             code = _PLAN_CHILD.format(repo=str(REPO), n=n, strategy=strategy)
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             if done.returncode:
@@ -296,6 +305,32 @@ def _padded(samples: list[np.ndarray]) -> dict[str, Any]:
     }
 
 
+def _cpu(who: int) -> float:
+    usage = getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _as_one_row(samples: list[np.ndarray]) -> dict[str, Any]:
+    """The same tensors as ``collate_packs`` (ids, labels, positions, ``cu_seqlens``),
+    for a batch of documents read unpacked: end to end in one row, no padding."""
+    total = sum(len(s) for s in samples)
+    pack = indextar.Pack(tuple(samples), np.arange(len(samples)), total)
+    return indextar.collate_packs([pack])
+
+
+def _collate_int32(packs: list[Any]) -> dict[str, Any]:
+    import torch
+
+    return indextar.collate_packs(packs, dtype=torch.int32)
+
+
+def _collate_apart(packs: list[Any]) -> dict[str, Any]:
+    """``collate_packs`` as it was before 346bfc1: each tensor in its own block of memory
+    (a worker shares each one apart)."""
+    batch = indextar.collate_packs(packs)
+    return {k: v.clone() if hasattr(v, "clone") else v for k, v in batch.items()}
+
+
 def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
@@ -312,80 +347,174 @@ def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> 
     packed = indextar.PackedDataset(ds, max_length=max_length, lengths="size(tokens) / 2")
     per_batch = 8
     docs_per_batch = max(1, round(per_batch * len(ds) / len(packed)))
-    loaders = {
-        "packed": DataLoader(
-            packed,
-            batch_size=per_batch,
-            sampler=indextar.ResumableSampler(packed, seed=0),
-            num_workers=2,
-            collate_fn=indextar.collate_packs,
+
+    def loader(data: Any, batch_size: int, collate: Callable[[Any], Any]) -> DataLoader[Any]:
+        sampler = indextar.ResumableSampler(data, seed=0)
+        return DataLoader(
+            data, batch_size=batch_size, sampler=sampler, num_workers=2, collate_fn=collate
+        )
+
+    rows = {  # name: (loader, tokens in a batch, what the row is)
+        "packed": (
+            loader(packed, per_batch, indextar.collate_packs),
+            lambda b: int((b["input_ids"] != 0).sum()),
+            f"packed (`PackedDataset` + `collate_packs`: {len(packed):,} packs of "
+            f"{max_length}, {per_batch} a batch)",
         ),
-        "unpacked": DataLoader(
-            ds,
-            batch_size=docs_per_batch,
-            sampler=indextar.ResumableSampler(ds, seed=0),
-            num_workers=2,
-            collate_fn=_padded,
+        "packed int32": (
+            loader(packed, per_batch, _collate_int32),
+            lambda b: int((b["input_ids"] != 0).sum()),
+            "packed, `collate_packs(dtype=torch.int32)`",
         ),
-        "raw": DataLoader(
-            ds,
-            batch_size=docs_per_batch,
-            sampler=indextar.ResumableSampler(ds, seed=0),
-            num_workers=2,
-            collate_fn=_concat,
+        "apart": (
+            loader(packed, per_batch, _collate_apart),
+            lambda b: int((b["input_ids"] != 0).sum()),
+            "packed, each tensor in its own block (`collate_packs` before 346bfc1)",
+        ),
+        "same tensors": (
+            loader(ds, docs_per_batch, _as_one_row),
+            lambda b: b["input_ids"].numel(),
+            f"unpacked, same tensors ({docs_per_batch} documents a batch end to end: ids, "
+            "labels, positions, `cu_seqlens`, no padding)",
+        ),
+        "padded": (
+            loader(ds, docs_per_batch, _padded),
+            lambda b: int(b["attention_mask"].sum()),
+            "unpacked, padded to the batch's longest (ids, labels, mask)",
+        ),
+        "raw": (
+            loader(ds, docs_per_batch, _concat),
+            len,
+            "unpacked, bare read (tokens concatenated, no tensors)",
         ),
     }
-
-    def tokens_of(name: str, batch: Any) -> int:
-        if name == "packed":
-            return int((batch["input_ids"] != 0).sum())
-        if name == "raw":
-            return len(batch)
-        return int(batch["attention_mask"].sum())
-
+    load = [os.getloadavg()[0]]
     best: dict[str, float] = {}
-    for _ in range(rounds):
-        for name, loader in loaders.items():
-            start = time.perf_counter()
-            tokens = sum(tokens_of(name, b) for b in loader)
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+    for round_no in range(rounds):
+        for name, (batches, count, _) in rows.items():
+            start, main, workers = time.perf_counter(), _cpu(RUSAGE_SELF), _cpu(RUSAGE_CHILDREN)
+            tokens = sum(count(b) for b in batches)  # the workers are joined at the end
             rate = tokens / (time.perf_counter() - start)
             best[name] = max(best.get(name, 0.0), rate)
+            cpu[name].append(
+                (
+                    (_cpu(RUSAGE_SELF) - main) / len(batches) * 1e3,
+                    (_cpu(RUSAGE_CHILDREN) - workers) / len(batches) * 1e3,
+                )
+            )
+            log.info("round %d, %s: %.0f tokens/s, CPU ms a batch %s", round_no, name, rate,
+                     cpu[name][-1])  # fmt: skip
+        load.append(os.getloadavg()[0])
     report(
         f"Reading {documents:,} documents ({int(lengths.sum()):,} tokens, {len(shards)} shards), "
-        f"DataLoader with 2 workers, best of {rounds} interleaved rounds:"
+        f"DataLoader with 2 workers, best of {rounds} interleaved rounds (load average "
+        f"{min(load):.1f}-{max(load):.1f}); CPU a batch is the median over the rounds, of "
+        "the main process and of the two workers together:"
     )
     report("")
-    report("| reader | tokens/s | batches |")
-    report("|---|---|---|")
-    report(f"| packed ({len(packed):,} packs of {max_length}, 8 a batch) | {best['packed']:,.0f} | "
-           f"{len(loaders['packed']):,} |")  # fmt: skip
-    report(f"| unpacked ({docs_per_batch} documents a batch, padded to the longest) | "
-           f"{best['unpacked']:,.0f} | {len(loaders['unpacked']):,} |")  # fmt: skip
-    report(f"| unpacked, tokens only concatenated (no tensors) | {best['raw']:,.0f} | "
-           f"{len(loaders['raw']):,} |")  # fmt: skip
-    ratio = best["packed"] / best["unpacked"]
+    report("| reader | tokens/s | batches | CPU ms a batch: main | workers |")
+    report("|---|---|---|---|---|")
+    for name, (batches, _, what) in rows.items():
+        main_ms, workers_ms = np.median(np.array(cpu[name]), axis=0)
+        report(
+            f"| {what} | {best[name]:,.0f} | {len(batches):,} | {main_ms:.2f} | {workers_ms:.2f} |"
+        )
+    ratios = {
+        "same tensors": best["packed"] / best["same tensors"],
+        "raw": best["packed"] / best["raw"],
+        "padded": best["packed"] / best["padded"],
+    }
     report("")
-    report(f"Packed / unpacked: {ratio:.2f}; packed / raw: {best['packed'] / best['raw']:.2f}.")
+    report(
+        f"Packed / unpacked with the same tensors: {ratios['same tensors']:.2f}; packed / "
+        f"bare read: {ratios['raw']:.2f}; packed / padded: {ratios['padded']:.2f}."
+    )
     report("")
-    return {**best, "ratio": ratio}
+    return {**best, "ratios": ratios, "load": load}
+
+
+def cache_table(folder: Path, documents: int, rounds: int, report: Report) -> dict[str, Any]:
+    """Opening a ``PackedDataset`` with its lengths from an attribute column: planned
+    (``cache_dir=False``, and the first open of an empty cache) against loaded."""
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(np.log(300), 1.0, documents), 1, 16384).astype(int)
+    per_shard = 50_000
+    with indextar.ShardWriter(
+        str(folder / "open-%06d.tar"), maxcount=per_shard, attributes_from="json"
+    ) as sink:
+        for i, n in enumerate(lengths.tolist()):  # the tokens are not read: one stands in
+            sink.write({"__key__": f"d{i:07d}", "tokens": b"\0\0", "json": {"num_tokens": n}})
+    shards = [str(folder / f"open-{i:06d}.tar") for i in range(len(sink.shards))]
+    cache = folder / "cache"
+
+    def open_packed(cache_dir: Path | bool) -> float:
+        ds = indextar.IndexedTarDataset(shards, keys="tokens")
+        start = time.perf_counter()
+        indextar.PackedDataset(ds, max_length=MAX_LENGTH, lengths="num_tokens", cache_dir=cache_dir)
+        seconds = time.perf_counter() - start
+        ds.close()
+        return seconds
+
+    load = [os.getloadavg()[0]]
+    first = open_packed(cache)  # the empty cache: planned, then written
+    times: dict[str, list[float]] = {"uncached": [], "cached": []}
+    for _ in range(rounds):
+        times["uncached"].append(open_packed(False))
+        times["cached"].append(open_packed(cache))
+    load.append(os.getloadavg()[0])
+    size = sum(p.stat().st_size for p in (cache / "packs").glob("*.npz"))
+    best = {name: min(found) for name, found in times.items()}
+    report(
+        f"Opening a PackedDataset of {documents:,} documents ({len(shards)} shards, lengths "
+        f'from the attribute column "num_tokens", best-fit at {MAX_LENGTH}), best of '
+        f"{rounds} interleaved rounds, load average {min(load):.1f}-{max(load):.1f}:"
+    )
+    report("")
+    report("| open | seconds |")
+    report("|---|---|")
+    report(f"| lengths from the indexes and planned (`cache_dir=False`) | {best['uncached']:.3f} |")
+    report(f"| the first open, the cache empty: planned and written | {first:.3f} |")
+    report(f"| the next open, from the cache ({size / documents:.1f} bytes a document) | "
+           f"{best['cached']:.3f} |")  # fmt: skip
+    report("")
+    return {**best, "first": first, "bytes": size, "load": load}
+
+
+TABLES = ("padding", "replan", "planning", "reading", "cache")
 
 
 def run(
-    *, report: Report = print, quick: bool = False, peers: str | None = None, large: bool = False
+    *,
+    report: Report = print,
+    quick: bool = False,
+    peers: str | None = None,
+    large: bool = False,
+    tables: tuple[str, ...] = TABLES,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     if peers:
         sys.path.append(peers)
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
     results: dict[str, Any] = {}
-    results["padding"] = padding_table(2_000 if quick else 20_000, report)
-    results["replan"] = replan_table(2_000 if quick else 200_000, report)
-    sizes = [10**5] if quick else [10**6, 10**7] + ([10**8] if large else [])
-    results["planning"] = planning_table(sizes, report)
-    with tempfile.TemporaryDirectory() as scratch:
-        results["reading"] = reading_table(
-            Path(scratch), 2_000 if quick else 20_000, 1 if quick else 3, report
-        )
+    if "padding" in tables:
+        results["padding"] = padding_table(2_000 if quick else 20_000, report)
+    if "replan" in tables:
+        results["replan"] = replan_table(2_000 if quick else 200_000, report)
+    if "planning" in tables:
+        sizes = [10**5] if quick else [10**6, 10**7] + ([10**8] if large else [])
+        results["planning"] = planning_table(sizes, report)
+    if "reading" in tables:
+        with tempfile.TemporaryDirectory() as scratch:
+            results["reading"] = reading_table(
+                Path(scratch), 2_000 if quick else 20_000, 1 if quick else rounds, report
+            )
+    if "cache" in tables:
+        with tempfile.TemporaryDirectory() as scratch:
+            results["cache"] = cache_table(
+                Path(scratch), 20_000 if quick else 1_000_000, 1 if quick else rounds, report
+            )
     return results
 
 
@@ -394,8 +523,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--peers", help="a folder the peers were pip-installed into (--target)")
     parser.add_argument("--large", action="store_true", help="also plan 1e8 lengths")
+    parser.add_argument(
+        "--tables", nargs="+", choices=TABLES, default=TABLES, help="which tables (default: all)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="reading: interleaved rounds")
     args = parser.parse_args()
-    run(quick=args.quick, peers=args.peers, large=args.large)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("indextar").setLevel(logging.WARNING)
+    run(
+        quick=args.quick,
+        peers=args.peers,
+        large=args.large,
+        tables=tuple(args.tables),
+        rounds=args.rounds,
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ which a reader reads at the same open (format 3):
   decompresses from the last point before it.
 
 ``meta`` says which: ``compression`` (``gzip`` or ``zstd``; empty for a plain tar) and
-``seek_spacing`` (0 for frames). :func:`decompressing_source` wraps the shard's raw
-bytes in the source that decompresses them.
+``seek_spacing`` (0 for frames). :func:`decompressed` wraps the shard's raw bytes in
+the source that decompresses them.
 """
 
 from __future__ import annotations
@@ -53,12 +53,14 @@ __all__ = [
     "ShardArrays",
     "read_arrays",
     "arrays_from_tables",
+    "arrays_from",
     "write_arrays",
     "connect_readonly",
     "LayoutMeta",
     "CompressedLayout",
-    "decompressing_source",
+    "decompressed",
     "read_layout",
+    "layout_from",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,15 @@ class ShardArrays:
             and self.key_blob == other.key_blob
             and self.ext_names == other.ext_names
         )
+
+
+def arrays_from(
+    conn: sqlite3.Connection, path: Path, num_samples: int, num_members: int
+) -> ShardArrays:
+    """The arrays random access reads, through ``conn`` to the index at ``path``: those
+    stored (:func:`read_arrays`), else made from its tables."""
+    arrays = read_arrays(conn, path, num_samples, num_members)
+    return arrays if arrays is not None else arrays_from_tables(conn)
 
 
 def connect_readonly(path: Path) -> sqlite3.Connection:
@@ -331,26 +342,31 @@ class CompressedLayout:
 
 def read_layout(path: Path, meta: LayoutMeta) -> CompressedLayout:
     """The frames or seek points of the compressed shard that the index ``path`` describes."""
+    with contextlib.closing(connect_readonly(path)) as conn:
+        return layout_from(conn, path, meta)
+
+
+def layout_from(conn: sqlite3.Connection, path: Path, meta: LayoutMeta) -> CompressedLayout:
+    """:func:`read_layout` through ``conn``, a connection to the index at ``path``."""
     try:
-        with contextlib.closing(connect_readonly(path)) as conn:
-            if meta.seek_spacing:
-                rows = conn.execute(
-                    "SELECT compressed_offset, bits, uncompressed_offset, window "
-                    "FROM seek_points ORDER BY point_id"
-                ).fetchall()
-                points = SeekPoints(
-                    compressed_size=meta.shard_size,
-                    uncompressed_size=meta.uncompressed_size,
-                    spacing=meta.seek_spacing,
-                    points=np.array([row[:3] for row in rows], np.int64).reshape(-1, 3),
-                    windows=tuple(bytes(row[3] or b"") for row in rows),
-                )
-                _check_layout(path, meta, points.points, _POINT_RULES)
-                return CompressedLayout(meta.compression, seek_points=points)
+        if meta.seek_spacing:
             rows = conn.execute(
-                "SELECT compressed_offset, compressed_size, uncompressed_offset, "
-                "uncompressed_size FROM frames ORDER BY frame_id"
+                "SELECT compressed_offset, bits, uncompressed_offset, window "
+                "FROM seek_points ORDER BY point_id"
             ).fetchall()
+            points = SeekPoints(
+                compressed_size=meta.shard_size,
+                uncompressed_size=meta.uncompressed_size,
+                spacing=meta.seek_spacing,
+                points=np.array([row[:3] for row in rows], np.int64).reshape(-1, 3),
+                windows=tuple(bytes(row[3] or b"") for row in rows),
+            )
+            _check_layout(path, meta, points.points, _POINT_RULES)
+            return CompressedLayout(meta.compression, seek_points=points)
+        rows = conn.execute(
+            "SELECT compressed_offset, compressed_size, uncompressed_offset, "
+            "uncompressed_size FROM frames ORDER BY frame_id"
+        ).fetchall()
     except sqlite3.DatabaseError as e:
         raise IndexFormatError(
             f"index {str(path)!r} of a {meta.compression} shard has no readable frames or "
@@ -406,14 +422,11 @@ def _check_layout(path: Path, meta: LayoutMeta, rows: npt.NDArray[np.int64], rul
         )
 
 
-def decompressing_source(
-    path: Path, meta: LayoutMeta, raw: ByteSource, *, local_path: str | None = None
+def decompressed(
+    raw: ByteSource, layout: CompressedLayout, *, local_path: str | None = None
 ) -> ByteSource:
-    """``raw`` itself for a plain shard; for a compressed one, a source of its
-    uncompressed bytes, which the index at ``path`` maps onto ``raw``."""
-    if not meta.compression:
-        return raw
-    layout = read_layout(path, meta)
+    """A source of the uncompressed bytes of ``raw``, a compressed shard of ``layout``
+    (``local_path``: the file ``raw`` reads, if local)."""
     if layout.seek_points is not None:
         return GzipSeekSource(raw, layout.seek_points, local_path=local_path)
     assert layout.frames is not None

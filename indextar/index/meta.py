@@ -20,6 +20,7 @@ import hashlib
 import mmap
 import os
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -28,9 +29,10 @@ from .._version import __version__
 from ..errors import IndexFormatError, MissingIndexError, ShardNotFoundError, StaleIndexError
 from ..source.location import ShardLocation
 from ..tar.scan import TarScan
-from .arrays import ShardArrays, arrays_from_tables, connect_readonly, read_arrays
+from .arrays import ShardArrays, arrays_from, connect_readonly
 from .attribute_json import attributes_member
 from .attributes import attribute_sources, has_attribute_table, has_source, json_source
+from .keyblob import ShardKeys, read_keys
 from .naming import Grouping, from_sql, raw_name, sql_text
 
 __all__ = [
@@ -45,7 +47,9 @@ __all__ = [
     "file_fingerprint",
     "connect_readonly",
     "stat_shard",
+    "reading_index",
     "read_meta",
+    "meta_from",
     "check_fresh",
     "PathLike",
     "ShardIndex",
@@ -201,6 +205,20 @@ def stat_shard(shard: Path) -> os.stat_result:
         raise ShardNotFoundError(f"shard {str(shard)!r} does not exist") from None
 
 
+@contextlib.contextmanager
+def reading_index(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the index at ``path``, closed after; a file that SQLite
+    cannot open or read as a database is an :class:`IndexFormatError`."""
+    try:
+        with contextlib.closing(connect_readonly(path)) as conn:
+            yield conn
+    except sqlite3.DatabaseError as e:
+        raise IndexFormatError(
+            f"{str(path)!r} is not an indextar index ({e}); delete it or rebuild it "
+            "with build_index(..., force=True)"
+        ) from e
+
+
 def read_meta(path: Path) -> IndexMeta:
     """The metadata of the index at ``path``, checked to be one this version reads.
 
@@ -209,16 +227,16 @@ def read_meta(path: Path) -> IndexMeta:
     IndexFormatError
         If it is not an index, or one of another format version or naming rules.
     """
-    try:
-        with contextlib.closing(connect_readonly(path)) as conn:
-            rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-            for table in ("members", "samples", "skipped"):
-                conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()
-    except sqlite3.DatabaseError as e:
-        raise IndexFormatError(
-            f"{str(path)!r} is not an indextar index ({e}); delete it or rebuild it "
-            "with build_index(..., force=True)"
-        ) from e
+    with reading_index(path) as conn:
+        return meta_from(conn, path)
+
+
+def meta_from(conn: sqlite3.Connection, path: Path) -> IndexMeta:
+    """:func:`read_meta` through ``conn``, a connection of :func:`reading_index`: what
+    reads more of the index at its open asks first, on the same connection."""
+    rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    for table in ("members", "samples", "skipped"):
+        conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()
     if "format_version" not in rows:
         raise IndexFormatError(f"{str(path)!r} is not an indextar index (no format_version)")
     try:
@@ -301,8 +319,14 @@ class ShardIndex:
     def load_arrays(self) -> ShardArrays:
         """The arrays random access reads, in one query (from the tables if the index has none)."""
         with contextlib.closing(connect_readonly(self.path)) as conn:
-            arrays = read_arrays(conn, self.path, self.meta.num_samples, self.meta.num_members)
-            return arrays if arrays is not None else arrays_from_tables(conn)
+            return arrays_from(conn, self.path, self.meta.num_samples, self.meta.num_members)
+
+    def load_keys(self) -> ShardKeys:
+        """Every sample's key, as bytes in one blob: the index's keys and their lengths
+        alone, not the rest of its arrays (a join reads every key of a dataset)."""
+        with contextlib.closing(connect_readonly(self.path)) as conn:
+            keys = read_keys(conn, self.path, self.meta.num_samples, self.meta.num_members)
+            return keys if keys is not None else ShardKeys.of(arrays_from_tables(conn))
 
     def has_attributes(
         self, attributes_from: str | None = None, *, meta: str | None = None

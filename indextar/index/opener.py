@@ -16,8 +16,9 @@ object before use.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,25 @@ from ..errors import MissingIndexError, ShardNotFoundError, StaleIndexError
 from ..source.base import ByteSource
 from ..source.cache import ShardCache
 from ..source.location import ShardLocation, SourceOptions
-from .arrays import decompressing_source
+from .arrays import (
+    CompressedLayout,
+    ShardArrays,
+    arrays_from,
+    decompressed,
+    layout_from,
+    read_layout,
+)
 from .manifest import ManifestShard
+from .meta import check_fresh, meta_from, reading_index
 from .remote import default_index_dir, open_remote_index
 from .shard import PathLike, ShardIndex, build_index, open_index, open_index_at
 
 __all__ = [
     "OpenOptions",
     "open_shard",
+    "OpenedEntry",
     "open_entry",
+    "check_entry",
     "find_index",
     "shard_source",
     "open_entry_index",
@@ -91,15 +102,56 @@ def open_shard(location: ShardLocation, options: OpenOptions) -> tuple[ShardInde
     return index, shard_source(index, options.source, location=location)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenedEntry:
+    """A dataset's shard opened for random access (:func:`open_entry`): its validated
+    index, the arrays read from it, and a source of its uncompressed tar bytes."""
+
+    index: ShardIndex
+    arrays: ShardArrays
+    source: ByteSource
+
+
 def open_entry(
     entry: ManifestShard, options: OpenOptions, *, number: int, manifest: PathLike | None
-) -> tuple[ShardIndex, ByteSource]:
+) -> OpenedEntry:
     """:func:`open_shard` of shard number ``number`` of a dataset (of ``manifest``, if
-    read from one): its index is the one ``entry`` records, and is checked against it
-    (:func:`open_entry_index`)."""
+    read from one), and its arrays. Its index is the one ``entry`` records, and is
+    checked against it (:func:`open_entry_index`).
+
+    The index is read through one connection: its meta, its arrays and a compressed
+    shard's frames or seek points. One to be fetched or built is found as
+    :func:`find_index` finds it, then read.
+    """
     location = ShardLocation.of(entry.url)
-    index = open_entry_index(entry, options, number=number, manifest=manifest, location=location)
-    return index, shard_source(index, options.source, location=location)
+    path = _index_there(entry, location, options)
+    if path is None:
+        path = open_entry_index(entry, options, number=number, manifest=manifest).path
+    with reading_index(path) as conn:
+        meta = meta_from(conn, path)
+        arrays = arrays_from(conn, path, meta.num_samples, meta.num_members)
+        layout = layout_from(conn, path, meta) if meta.compression else None
+    index = ShardIndex(shard=location.name, path=path, meta=meta)
+    if not location.remote:  # a remote one's reads are checked against its version
+        with _named_as_entry(entry, number):
+            check_fresh(Path(location.name), meta, path)
+    check_entry(entry, index, manifest=manifest)
+    source = shard_source(index, options.source, location=location, layout=layout)
+    return OpenedEntry(index, arrays, source)
+
+
+def _index_there(
+    entry: ManifestShard, location: ShardLocation, options: OpenOptions
+) -> Path | None:
+    """The index file of ``entry`` if it is there and read as it is (:func:`find_index`'s
+    usual case): the one recorded, else a local shard's by ``options.index_dir``."""
+    if entry.index is not None:
+        path = Path(entry.index)
+    elif location.remote:  # in index_dir or beside the object: checked by a request
+        return None
+    else:
+        path = location.index_path(options.index_dir)
+    return path if path.exists() else None
 
 
 def find_index(
@@ -143,17 +195,19 @@ def shard_source(
     options: SourceOptions | None = None,
     *,
     location: ShardLocation | None = None,
+    layout: CompressedLayout | None = None,
 ) -> ByteSource:
     """The uncompressed tar bytes of the shard ``index`` describes (a local file or a
     remote object, ``location`` if known), every read checked against the version the
-    index recorded."""
+    index recorded. A compressed shard's ``layout`` is read from the index unless given."""
     location = location or index.location
     meta = index.meta
     raw = location.open_raw(meta, options)
     if not meta.compression:  # plain shards keep their raw source
         return raw
     local_path = None if location.remote else location.name
-    return decompressing_source(index.path, meta, raw, local_path=local_path)
+    layout = layout or read_layout(index.path, meta)
+    return decompressed(raw, layout, local_path=local_path)
 
 
 def open_entry_index(
@@ -182,12 +236,26 @@ def open_entry_index(
         If the shard changed since it was indexed, or the index disagrees with the
         entry's sample count or fingerprint.
     """
-    try:
+    with _named_as_entry(entry, number):
         index = find_index(location or ShardLocation.of(entry.url), options, recorded=entry.index)
+    check_entry(entry, index, manifest=manifest)
+    return index
+
+
+@contextlib.contextmanager
+def _named_as_entry(entry: ManifestShard, number: int) -> Iterator[None]:
+    """A :class:`ShardNotFoundError` raised inside, naming the shard's number too."""
+    try:
+        yield
     except ShardNotFoundError as e:
         raise ShardNotFoundError(
             f"shard {entry.url!r} (number {number} of the dataset) no longer exists: {e}"
         ) from e
+
+
+def check_entry(entry: ManifestShard, index: ShardIndex, *, manifest: PathLike | None) -> None:
+    """Refuse ``index`` if it disagrees with the dataset's ``entry`` (of ``manifest``)
+    on the shard's sample count or fingerprint (:class:`StaleIndexError`)."""
     if index.meta.num_samples != entry.nsamples or (
         entry.fingerprint is not None and entry.fingerprint != index.meta.fingerprint
     ):
@@ -197,7 +265,6 @@ def open_entry_index(
             f"{index.meta.num_samples} samples and fingerprint {index.meta.fingerprint}; "
             "rewrite the manifest with write_manifest()"
         )
-    return index
 
 
 def open_shard_index(

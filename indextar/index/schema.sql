@@ -94,6 +94,9 @@ CREATE TABLE IF NOT EXISTS skipped (
 --            unless the name was not (key.encode("utf-8", "surrogateescape"))
 --   exts     dtype json: the distinct extensions, sorted, as a JSON list (ASCII; a
 --            surrogate escaped as \udcXX)
+--   key_lengths  dtype <u1, <u2, <u4 or <u8 (the narrowest that holds them), (num_samples,):
+--            key_end - key_start of each sample, so that the keys alone are read (a join;
+--            indextar/index/keyblob.py); absent from indexes written before it
 --   checksums  dtype <u8, (num_samples,): only where meta.checksum names an algorithm:
 --            each sample's hash of its bytes [start_offset, end_offset) (of a compressed
 --            shard: its uncompressed bytes), which reads check

@@ -28,6 +28,7 @@ from ..tar.scan import BLOCK, TarScan
 from .arrays import CompressedLayout, ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
 from .extensions import sqlitebulk
+from .keyblob import write_key_lengths
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 
@@ -241,7 +242,9 @@ def _write_tables(
             "INSERT INTO meta VALUES (?, ?)",
             ((field, _meta_text(getattr(meta, field))) for field in IndexMeta.__dataclass_fields__),
         )
-        write_arrays(conn, _arrays(grouping, data_offsets, sizes, start, end, checksums))
+        arrays = _arrays(grouping, data_offsets, sizes, start, end, checksums)
+        write_arrays(conn, arrays)
+        write_key_lengths(conn, arrays)
         if layout is not None:
             _write_layout(conn, layout)
         conn.executescript(indexes)  # commits

@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import IndexFormatError
 from ..source.location import SourceOptions
 from ..tar.scan import TarScan
 from .arrays import CompressedLayout, ShardArrays, read_arrays, read_layout
 from .checksums import hasher
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
+from .keyblob import read_keys
 from .localscan import scan_local_shard
 from .meta import IndexMeta, connect_readonly
 from .naming import Grouping, from_sql, sql_text
@@ -214,9 +217,16 @@ def _check_arrays(
             "its tables, which is slower; rebuild it with build_index(shard, force=True)"
         )
         return []
-    if stored.equals(expected):
-        return []
-    return ["arrays: the packed arrays disagree with the samples and members tables"]
+    if not stored.equals(expected):
+        return ["arrays: the packed arrays disagree with the samples and members tables"]
+    try:
+        keys = read_keys(conn, path, meta.num_samples, meta.num_members)
+    except IndexFormatError as e:
+        return [f"arrays: {e}"]
+    bounds = expected.samples[:, 4:6]
+    if keys is not None and not np.array_equal(np.stack([keys.starts, keys.ends], 1), bounds):
+        return ["arrays: the key lengths disagree with the samples table"]
+    return []
 
 
 def _check_checksums(

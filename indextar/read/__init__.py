@@ -14,7 +14,8 @@ datasets return for a sample (``decode=``, ``keys=``); ``lookup`` finds samples 
 ``streaming`` reads shards front to back; ``remote_options`` makes a dataset's
 options for opening shards (how remote ones are read) and fetches a batch's remote
 spans together; ``lengths`` finds documents' token counts in the index and
-``packed`` serves packs of them (``PackedDataset``); ``keyjoin`` plans the join of two
+``packed`` serves packs of them (``PackedDataset``), whose lengths and plans
+``packcache`` caches on disk; ``keyjoin`` plans the join of two
 datasets by key from their indexes (``extensions`` loads its C hash join), ``joined``
 serves the joined view (``JoinedDataset``) and ``joining`` gives the dataset its
 ``join``. ``protocols`` says what the views

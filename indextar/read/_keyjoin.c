@@ -1,24 +1,29 @@
 /* Hash join of two datasets' keys for indextar/read/keyjoin.py.
  *
- * join(left_blob, left_starts, left_ends, right_blob, right_starts, right_ends, found) -> int
+ * KeyTable(blob, starts, ends): the right keys in a hash table
+ *   blob        bytes: every key of the right side, one after another
+ *   starts      int64[n]: where each key starts in the blob
+ *   ends        int64[n]: where each ends
+ *   .duplicate  -1, or the position of a right key that an earlier right key already
+ *               has (the caller raises, naming it; the table is then not probed)
  *
- *   *_blob      bytes: every key of a side, one after another
- *   *_starts    int64[n]: where each key starts in its blob
- *   *_ends      int64[n]: where each ends
+ * KeyTable.probe(blob, starts, ends, found) -> None
  *   found       int64[n_left], written: the right position of each left key, or -1
  *
- *   Returns -1, or the position of a right key that an earlier right key already has
- *   (then ``found`` is not written: the caller raises, naming it).
+ * A table is built once and probed with the left keys in any number of pieces (a
+ * shard's keys each, as they are read), from any threads at once: probing only reads
+ * it, and the GIL is released while the loops run. The table holds the right keys'
+ * buffers until it is freed.
  *
  * The right keys go into an open-addressing table of a power of two slots, at most
  * two thirds full: each slot one uint64, the high 32 bits of the key's hash and the
  * key's position plus one (0: empty). Every left key is then probed; a slot whose hash
- * bits match is compared byte for byte (memcmp), so the result is exact. Keys go 32 at
- * a time, each step's memory prefetched for all of them before the next step (their
+ * bits match is compared byte for byte (memcmp), so the result is exact. Keys go
+ * through a pipeline, each step's memory prefetched 16 keys before it is read (their
  * slots, then their right keys' offsets, then those keys' bytes): the table and the
  * right keys are read in random order, and a miss at a time would cost most of it. The hash
- * takes 8 bytes at a time (multiply, xor-shift), as keyjoin.hash_keys does. The GIL is
- * released while the loops run. Memory: 8 bytes a slot, 12 to 24 bytes a right key.
+ * takes 8 bytes at a time (multiply, xor-shift), as keyjoin.hash_keys does. Memory: 8
+ * bytes a slot, 12 to 24 bytes a right key.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -75,7 +80,8 @@ static inline uint64_t hash_key(const unsigned char *key, int64_t length)
     return h;
 }
 
-#define BLOCK 32
+#define AHEAD 16 /* keys between a prefetch and its read */
+#define RING 64  /* a power of two above 3 AHEAD: the keys in flight */
 
 /* Put right key ``r`` in the table; 1 if an equal key is there already. */
 static inline int insert(uint64_t *table, uint64_t mask, uint64_t h, int64_t r,
@@ -129,43 +135,61 @@ static inline int64_t lookup(const uint64_t *table, uint64_t mask, uint64_t h,
     }
 }
 
-static PyObject *join(PyObject *self, PyObject *args)
+/* Whether every key of ``n`` lies inside the blob; else a ValueError naming one. */
+static int check_keys(const char *side, const Buf *blob, const int64_t *starts, const int64_t *ends,
+                      Py_ssize_t n)
 {
-    PyObject *objs[7];
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
-                          &objs[5], &objs[6]))
-        return NULL;
-    Buf bufs[7];
-    for (int i = 0; i < 7; i++)
-        bufs[i].held = 0;
-    PyObject *result = NULL;
-    for (int i = 0; i < 7; i++)
-        if (get(objs[i], &bufs[i], i == 6) < 0)
-            goto done;
-    const unsigned char *left_blob = bufs[0].view.buf, *right_blob = bufs[3].view.buf;
-    const int64_t *left_starts = bufs[1].view.buf, *left_ends = bufs[2].view.buf;
-    const int64_t *right_starts = bufs[4].view.buf, *right_ends = bufs[5].view.buf;
-    int64_t *found = bufs[6].view.buf;
-    Py_ssize_t n_left = bufs[1].view.len / 8, n_right = bufs[4].view.len / 8;
-    if (bufs[2].view.len != bufs[1].view.len || bufs[5].view.len != bufs[4].view.len ||
-        bufs[6].view.len != bufs[1].view.len) {
-        PyErr_SetString(PyExc_ValueError, "starts, ends and found must be int64 arrays of one length");
-        goto done;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (starts[i] < 0 || ends[i] < starts[i] || ends[i] > blob->view.len) {
+            PyErr_Format(PyExc_ValueError, "%s key %zd is outside its blob", side, i);
+            return -1;
+        }
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Buf bufs[3]; /* the right keys: blob, starts, ends */
+    uint64_t *table;
+    size_t table_bytes;
+    uint64_t mask;
+    int64_t duplicate;
+} KeyTable;
+
+static void table_dealloc(KeyTable *self)
+{
+    if (self->table != NULL)
+        munmap(self->table, self->table_bytes);
+    for (int i = 0; i < 3; i++)
+        release(&self->bufs[i]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int table_init(KeyTable *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *objs[3];
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2]))
+        return -1;
+    if (self->table != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a KeyTable is built once");
+        return -1;
+    }
+    for (int i = 0; i < 3; i++)
+        if (get(objs[i], &self->bufs[i], 0) < 0)
+            return -1;
+    const unsigned char *right_blob = self->bufs[0].view.buf;
+    const int64_t *right_starts = self->bufs[1].view.buf, *right_ends = self->bufs[2].view.buf;
+    Py_ssize_t n_right = self->bufs[1].view.len / 8;
+    if (self->bufs[2].view.len != self->bufs[1].view.len) {
+        PyErr_SetString(PyExc_ValueError, "starts and ends must be int64 arrays of one length");
+        return -1;
     }
     if (n_right >= ((Py_ssize_t)1 << 31) - 1) {
         PyErr_SetString(PyExc_ValueError, "too many right keys for the C join");
-        goto done;
+        return -1;
     }
-    for (Py_ssize_t i = 0; i < n_left; i++)
-        if (left_starts[i] < 0 || left_ends[i] < left_starts[i] || left_ends[i] > bufs[0].view.len) {
-            PyErr_Format(PyExc_ValueError, "left key %zd is outside its blob", i);
-            goto done;
-        }
-    for (Py_ssize_t i = 0; i < n_right; i++)
-        if (right_starts[i] < 0 || right_ends[i] < right_starts[i] || right_ends[i] > bufs[3].view.len) {
-            PyErr_Format(PyExc_ValueError, "right key %zd is outside its blob", i);
-            goto done;
-        }
+    if (check_keys("right", &self->bufs[0], right_starts, right_ends, n_right) < 0)
+        return -1;
     uint64_t capacity = 16;
     while (capacity < (uint64_t)n_right + (uint64_t)n_right / 2 + 1)
         capacity <<= 1;
@@ -175,7 +199,7 @@ static PyObject *join(PyObject *self, PyObject *args)
     uint64_t *table = mmap(NULL, table_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (table == MAP_FAILED) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
 #ifdef MADV_HUGEPAGE
     madvise(table, table_bytes, MADV_HUGEPAGE);
@@ -183,66 +207,144 @@ static PyObject *join(PyObject *self, PyObject *args)
     uint64_t mask = capacity - 1;
     int64_t duplicate = -1;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t hashes[BLOCK];
-    for (int64_t first = 0; first < n_right && duplicate < 0; first += BLOCK) {
-        int64_t count = n_right - first < BLOCK ? n_right - first : BLOCK;
-        for (int64_t i = 0; i < count; i++) {
-            int64_t r = first + i;
-            hashes[i] = hash_key(right_blob + right_starts[r], right_ends[r] - right_starts[r]);
-            __builtin_prefetch(&table[hashes[i] & mask], 1);
+    uint64_t hashes[RING];
+    /* key r is hashed (its slot prefetched) AHEAD keys before it is inserted */
+    for (int64_t i = 0; i < n_right + AHEAD && duplicate < 0; i++) {
+        if (i < n_right) {
+            uint64_t h = hash_key(right_blob + right_starts[i], right_ends[i] - right_starts[i]);
+            hashes[i & (RING - 1)] = h;
+            __builtin_prefetch(&table[h & mask], 1);
         }
-        for (int64_t i = 0; i < count && duplicate < 0; i++) {
-            int64_t r = first + i;
-            if (insert(table, mask, hashes[i], r, right_blob, right_starts, right_ends))
-                duplicate = r;
-        }
+        int64_t r = i - AHEAD;
+        if (r >= 0 && insert(table, mask, hashes[r & (RING - 1)], r, right_blob, right_starts, right_ends))
+            duplicate = r;
     }
-    if (duplicate < 0) {
-        int64_t candidates[BLOCK];
-        for (int64_t first = 0; first < n_left; first += BLOCK) {
-            int64_t count = n_left - first < BLOCK ? n_left - first : BLOCK;
-            for (int64_t i = 0; i < count; i++) {
-                int64_t l = first + i;
-                hashes[i] = hash_key(left_blob + left_starts[l], left_ends[l] - left_starts[l]);
-                __builtin_prefetch(&table[hashes[i] & mask], 0);
+    Py_END_ALLOW_THREADS
+    self->table = table;
+    self->table_bytes = table_bytes;
+    self->mask = mask;
+    self->duplicate = duplicate;
+    return 0;
+}
+
+static PyObject *table_probe(KeyTable *self, PyObject *args)
+{
+    PyObject *objs[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3]))
+        return NULL;
+    if (self->table == NULL || self->duplicate >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "probe of a KeyTable not built, or with a duplicate key");
+        return NULL;
+    }
+    Buf bufs[4];
+    for (int i = 0; i < 4; i++)
+        bufs[i].held = 0;
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (get(objs[i], &bufs[i], i == 3) < 0)
+            goto done;
+    const unsigned char *left_blob = bufs[0].view.buf;
+    const int64_t *left_starts = bufs[1].view.buf, *left_ends = bufs[2].view.buf;
+    int64_t *found = bufs[3].view.buf;
+    Py_ssize_t n_left = bufs[1].view.len / 8;
+    if (bufs[2].view.len != bufs[1].view.len || bufs[3].view.len != bufs[1].view.len) {
+        PyErr_SetString(PyExc_ValueError, "starts, ends and found must be int64 arrays of one length");
+        goto done;
+    }
+    if (check_keys("left", &bufs[0], left_starts, left_ends, n_left) < 0)
+        goto done;
+    const unsigned char *right_blob = self->bufs[0].view.buf;
+    const int64_t *right_starts = self->bufs[1].view.buf, *right_ends = self->bufs[2].view.buf;
+    const uint64_t *table = self->table;
+    uint64_t mask = self->mask;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t hashes[RING];
+    int64_t candidates[RING];
+    /* A pipeline: key l is hashed (its slot prefetched) at step l, its slot read (its
+     * right key's offsets prefetched) at step l + AHEAD, those offsets read (the key's
+     * bytes prefetched) at l + 2 AHEAD, and compared at l + 3 AHEAD: each read comes
+     * AHEAD keys' work after its prefetch. */
+    for (int64_t i = 0; i < n_left + 3 * AHEAD; i++) {
+        if (i < n_left) {
+            uint64_t h = hash_key(left_blob + left_starts[i], left_ends[i] - left_starts[i]);
+            hashes[i & (RING - 1)] = h;
+            __builtin_prefetch(&table[h & mask], 0);
+        }
+        int64_t l = i - AHEAD;
+        if (l >= 0 && l < n_left) {
+            int64_t r = first_tagged(table, mask, hashes[l & (RING - 1)]);
+            candidates[l & (RING - 1)] = r;
+            if (r >= 0) {
+                __builtin_prefetch(&right_starts[r], 0);
+                __builtin_prefetch(&right_ends[r], 0);
             }
-            /* the first slot of the key's hash bits: its right key's offsets next */
-            for (int64_t i = 0; i < count; i++) {
-                candidates[i] = first_tagged(table, mask, hashes[i]);
-                if (candidates[i] >= 0) {
-                    __builtin_prefetch(&right_starts[candidates[i]], 0);
-                    __builtin_prefetch(&right_ends[candidates[i]], 0);
-                }
-            }
-            for (int64_t i = 0; i < count; i++)
-                if (candidates[i] >= 0)
-                    __builtin_prefetch(right_blob + right_starts[candidates[i]], 0);
-            for (int64_t i = 0; i < count; i++) {
-                int64_t l = first + i, r = candidates[i];
-                const unsigned char *key = left_blob + left_starts[l];
-                int64_t length = left_ends[l] - left_starts[l];
-                if (r >= 0 && !(right_ends[r] - right_starts[r] == length &&
-                                memcmp(right_blob + right_starts[r], key, (size_t)length) == 0))
-                    r = lookup(table, mask, hashes[i], key, length, right_blob, right_starts,
-                               right_ends); /* another key with the same hash bits: probe on */
-                found[l] = r;
-            }
+        }
+        l = i - 2 * AHEAD;
+        if (l >= 0 && l < n_left && candidates[l & (RING - 1)] >= 0)
+            __builtin_prefetch(right_blob + right_starts[candidates[l & (RING - 1)]], 0);
+        l = i - 3 * AHEAD;
+        if (l >= 0) {
+            int64_t r = candidates[l & (RING - 1)];
+            const unsigned char *key = left_blob + left_starts[l];
+            int64_t length = left_ends[l] - left_starts[l];
+            if (r >= 0 && !(right_ends[r] - right_starts[r] == length &&
+                            memcmp(right_blob + right_starts[r], key, (size_t)length) == 0))
+                r = lookup(table, mask, hashes[l & (RING - 1)], key, length, right_blob,
+                           right_starts, right_ends); /* another key with the same hash bits */
+            found[l] = r;
         }
     }
     Py_END_ALLOW_THREADS
-    munmap(table, table_bytes);
-    result = PyLong_FromLongLong(duplicate);
+    result = Py_NewRef(Py_None);
 done:
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 4; i++)
         release(&bufs[i]);
     return result;
 }
 
-static PyMethodDef methods[] = {
-    {"join", join, METH_VARARGS, "Each left key's right position (-1: none); -1 or a duplicate."},
+static PyObject *table_duplicate(KeyTable *self, void *closure)
+{
+    return PyLong_FromLongLong(self->duplicate);
+}
+
+static PyMethodDef table_methods[] = {
+    {"probe", (PyCFunction)table_probe, METH_VARARGS,
+     "probe(blob, starts, ends, found): each left key's right position (-1: none) into found."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keyjoin", NULL, -1, methods};
+static PyGetSetDef table_getset[] = {
+    {"duplicate", (getter)table_duplicate, NULL, "-1, or a right key that an earlier one has.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
-PyMODINIT_FUNC PyInit__keyjoin(void) { return PyModule_Create(&module); }
+static PyTypeObject KeyTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "indextar.read._keyjoin.KeyTable",
+    .tp_doc = "KeyTable(blob, starts, ends): the right keys of a join, in a hash table.",
+    .tp_basicsize = sizeof(KeyTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)table_init,
+    .tp_dealloc = (destructor)table_dealloc,
+    .tp_methods = table_methods,
+    .tp_getset = table_getset,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_keyjoin", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__keyjoin(void)
+{
+    if (PyType_Ready(&KeyTableType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&KeyTableType);
+    if (PyModule_AddObject(m, "KeyTable", (PyObject *)&KeyTableType) < 0) {
+        Py_DECREF(&KeyTableType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -216,10 +216,10 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
         back (``self._open.release``): not closed under a read (:mod:`.shard`)."""
         lease = self._open.acquire(shard_no)
         if lease is None:
-            index, source = open_entry(
+            opened = open_entry(
                 self.shard_entries[shard_no], self._options, number=shard_no, manifest=self.manifest
             )
-            lease = self._open.insert(shard_no, OpenShard.load(index, source))
+            lease = self._open.insert(shard_no, OpenShard.load(opened))
         return lease
 
     def _shard(self, shard_no: int) -> OpenShard:

@@ -16,6 +16,7 @@ first), or on the side given by ``side=``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ import numpy.typing as npt
 
 from ..errors import JoinError, SampleIndexError, SelectionError, StaleIndexError
 from ..index.shard import PathLike
+from ..order.readahead import Hint
 from .keyjoin import JoinHow, JoinPlan
 from .protocols import Unbuilt, UnbuiltReader
 from .sample import SampleBuilder
@@ -152,7 +154,31 @@ class JoinedDataset:
             if joined:
                 members = members + self._right_members(fields["__key__"], next(right_read))
             out[at] = build(fields, members)
+        hint = getattr(indices, "hint", None)
+        if isinstance(hint, Hint):
+            self.read_ahead(hint)
         return out
+
+    def read_ahead(self, hint: Hint) -> None:
+        """Hand each side that reads ahead (``read_ahead``) the samples of ``hint``'s
+        batches as its own indices: the left side all of them, the right side those
+        with a right sample; a :class:`~indextar.ReadAheadBatches` batch does it in
+        ``__getitems__``, after its own reads."""
+        ahead, sizes = hint.ahead, np.array(hint.sizes, dtype=np.int64)
+        in_range = (ahead >= 0) & (ahead < self._len)
+        if ahead.size != sizes.sum() or not in_range.all():
+            return  # an index out of range: its batch raises when it comes
+        lefts = ahead if self.plan.left is None else np.asarray(self.plan.left[ahead])
+        rights = np.asarray(self.plan.right[ahead])
+        have = rights >= 0
+        counts = np.bincount(np.repeat(np.arange(sizes.size), sizes)[have], minlength=sizes.size)
+        for side, indices, per_batch in (
+            (self.left, lefts, hint.sizes),
+            (self.right, rights[have], tuple(counts.tolist())),
+        ):
+            read_ahead = getattr(side, "read_ahead", None)
+            if read_ahead is not None:
+                read_ahead(dataclasses.replace(hint, ahead=indices, sizes=per_batch))
 
     def _right_members(self, key: str, read: Unbuilt) -> list[tuple[str, bytes]]:
         fields, members = read
@@ -169,8 +195,9 @@ class JoinedDataset:
 
     # -- finding samples ---------------------------------------------------------
 
-    def _from_left(self, found: Array) -> Array:
-        """This view's indices of the sorted left indices ``found``."""
+    def from_left(self, found: Array) -> Array:
+        """This view's indices of the samples whose left index is one of the sorted
+        ``found`` (those an inner join kept), in order."""
         if self.plan.left is None:
             return found
         left = np.asarray(self.plan.left)
@@ -183,7 +210,7 @@ class JoinedDataset:
 
     def key_indices(self, keys: KeysArg, *, strict: bool) -> Array:
         """Sorted indices of this view's samples whose key is one of ``keys``."""
-        return self._from_left(find_keys(self.left, keys, strict=strict))
+        return self.from_left(find_keys(self.left, keys, strict=strict))
 
     def where_indices(
         self, expression: str, *, cache_dir: PathLike | None | bool = None, side: Side | None = None
@@ -192,7 +219,7 @@ class JoinedDataset:
         indexes; with ``side=None``, the left's, or the right's if the left's do not
         know a name in it."""
         run: dict[Side, Callable[[], Array]] = {
-            "left": lambda: self._from_left(
+            "left": lambda: self.from_left(
                 where_indices(self.left, expression, cache_dir=cache_dir)
             ),
             "right": lambda: self._from_right(

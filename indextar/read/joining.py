@@ -10,12 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from ..errors import JoinError
 from ..index.shard import PathLike
 from .decode import DecodeArg
 from .joined import JoinedDataset, member_names
 from .keyjoin import JoinHow, plan_join
-from .protocols import UnbuiltReader
+from .protocols import KeyedView, UnbuiltReader
 from .sample import SampleBuilder
+from .subset import KeySubset
 
 __all__ = ["JoinViews"]
 
@@ -27,7 +31,7 @@ class JoinViews:
 
     def join(
         self: UnbuiltReader,
-        other: UnbuiltReader,
+        other: UnbuiltReader | KeySubset,
         *,
         how: JoinHow = "inner",
         prefix: str = "",
@@ -50,7 +54,8 @@ class JoinViews:
         Parameters
         ----------
         other
-            The dataset whose members are added, one sample per key.
+            The dataset whose members are added, one sample per key, or a view of one
+            (``where``, ``select``, ``exclude``): its samples alone are joined.
         how
             ``"inner"``: only samples whose key both sides have, in this dataset's
             order. ``"left"``: every sample of this dataset; one that ``other`` lacks
@@ -66,14 +71,25 @@ class JoinViews:
         Raises
         ------
         JoinError
-            If a member extension is on both sides (without ``prefix``/``rename``), or a
-            key is held by more than one sample of ``other``.
+            If a member extension is on both sides (without ``prefix``/``rename``), a
+            key is held by more than one sample of ``other``, or ``other`` is a view of
+            a joined view.
         StaleIndexError
             If a shard of either side changed since it was indexed.
         """
         builder = SampleBuilder.make(
             decode=decode, keys=keys, allow_unsafe=allow_unsafe, transform=transform
         )
-        plan = plan_join(self, other, how, cache_dir=cache_dir)
+        right: Any = other
+        if isinstance(other, KeySubset):  # the base's join, with only the view's samples
+            right = other.base
+            if isinstance(right, KeyedView):
+                raise JoinError(
+                    f"cannot join {other!r}, a view of a joined view; join its datasets "
+                    "one after the other, then select"
+                )
+        plan = plan_join(self, right, how, cache_dir=cache_dir)
+        if isinstance(other, KeySubset):
+            plan = plan.keeping_right(other.base_indices(np.arange(len(other))), how)
         names = member_names(plan.left_exts, plan.right_exts, prefix=prefix, rename=rename)
-        return JoinedDataset(self, other, plan, how=how, names=names, builder=builder)
+        return JoinedDataset(self, right, plan, how=how, names=names, builder=builder)

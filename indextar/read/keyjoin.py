@@ -3,9 +3,11 @@
 The join of :meth:`IndexedTarDataset.join <indextar.IndexedTarDataset.join>` is two
 arrays: for each joined sample, its index in the left dataset and in the right one
 (``-1`` where a left join found no right sample). They come from the indexes alone:
-every shard's key blob and key offsets (one ``SELECT`` each, shards in threads);
+every shard's key blob and key lengths (one ``SELECT`` each, shards in threads,
+not the rest of the index's arrays: :mod:`indextar.index.keyblob`);
 the right keys put in a hash table and each left key looked up in it, every match
-compared byte for byte, in C (``_keyjoin.c``). The numpy reference hashes each key
+compared byte for byte, in C (``_keyjoin.c``), each left shard's keys as soon as they are
+read (the table built and the left indexes read at once). The numpy reference hashes each key
 to 64 bits (8 bytes at a time, however long), sorts the right hashes, finds the left
 ones by ``searchsorted`` and compares every match; two distinct right keys with one
 hash (about one chance in 1e5 at 1e7 keys a side) fall back to a dict of the right
@@ -21,21 +23,23 @@ key, and computing it again opens that side's indexes, which refuse a changed sh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
-import io
 import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from ..atomic import write_atomic
+from ..atomic import atomic_path, write_atomic
 from ..errors import JoinError
+from ..index.keyblob import ShardKeys
 from ..index.shard import PathLike
 from .extensions import keyjoin
 from .protocols import IndexedShards
@@ -83,32 +87,28 @@ class KeyColumn:
     @classmethod
     def of(cls, dataset: IndexedShards) -> KeyColumn:
         """The keys of every non-empty shard's index (opened and validated: a changed
-        shard raises :class:`~indextar.StaleIndexError`), read in threads."""
+        shard raises :class:`~indextar.StaleIndexError`), read in threads: each index's
+        keys and their lengths alone (:meth:`~indextar.ShardIndex.load_keys`)."""
         numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
 
-        def load(number: int) -> tuple[bytes, Array, Array, tuple[str, ...]]:
-            arrays = dataset.shard_index(number).load_arrays()
-            samples = arrays.samples
-            return arrays.key_blob, samples[:, 4], samples[:, 5], arrays.ext_names
+        def load(number: int) -> ShardKeys:
+            return dataset.shard_index(number).load_keys()
 
         with ThreadPoolExecutor(max(1, min(_THREADS, len(numbers)))) as pool:
             loaded = list(pool.map(load, numbers))
-        blobs, starts, ends = [], [], []
+        total = sum(len(keys.starts) for keys in loaded)
+        starts, ends = np.empty(total, np.int64), np.empty(total, np.int64)
         exts: set[str] = set()
-        offset = 0
-        for blob, start, end, names in loaded:
-            blobs.append(blob)
-            starts.append(start + offset)
-            ends.append(end + offset)
-            exts.update(names)
-            offset += len(blob)
-        empty = np.empty(0, np.int64)
-        return cls(
-            blob=b"".join(blobs),
-            starts=np.concatenate(starts) if starts else empty,
-            ends=np.concatenate(ends) if ends else empty,
-            exts=frozenset(exts),
-        )
+        offset = at = 0
+        for keys in loaded:
+            count = len(keys.starts)
+            np.add(keys.starts, offset, out=starts[at : at + count])
+            np.add(keys.ends, offset, out=ends[at : at + count])
+            exts.update(keys.ext_names)
+            offset += len(keys.blob)
+            at += count
+        blob = b"".join(keys.blob for keys in loaded)
+        return cls(blob=blob, starts=starts, ends=ends, exts=frozenset(exts))
 
 
 def hash_keys(keys: KeyColumn) -> npt.NDArray[np.uint64]:
@@ -162,14 +162,44 @@ def join_keys(
     """
     native = keyjoin()
     if native is not None and hashes is None:
+        table = _key_table(native, right)
         found = np.empty(len(left), dtype=np.int64)
-        duplicate = native.join(
-            left.blob, left.starts, left.ends, right.blob, right.starts, right.ends, found
-        )
-        if duplicate >= 0:
-            raise _duplicate_error(right, int(duplicate))
+        table.probe(left.blob, left.starts, left.ends, found)
         return found
     return _join_numpy(left, right, hash_keys if hashes is None else hashes)
+
+
+def _key_table(native: ModuleType, right: KeyColumn) -> Any:
+    """The C hash table of the right keys (``_keyjoin.KeyTable``)."""
+    table = native.KeyTable(right.blob, right.starts, right.ends)
+    if table.duplicate >= 0:
+        raise _duplicate_error(right, int(table.duplicate))
+    return table
+
+
+def _join_native(
+    native: ModuleType, left: IndexedShards, right_keys: KeyColumn
+) -> tuple[Array, frozenset[str]]:
+    """:func:`join_keys` of ``left``'s keys in C, shard by shard as each shard's keys
+    are read (in threads), while the table of the right keys is built: reading the left
+    indexes overlaps the join. Returns each left sample's right position (or ``-1``),
+    and the left shards' member extensions."""
+    found = np.empty(len(left), dtype=np.int64)
+    numbers = [n for n in range(len(left.shards)) if left.shard_sizes[n] > 0]
+    with ThreadPoolExecutor(max(2, min(_THREADS, len(numbers) + 1))) as pool:
+        building = pool.submit(_key_table, native, right_keys)  # first: it never waits
+
+        def probe(number: int) -> tuple[str, ...]:
+            keys = left.shard_index(number).load_keys()
+            start = int(left.shard_starts[number])
+            into = found[start : start + len(keys.starts)]
+            starts, ends = np.ascontiguousarray(keys.starts), np.ascontiguousarray(keys.ends)
+            building.result().probe(keys.blob, starts, ends, into)
+            return keys.ext_names
+
+        exts = list(pool.map(probe, numbers))
+        building.result()  # raises a duplicate right key where no left shard did
+    return found, frozenset(name for names in exts for name in names)
 
 
 def _duplicate_error(right: KeyColumn, at: int) -> JoinError:
@@ -226,7 +256,8 @@ def _join_by_dict(left: KeyColumn, right: KeyColumn) -> Array:
 @dataclass(frozen=True, slots=True)
 class JoinPlan:
     """The joined samples: each one's left index (``None``: all of the left dataset, in
-    order) and right index (``-1``: none), and both sides' member extensions."""
+    order: a left join, or an inner join that matched every left sample) and right
+    index (``-1``: none), and both sides' member extensions."""
 
     left: Array | None
     right: Array
@@ -236,6 +267,24 @@ class JoinPlan:
 
     def __len__(self) -> int:
         return len(self.right)
+
+    def keeping_right(self, kept: Array, how: JoinHow) -> JoinPlan:
+        """The join with a view of the right dataset, its sorted indices ``kept``: a
+        pair whose right sample is not in the view is dropped (an inner join) or has
+        no right sample (a left join)."""
+        right = np.asarray(self.right)
+        in_view = np.zeros(int(kept.max()) + 1 if kept.size else 0, dtype=bool)
+        in_view[kept] = True
+        held = (right >= 0) & (right < in_view.size)
+        held[held] = in_view[right[held]]
+        digest = hashlib.blake2b(self.digest.encode(), digest_size=16)
+        digest.update(np.ascontiguousarray(kept, dtype="<i8").tobytes())
+        if how == "left":
+            right, left = np.where(held, right, -1), None
+        else:
+            lefts = np.arange(right.size) if self.left is None else np.asarray(self.left)
+            right, left = right[held], lefts[held]
+        return dataclasses.replace(self, left=left, right=right, digest=digest.hexdigest())
 
 
 def _cache_files(folder: Path, digest: str) -> tuple[Path, Path, Path]:
@@ -256,7 +305,9 @@ def _load(folder: Path, digest: str, how: JoinHow) -> JoinPlan | None:
     with contextlib.suppress(OSError, ValueError, KeyError):
         meta = json.loads(meta_file.read_text())  # written last: the other two are whole
         right = np.load(right_file, mmap_mode="r", allow_pickle=False)
-        left = None if how == "left" else np.load(left_file, mmap_mode="r", allow_pickle=False)
+        left = None
+        if how == "inner" and not meta.get("whole_left", False):
+            left = np.load(left_file, mmap_mode="r", allow_pickle=False)
         return JoinPlan(
             left, right, frozenset(meta["left_exts"]), frozenset(meta["right_exts"]), digest
         )
@@ -268,10 +319,13 @@ def _save(folder: Path, plan: JoinPlan) -> None:
     try:
         for path, array in ((left_file, plan.left), (right_file, plan.right)):
             if array is not None:
-                buffer = io.BytesIO()
-                np.save(buffer, array, allow_pickle=False)
-                write_atomic(path, buffer.getvalue())
-        meta = {"left_exts": sorted(plan.left_exts), "right_exts": sorted(plan.right_exts)}
+                with atomic_path(path) as temp, open(temp, "wb") as f:
+                    np.save(f, array, allow_pickle=False)
+        meta = {
+            "left_exts": sorted(plan.left_exts),
+            "right_exts": sorted(plan.right_exts),
+            "whole_left": plan.left is None,
+        }
         write_atomic(meta_file, json.dumps(meta).encode())
     except OSError as e:  # a read-only home still joins, uncached
         log.warning("cannot cache the join in %s: %s", folder, e)
@@ -306,19 +360,23 @@ def plan_join(
         if cached is not None:
             log.debug("join of %r and %r from the cache %s", left, right, folder)
             return cached
-    left_keys, right_keys = KeyColumn.of(left), KeyColumn.of(right)
-    found = join_keys(left_keys, right_keys)
+    right_keys, native = KeyColumn.of(right), keyjoin()
+    if native is not None:
+        found, left_exts = _join_native(native, left, right_keys)
+    else:
+        left_keys = KeyColumn.of(left)
+        found, left_exts = join_keys(left_keys, right_keys), left_keys.exts
     matched = np.flatnonzero(found >= 0)
     log.info(
         "joined %d of %d left samples to %d right samples",
         matched.size,
-        len(left_keys),
+        len(found),
         len(right_keys),
     )
-    if how == "inner":
-        plan = JoinPlan(matched, found[matched], left_keys.exts, right_keys.exts, digest)
+    if how == "inner" and matched.size < found.size:
+        plan = JoinPlan(matched, found[matched], left_exts, right_keys.exts, digest)
     else:
-        plan = JoinPlan(None, found, left_keys.exts, right_keys.exts, digest)
+        plan = JoinPlan(None, found, left_exts, right_keys.exts, digest)
     if folder is not None:
         _save(folder, plan)
     return plan

@@ -13,19 +13,31 @@ once; :class:`~indextar.ResumableSampler` shuffles their order every epoch
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import SampleFormatError
+from ..index.shard import PathLike
 from ..order.packing import PackPlan, Strategy, plan_packs
 from ..order.readahead import Hint, HintedBatch
 from .lengths import LengthsArg, document_lengths
+from .packcache import (
+    CachedPlan,
+    lengths_digest,
+    lengths_source,
+    load_plan,
+    plan_cache_folder,
+    plan_key,
+    save_plan,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Pack", "PackedDataset", "collate_packs"]
 
@@ -88,6 +100,13 @@ class PackedDataset:
     tokens
         The tokens of a sample as ``data`` returns it, a 1-D array. Default: the sample
         itself, or the one member of a one-member tuple (``keys="tokens"``).
+    cache_dir
+        Where the lengths and the plan are cached (as ``packs/<key>.npz`` under it;
+        default: the selection cache's folder), keyed by the lengths' source (an
+        expression and the indexes' identities, or an array's values), ``max_length``,
+        the strategy and the seed (:mod:`indextar.read.packcache`); the next open with
+        the same arguments loads them. ``False`` neither reads nor writes. The plans of
+        :meth:`set_epoch` are made, not cached.
 
     Raises
     ------
@@ -104,17 +123,21 @@ class PackedDataset:
         strategy: Strategy = "best-fit",
         seed: int = 0,
         tokens: Callable[[Any], npt.ArrayLike] | None = None,
+        cache_dir: PathLike | None | bool = None,
     ) -> None:
         self.data = data
         self.strategy = strategy
         self.seed = int(seed)
         self.epoch = 0
-        self.lengths = document_lengths(data, lengths)
-        """Each document's token count, from the index."""
-        self.plan: PackPlan = plan_packs(self.lengths, max_length, strategy=strategy, seed=seed)
-        """The packs: which documents, which tokens of each."""
         self._tokens = _as_tokens if tokens is None else tokens
-        self._digest: str | None = None
+        self._cache = plan_cache_folder(cache_dir)
+        self._source = None if self._cache is None else lengths_source(data, lengths)
+        planned = self._planned(int(max_length), lambda: document_lengths(data, lengths))
+        self.lengths = planned.lengths
+        """Each document's token count, from the index."""
+        self.plan: PackPlan = planned.plan
+        """The packs: which documents, which tokens of each."""
+        self._digest = planned.digest
         if self.plan.overlong or self.plan.empty:
             log.info(
                 "%d of %d documents are longer than %d tokens (%s); %d are empty (left out)",
@@ -138,6 +161,29 @@ class PackedDataset:
         self.plan = plan_packs(
             self.lengths, self.max_length, strategy=self.strategy, seed=self.seed, epoch=epoch
         )
+
+    def _planned(self, max_length: int, lengths: Callable[[], I64]) -> CachedPlan:
+        """The lengths (``lengths()`` unless cached) and the plan of epoch 0, from the
+        cache or made (and cached). Only the first plan is cached: one file a dataset,
+        not one an epoch (at 1e8 documents a plan is 1.3 GB), and a later epoch's plan
+        needs no lengths read, only planning."""
+        key = None
+        if self._cache is not None and self._source is not None:
+            key = plan_key(
+                self._source, max_length=max_length, strategy=self.strategy, seed=self.seed, epoch=0
+            )
+            cached = load_plan(
+                self._cache, key, len(self.data), split=self.strategy == "concat-split"
+            )
+            if cached is not None:
+                log.debug("plan of %r from the cache %s", self.data, self._cache)
+                return cached
+        found = lengths()
+        plan = plan_packs(found, max_length, strategy=self.strategy, seed=self.seed)
+        made = CachedPlan(found, lengths_digest(found), plan)
+        if key is not None and self._cache is not None:
+            save_plan(self._cache, key, made)
+        return made
 
     @property
     def max_length(self) -> int:
@@ -213,10 +259,6 @@ class PackedDataset:
         """What ``ResumableSampler`` records of this dataset and checks on resume: the
         plan's strategy, seed and size, a digest of the documents' lengths (which with
         those fix every epoch's plan), and the data's own selection, if a view's."""
-        if self._digest is None:
-            digest = hashlib.blake2b(digest_size=16)
-            digest.update(np.ascontiguousarray(self.lengths, dtype="<i8").tobytes())
-            self._digest = digest.hexdigest()
         return {
             "packing": self.strategy,
             "max_length": self.max_length,
@@ -239,12 +281,18 @@ class PackedDataset:
         )
 
 
-def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int = -100) -> Any:
+def collate_packs(
+    packs: Sequence[Pack],
+    *,
+    pad_id: int = 0,
+    ignore_index: int = -100,
+    dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """A batch of packs as torch tensors, for variable-length attention.
 
     Returns a dict of:
 
-    * ``input_ids``: ``(batch, max_length)`` int64, each pack's tokens end to end, then
+    * ``input_ids``: ``(batch, max_length)``, each pack's tokens end to end, then
       ``pad_id``;
     * ``position_ids``: the same shape, restarting at 0 with each document (and with the
       padding);
@@ -254,44 +302,67 @@ def collate_packs(packs: Sequence[Pack], *, pad_id: int = 0, ignore_index: int =
       batch (``batch * max_length`` tokens, each row's padding one more segment), as
       flash-attention's varlen functions take them;
     * ``max_seqlen``: the longest document, an int.
+
+    ``dtype`` is that of the first three: ``torch.int64`` (the default: what
+    ``torch.nn.functional.cross_entropy`` takes as targets, and so every trainer's loss
+    over ``labels``) or ``torch.int32`` (half the bytes; embeddings and indexing take
+    it, the loss wants ``labels.long()``). All four tensors are views of one buffer, so
+    a DataLoader worker hands the batch over in one shared-memory block, not four.
     """
     import torch
 
     if not packs:
         raise ValueError("collate_packs needs at least one pack")
+    dtype = torch.int64 if dtype is None else dtype
+    if dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"dtype must be torch.int64 or torch.int32; got {dtype}")
     width = packs[0].max_length
     rows = len(packs)
-    input_ids = np.full((rows, width), pad_id, np.int64)
-    segments: list[int] = []  # every segment's length, row by row: documents, then padding
-    padding: list[int] = []  # which segments are padding
+    cells = rows * width
+    used = np.zeros(rows, np.int64)
+    sizes: list[int] = []  # every segment's length, row by row: documents, then padding
     for row, pack in enumerate(packs):
         if pack.max_length != width:
             raise ValueError(f"packs of {pack.max_length} and {width} tokens in one batch")
-        sizes = [len(piece) for piece in pack.tokens]
-        used = sum(sizes)
-        if used:
-            input_ids[row, :used] = np.concatenate(pack.tokens)
-        segments += sizes
-        if used < width:
-            padding.append(len(segments))
-            segments.append(width - used)
-    lengths = np.asarray(segments, np.int64)
-    cu_seqlens = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=cu_seqlens[1:])
-    starts = np.repeat(cu_seqlens[:-1], lengths)
-    positions = (np.arange(rows * width, dtype=np.int64) - starts).reshape(rows, width)
-    flat_labels = input_ids.copy().reshape(-1)
-    flat_labels[cu_seqlens[:-1]] = ignore_index
-    if padding:
-        is_padding = np.zeros(len(lengths), bool)
-        is_padding[padding] = True
-        flat_labels[np.repeat(is_padding, lengths)] = ignore_index
-    labels = flat_labels.reshape(rows, width)
-    cu_seqlens = cu_seqlens.astype(np.int32)
+        pieces = [len(piece) for piece in pack.tokens]
+        used[row] = filled = sum(pieces)
+        sizes += pieces
+        if filled < width:
+            sizes.append(width - filled)
+        elif filled > width:
+            raise ValueError(f"a pack of {filled} tokens in packs of {width}")
+    segments = np.asarray(sizes, np.int64)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    buffer = torch.empty(3 * cells * itemsize + 4 * (len(segments) + 1), dtype=torch.uint8)
+    grid = buffer[: 3 * cells * itemsize].view(dtype).view(3, rows, width)
+    cu_seqlens = buffer[3 * cells * itemsize :].view(torch.int32)
+    input_ids, labels, positions = grid.numpy()
+    for row, pack in enumerate(packs):
+        filled = int(used[row])
+        if filled:
+            np.concatenate(pack.tokens, out=input_ids[row, :filled], casting="unsafe")
+        input_ids[row, filled:] = pad_id
+    np.copyto(labels, input_ids)
+    for row in np.flatnonzero(used < width).tolist():
+        labels[row, used[row] :] = ignore_index
+    ends = np.cumsum(segments)
+    cu = cu_seqlens.numpy()
+    cu[0] = 0
+    cu[1:] = ends
+    starts = ends[:-1]  # the first token of every segment after the first
+    flat_labels = labels.reshape(-1)
+    flat_labels[0] = ignore_index
+    flat_labels[starts] = ignore_index
+    # positions: 1 a token, minus the segment before at each segment's start, summed
+    flat_positions = positions.reshape(-1)
+    flat_positions.fill(1)
+    flat_positions[0] = 0
+    flat_positions[starts] = 1 - segments[:-1]
+    np.cumsum(flat_positions, out=flat_positions, dtype=flat_positions.dtype)
     return {
-        "input_ids": torch.from_numpy(input_ids),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(positions),
-        "cu_seqlens": torch.from_numpy(cu_seqlens),
-        "max_seqlen": int(np.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0,
+        "input_ids": grid[0],
+        "labels": grid[1],
+        "position_ids": grid[2],
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": int(segments.max()),
     }

@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
-from ..index.shard import ShardIndex
+from ..index.opener import OpenedEntry
 from ..source.base import ByteSource, Span, SpanBytes, split_members
 from ..source.extensions import mapread
 from ..tar.spancheck import stale_error
@@ -99,9 +99,10 @@ class OpenShard:
     checksum: str = ""
 
     @classmethod
-    def load(cls, index: ShardIndex, source: ByteSource) -> OpenShard:
-        """Load the arrays of an opened index: one query and ``np.frombuffer``."""
-        arrays = index.load_arrays()
+    def load(cls, opened: OpenedEntry) -> OpenShard:
+        """The shard :func:`~indextar.index.opener.open_entry` opened, its arrays read
+        from its index."""
+        index, arrays, source = opened.index, opened.arrays, opened.source
         if index.meta.checksum and arrays.checksums is None:
             raise IndexFormatError(
                 f"index {str(index.path)!r} says it records {index.meta.checksum} checksums "

@@ -24,7 +24,7 @@ from typing import Any, Union
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import SampleIndexError, SampleKeyError
+from ..errors import JoinError, SampleIndexError, SampleKeyError
 from ..index.shard import PathLike
 from ..order.readahead import Hint, HintedBatch
 from .protocols import IndexedShards, KeyedView
@@ -111,9 +111,8 @@ def find_keys(dataset: IndexedShards, keys: KeysArg, *, strict: bool) -> Array:
     for shard_no, start in enumerate(dataset.shard_starts[:-1].tolist()):
         if dataset.shard_sizes[shard_no] == 0:
             continue
-        arrays = dataset.shard_index(shard_no).load_arrays()
-        samples = arrays.samples
-        found.append(start + wanted.match(arrays.key_blob, samples[:, 4], samples[:, 5]))
+        keys_of = dataset.shard_index(shard_no).load_keys()  # the keys alone
+        found.append(start + wanted.match(keys_of.blob, keys_of.starts, keys_of.ends))
     report_unmatched(wanted.unmatched(), wanted.keys.size, strict=strict, what=repr(dataset))
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
@@ -193,6 +192,27 @@ class KeySubset:
             )
         assert self._dropped is not None
         return KeySubset(self.base, np.union1d(self._dropped, found), kept=False, where=self._where)
+
+    def join(self, other: Any, **options: Any) -> KeySubset:
+        """This view's samples joined by key with ``other``: the base dataset's
+        :meth:`~indextar.IndexedTarDataset.join` with ``options``, kept to this view's
+        samples (those an inner join keeps), in order.
+
+        Raises
+        ------
+        JoinError
+            If the base dataset cannot be joined (a joined view: join its datasets one
+            after the other, then select); and as ``IndexedTarDataset.join``.
+        """
+        join = getattr(self.base, "join", None)
+        if join is None:
+            raise JoinError(
+                f"cannot join {self!r}: its dataset has no join(); join the datasets one "
+                "after the other, then select"
+            )
+        joined = join(other, **options)
+        mine = self._kept if self._kept is not None else self.base_indices(np.arange(self._len))
+        return KeySubset(joined, joined.from_left(mine), kept=True, where=self._where)
 
     @property
     def selection(self) -> dict[str, Any] | None:

@@ -79,3 +79,31 @@ def test_arrays_of_the_wrong_size_are_refused(shard: Path) -> None:
     with pytest.raises(IndexFormatError, match="has arrays of 21 samples"):
         open_index(shard).load_arrays()
     assert not verify_index(shard).ok
+
+
+def test_the_keys_are_read_alone_from_their_lengths(make_tar) -> None:  # type: ignore[no-untyped-def]
+    long_key = "k" * 300  # a length over 255: two bytes each
+    shard = make_tar({**MEMBERS, f"{long_key}.cls": b"1"}, name="long.tar", fmt="pax")
+    index = build_index(shard)
+    arrays = index.load_arrays()
+    keys = index.load_keys()
+    assert keys.blob == arrays.key_blob and keys.ext_names == arrays.ext_names
+    assert np.array_equal(np.stack([keys.starts, keys.ends], 1), arrays.samples[:, 4:6])
+    with contextlib.closing(index.connect()) as conn:
+        (dtype,) = conn.execute("SELECT dtype FROM arrays WHERE name = 'key_lengths'").fetchone()
+    assert dtype == "<u2"
+    lengths = (arrays.samples[:, 5] - arrays.samples[:, 4]).astype("<u2")
+    lengths[3] += 1  # one key a byte longer, the next one a byte shorter
+    lengths[4] -= 1
+    edit(index.path, "UPDATE arrays SET data = ? WHERE name = 'key_lengths'", (lengths.tobytes(),))
+    assert verify_index(shard).problems == [
+        "arrays: the key lengths disagree with the samples table"
+    ]
+    edit(index.path, "UPDATE arrays SET data = substr(data, 3) WHERE name = 'key_lengths'")
+    with pytest.raises(IndexFormatError, match="has 22 key lengths"):
+        open_index(shard).load_keys()
+    assert not verify_index(shard).ok
+    edit(index.path, "DELETE FROM arrays WHERE name = 'key_lengths'")  # an older index
+    older = open_index(shard).load_keys()
+    assert older.blob == keys.blob and np.array_equal(older.ends, keys.ends)
+    assert verify_index(shard).ok

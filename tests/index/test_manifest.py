@@ -72,13 +72,13 @@ def test_opening_a_manifest_opens_no_index(
     target = tmp_path / "m.json"
     write_manifest(target, [build_index(p) for p in indexed])
     opened: list[str] = []
-    real = indextar.index.opener.open_index_at
+    real = indextar.index.opener.check_fresh  # the check of an index against its shard
 
-    def counting(shard: object, path: object) -> object:
+    def counting(shard: object, meta: object, path: object) -> None:
         opened.append(str(shard))
-        return real(shard, path)  # type: ignore[arg-type]
+        real(shard, meta, path)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(indextar.index.opener, "open_index_at", counting)
+    monkeypatch.setattr(indextar.index.opener, "check_fresh", counting)
     ds = IndexedTarDataset(target)
     assert len(ds) == 12 and opened == []
     ds[5]

@@ -1,14 +1,18 @@
 """Compressed shards under real DataLoader workers (issue 15): a gzip shard read through
 seek points, opened in the parent and then in forked and spawned workers, and
-per-sample zstd shards; every sample once, each as written."""
+per-sample zstd shards; every sample once, each as written. A shard's first read
+opens its index once."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from conftest import tar_bytes
 from tarcraft import GNU_TAR, write_tree
 from torch.utils.data import DataLoader
 
@@ -84,3 +88,29 @@ def test_streaming_reads_zstd_of_one_frame_and_of_many(shards: list[str], tmp_pa
     streamed = list(indextar.StreamingTarDataset([str(one_frame), *shards]))
     assert check(streamed[:30]) == list(range(30))
     assert sorted(check(streamed[30:])) == list(range(N))
+
+
+def test_a_shards_first_read_opens_its_index_once(
+    shards: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its meta, its arrays and a compressed shard's frames or seek points are read
+    through one SQLite connection (a compressed shard's took three, a plain one's two)."""
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(tar_bytes({"p0.txt": b"plain"}))
+    with indextar.ShardWriter(str(tmp_path / "c-%02d.tar.gz"), compress="gzip") as sink:
+        sink.write({"__key__": "g0", "txt": b"gzip frames"})
+    ds = indextar.IndexedTarDataset([*shards, str(plain), *sink.shards])
+    opened: list[str] = []
+    connect = sqlite3.connect
+
+    def counted(database: str, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        opened.append(database)
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", counted)
+    for shard_no, start in enumerate(ds.shard_starts[:-1].tolist()):
+        ds[start]
+        assert len(opened) == shard_no + 1, (ds.shards[shard_no], opened)
+    for start in ds.shard_starts[:-1].tolist():  # open: no connection
+        ds[start]
+    assert len(opened) == len(ds.shards) == 4

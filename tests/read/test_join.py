@@ -268,3 +268,91 @@ def test_a_remote_side_is_read_with_its_batch_spans_in_flight_together(
     assert [_members(s) for s in batch] == [expected[kept[i]] for i in range(0, 32, 4)]
     stats = http.stats()
     assert sum(entry["requests"] for entry in stats.values()) == 8  # one ranged GET a sample
+
+
+def test_views_join_and_are_joined(sides: Made, tmp_path: Path) -> None:
+    left, right, expected = sides
+    options: dict[str, Any] = {"prefix": "clip.", "cache_dir": tmp_path / "cache"}
+    left_ds, right_ds = indextar.IndexedTarDataset(left), indextar.IndexedTarDataset(right)
+    wide = [k for k in LEFT_KEYS if int(k[-4:]) >= 20]  # width >= 120
+    view = left_ds.where("width >= 120").join(right_ds, **options)
+    assert [s["__key__"] for s in view] == [k for k in wide if k not in MISSING]
+    assert all(_members(s) == expected[s["__key__"]] for s in view)
+    kept = left_ds.where("width >= 120").join(right_ds, how="left", **options)
+    assert [_members(s) for s in kept] == [expected[k] for k in wide]
+    assert [s["__key__"] for s in view.where("score >= 5")] == [
+        s["__key__"] for s in view if s["clip.json"] and json.loads(s["clip.json"])["score"] >= 5
+    ]
+    scored = {k for k in LEFT_KEYS if k not in MISSING and sum(k.encode()) % 10 >= 5}
+    inner = left_ds.join(right_ds.where("score >= 5"), **options)
+    assert [s["__key__"] for s in inner] == [k for k in LEFT_KEYS if k in scored]
+    assert all(_members(s) == expected[s["__key__"]] for s in inner)
+    outer = left_ds.join(right_ds.where("score >= 5"), how="left", **options)
+    assert [_members(s) for s in outer] == [
+        expected[k] if k in scored else _left_members(k) for k in LEFT_KEYS
+    ]
+    assert inner.selection != left_ds.join(right_ds, **options).selection
+    joined = left_ds.join(right_ds, **options)
+    with pytest.raises(indextar.JoinError, match="joined view"):
+        left_ds.join(joined.where("score >= 5"), **options)
+    with pytest.raises(indextar.JoinError, match="one after the other"):
+        joined.where("score >= 5").join(right_ds, **options)
+
+
+def test_read_ahead_reaches_both_remote_sides(
+    sides: Made, tmp_path: Path, http: HttpServer, http_root: Path
+) -> None:
+    from torch.utils.data import DataLoader
+
+    def served(paths: list[str]) -> indextar.IndexedTarDataset:
+        urls = []
+        for path in paths:
+            name = f"{tmp_path.name}-ra-{Path(path).name}"
+            shutil.copyfile(path, http_root / name)
+            urls.append(http.url(name))
+        return indextar.IndexedTarDataset(urls, index_dir=tmp_path / "ix")
+
+    def join() -> indextar.JoinedDataset:
+        return served(sides[0]).join(
+            served(sides[1]), how="left", prefix="clip.", cache_dir=tmp_path / "cache"
+        )
+
+    def read(joined: indextar.JoinedDataset, batches: Any) -> list[str]:
+        loader = DataLoader(joined, batch_sampler=batches, collate_fn=list)
+        return [_keys_and_members(s) for batch in loader for s in batch]
+
+    first = join()
+    plain = read(first, [list(b) for b in indextar.ReadAheadBatches(
+        indextar.ResumableSampler(first, seed=3), 4)])  # fmt: skip
+    joined = join()
+    http.reset()
+    got = read(
+        joined, indextar.ReadAheadBatches(indextar.ResumableSampler(joined, seed=3), 4, depth=3)
+    )
+    assert got == plain and len(got) == len(LEFT_KEYS)
+    matched = len(LEFT_KEYS) - len(MISSING)
+    assert sum(entry["requests"] for entry in http.stats().values()) == len(got) + matched
+    for side in (joined.left, joined.right):
+        stats = side.prefetch_stats()  # type: ignore[attr-defined]
+        assert stats is not None and stats.taken > 0, side
+
+
+def _keys_and_members(sample: dict[str, Any]) -> str:
+    return json.dumps({k: v.hex() for k, v in _members(sample).items()} | {"k": sample["__key__"]})
+
+
+def test_an_inner_join_that_keeps_every_left_sample(
+    sides: Made, tmp_path: Path, make_tar: Callable[..., Path]
+) -> None:
+    _, right, expected = sides
+    kept = [k for k in LEFT_KEYS if k not in MISSING][:12]
+    left = str(make_tar({f"{k}.jpg": _left_members(k)["jpg"] for k in kept}, name="few.tar"))
+    options: dict[str, Any] = {"prefix": "clip.", "cache_dir": tmp_path / "cache"}
+    right_ds = indextar.IndexedTarDataset(right)
+    for _ in range(2):  # computed, then from the cache (no left array stored)
+        joined = indextar.IndexedTarDataset([left]).join(right_ds, **options)
+        assert joined.plan.left is None
+        assert [s["__key__"] for s in joined] == kept
+        assert [_members(s)["clip.npy"] for s in joined] == [expected[k]["clip.npy"] for k in kept]
+    scored = indextar.IndexedTarDataset([left]).join(right_ds.where("score >= 5"), **options)
+    assert [s["__key__"] for s in scored] == [k for k in kept if sum(k.encode()) % 10 >= 5]

@@ -105,6 +105,35 @@ def test_collate_gives_positions_labels_and_boundaries(corpus: str) -> None:
         ).all()
 
 
+def test_collate_int32_holds_the_same_values(corpus: str) -> None:
+    packed = PackedDataset(dataset(corpus), max_length=64, lengths="num_tokens", seed=2)
+    packs = packed.__getitems__([0, 3, 5, 7])
+    wide = collate_packs(packs, pad_id=7)
+    narrow = collate_packs(packs, pad_id=7, dtype=torch.int32)
+    for field in ("input_ids", "labels", "position_ids"):
+        assert wide[field].dtype == torch.int64 and narrow[field].dtype == torch.int32
+        assert torch.equal(wide[field], narrow[field].long())
+    assert torch.equal(wide["cu_seqlens"], narrow["cu_seqlens"])
+    assert wide["max_seqlen"] == narrow["max_seqlen"]
+    with pytest.raises(ValueError, match="torch.int64 or torch.int32"):
+        collate_packs(packs, dtype=torch.float32)
+
+
+def test_collated_batch_crosses_from_a_worker_in_one_block(corpus: str) -> None:
+    """The tensors of a batch are views of one buffer: a worker shares one block of
+    memory a batch, not one per tensor (the cost of a batch through the queue)."""
+    packed = PackedDataset(dataset(corpus), max_length=64, lengths="num_tokens")
+    loader = DataLoader(
+        packed, batch_size=4, sampler=ResumableSampler(packed, seed=1), num_workers=2,
+        collate_fn=collate_packs,
+    )  # fmt: skip
+    for batch, _ in zip(loader, range(3)):
+        tensors = [batch[f] for f in ("input_ids", "labels", "position_ids", "cu_seqlens")]
+        blocks = {t.untyped_storage().data_ptr() for t in tensors}
+        assert len(blocks) == 1 and tensors[0].is_shared()
+        assert batch["input_ids"].is_contiguous() and batch["cu_seqlens"].dtype == torch.int32
+
+
 class TinyLM(torch.nn.Module):
     """One causal self-attention layer with rotary-free learned positions."""
 

@@ -19,6 +19,7 @@ from indextar.errors import (
     RemoteReadError,
     StaleIndexError,
 )
+from indextar.index.opener import OpenedEntry
 from indextar.index.remote import expected_stat, open_remote_index, remote_index_path, upload_index
 from indextar.read.shard import OpenShard
 from indextar.source.cache import CachedSource, ShardCache, parse_size
@@ -103,9 +104,8 @@ def test_ranges_match_local(
     )
     index = open_remote_index(url, index_dir=tmp_path, storage_options=options)
     assert index.path == remote_index_path(url, tmp_path) and index.meta.etag
-    shard = OpenShard.load(
-        index, RangeSource(url, expected=expected_stat(index.meta), storage_options=options)
-    )
+    source = RangeSource(url, expected=expected_stat(index.meta), storage_options=options)
+    shard = OpenShard.load(OpenedEntry(index, index.load_arrays(), source))
     local = _local_samples(root / "data-2.tar")
     assert len(shard) == len(local)
     for n in (0, 7, len(local) - 1, 3):
