@@ -1,4 +1,4 @@
-"""S3 ranged GETs without botocore's request pipeline: aiohttp and :mod:`.sigv4`.
+"""S3 ranged GETs without botocore's request pipeline: :mod:`.http11` and :mod:`.sigv4`.
 
 A ranged read through s3fs's aiobotocore client costs 3-4 ms of CPU on a loaded
 2-core machine, two thirds of it botocore's per-request objects, hooks, user agent,
@@ -15,7 +15,9 @@ verification. Anything else s3fs would add to a GET (SSE-C keys,
 ``session``) returns None, and the read goes through botocore as before.
 
 The client checks nothing: :mod:`~indextar.source.conditional` sends its GETs and
-checks their answers. One aiohttp session per event loop and process; importing this
+checks their answers. Ranged GETs go out on :mod:`.http11`'s keep-alive connections
+(through aiohttp's session where a proxy is set), HEADs and streams through aiohttp's;
+one pool of connections and one session per event loop and process. Importing this
 module imports no aiohttp, fsspec or botocore.
 """
 
