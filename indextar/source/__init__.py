@@ -12,11 +12,12 @@ shards and copies samples out of the map (``_mapread.c``; ``extensions`` loads i
 ``filesystems`` (fsspec by URL scheme, with the package each scheme needs) and
 ``conditional`` (object versions: reads conditional on the ETag an index recorded),
 which reach under fsspec's public API only through ``fsspec_internals``; ``s3direct``
-sends S3 ranged GETs with aiohttp, signed by ``sigv4``, without botocore's request
-pipeline; ``stream`` reads an object front to back in ranged chunks, ``objectstream``
-by one streaming GET (http, s3) resumed where it broke, sent by ``streamgets``;
-``forward`` reads one forward for a scan, streamed or by ranged reads of what is asked
-for; ``cache`` keeps whole remote shards in a bounded folder.
+sends S3 ranged GETs with ``http11`` (a small HTTP/1.1 client on keep-alive
+connections), signed by ``sigv4``, without botocore's request pipeline; ``stream`` reads
+an object front to back in ranged chunks, ``objectstream`` by one streaming GET (http,
+s3) resumed where it broke, sent by ``streamgets``; ``forward`` reads one forward for a
+scan, streamed or by ranged reads of what is asked for; ``cache`` keeps whole remote
+shards in a bounded folder.
 
 May import: the shared modules, and ``tar/`` for two things only: the check that a
 sample's span still begins with its own tar headers (``tar.spancheck``), which must

@@ -62,7 +62,7 @@ class Answer:
 
 def request_head(path: str, host: str, headers: dict[str, str]) -> bytes:
     """The bytes of a GET of ``path`` (encoded) from ``host`` with ``headers``."""
-    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     return f"GET {path} HTTP/1.1\r\nhost: {host}\r\n{lines}\r\n".encode("latin-1")
 
 

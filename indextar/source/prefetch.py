@@ -149,6 +149,9 @@ class Prefetcher(Generic[K]):
         self._chunk = min(chunk, in_flight)
         self._threads = max(1, in_flight // self._chunk)
         self._entries: dict[K, _Entry] = {}
+        # batch number -> how many dues of entries name it, at least: forget_before
+        # looks through the entries only when one names a batch before its own
+        self._due_counts: dict[int, int] = {}
         self._queue: deque[tuple[K, _Entry]] = deque()
         # The loop's: its own queue, requests in flight, tasks, and a wake-up pending.
         self._start = start if loop is not None else None
@@ -184,6 +187,7 @@ class Prefetcher(Generic[K]):
                     entry = self._entries[key] = _Entry(source, offset, length, start=start)
                     (self._queue if start is None else self._aqueue).append((key, entry))
                 entry.dues.append(due)
+            self._due_counts[due] = self._due_counts.get(due, 0) + len(spans)
             if self._queue:
                 self._start_threads()
                 self._work.notify(-(-len(self._queue) // self._chunk))
@@ -206,7 +210,13 @@ class Prefetcher(Generic[K]):
             self._counts["taken"] += 1
             data = entry.data
             if entry.dues:
-                entry.dues.remove(min(entry.dues))
+                first = min(entry.dues)
+                entry.dues.remove(first)
+                left = self._due_counts.get(first, 0) - 1
+                if left > 0:
+                    self._due_counts[first] = left
+                else:
+                    self._due_counts.pop(first, None)
             if not entry.dues:
                 self._drop(key, entry)
             return data
@@ -214,8 +224,13 @@ class Prefetcher(Generic[K]):
     def forget_before(self, due: int) -> None:
         """Stop holding (or fetching) spans only batches before ``due`` wanted."""
         with self._lock:
+            if all(d >= due for d in self._due_counts):
+                return  # every span wanted before was taken: nothing to forget
+            self._due_counts = {}
             for key, entry in list(self._entries.items()):
                 entry.dues = [d for d in entry.dues if d >= due]
+                for d in entry.dues:
+                    self._due_counts[d] = self._due_counts.get(d, 0) + 1
                 if not entry.dues and entry.state != _FLIGHT:
                     if entry.state == _HELD:
                         self._counts["wasted"] += 1
@@ -233,6 +248,7 @@ class Prefetcher(Generic[K]):
                     self._drop(key, entry)
                 else:
                     entry.dues = []
+            self._due_counts = {}
             self._queue.clear()
             self._aqueue.clear()
 

@@ -1,4 +1,4 @@
-"""S3 ranged GETs without botocore's request pipeline: aiohttp and :mod:`.sigv4`.
+"""S3 ranged GETs without botocore's request pipeline: :mod:`.http11` and :mod:`.sigv4`.
 
 A ranged read through s3fs's aiobotocore client costs 3-4 ms of CPU on a loaded
 2-core machine, two thirds of it botocore's per-request objects, hooks, user agent,
@@ -15,7 +15,9 @@ verification. Anything else s3fs would add to a GET (SSE-C keys,
 ``session``) returns None, and the read goes through botocore as before.
 
 The client checks nothing: :mod:`~indextar.source.conditional` sends its GETs and
-checks their answers. One aiohttp session per event loop and process; importing this
+checks their answers. Ranged GETs go out on :mod:`.http11`'s keep-alive connections
+(through aiohttp's session where a proxy is set), HEADs and streams through aiohttp's;
+one pool of connections and one session per event loop and process. Importing this
 module imports no aiohttp, fsspec or botocore.
 """
 
@@ -104,6 +106,7 @@ class S3Direct:
         self._signer: SigV4Signer | None = None
         self._sessions: dict[tuple[int, int], Any] = {}
         self._pools: dict[tuple[int, int, str], Http11Pool] = {}
+        self._places: dict[tuple[str, str], tuple[str, str, str]] = {}
         self.proxy = _proxy(endpoint)
 
     def _signed(
@@ -113,7 +116,9 @@ class S3Direct:
             return headers
         credentials = self._credentials.current()
         signer = self._signer
-        if signer is None or signer.credentials != credentials:
+        if signer is None or (
+            signer.credentials is not credentials and signer.credentials != credentials
+        ):
             signer = self._signer = SigV4Signer(credentials, self.region)
         return signer.sign(method, host, path, query, headers)
 
@@ -147,7 +152,16 @@ class S3Direct:
         return await self._pool(netloc).get(url, request_head(path, host, headers))
 
     def _where(self, bucket: str, key: str) -> tuple[str, str, str]:
-        """``(netloc, Host header, encoded path)`` of ``bucket/key``."""
+        """``(netloc, Host header, encoded path)`` of ``bucket/key`` (kept: a shard is
+        read many times)."""
+        found = self._places.get((bucket, key))
+        if found is None:
+            if len(self._places) > 4096:
+                self._places.clear()
+            found = self._places[bucket, key] = self._place(bucket, key)
+        return found
+
+    def _place(self, bucket: str, key: str) -> tuple[str, str, str]:
         endpoint = self.endpoint
         if endpoint.virtual and _virtual_ok(bucket, endpoint):
             netloc, host = f"{bucket}.{endpoint.netloc}", f"{bucket}.{endpoint.host}"

@@ -53,41 +53,39 @@ class SigV4Signer:
     """
 
     __slots__ = (
-        "credentials", "region", "service", "_day", "_signing_key", "_scope_tail", "_second",
-        "_stamp", "_pads", "_layouts",
+        "credentials", "region", "service", "_today", "_scope_tail", "_second", "_stamp",
+        "_layouts",
     )  # fmt: skip
 
     def __init__(self, credentials: Credentials, region: str, service: str = "s3"):
         self.credentials = credentials
         self.region = region
         self.service = service
-        self._day = ""
-        self._signing_key = b""
+        # (day, its signing key, HMAC's inner and outer hash of that key), replaced whole
+        self._today: tuple[str, bytes, Any, Any] = ("", b"", None, None)
         self._scope_tail = f"/{region}/{service}/aws4_request"
         self._second, self._stamp = -1, ""  # the last stamp, made once a second
-        self._pads: tuple[Any, Any] = (None, None)  # the day's HMAC, its inner and outer hash
         # header names as given -> (sorted, joined by ";"): a GET signs the same ones
         self._layouts: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
 
-    def _key(self, day: str) -> bytes:
-        if day != self._day:
+    def _day(self, day: str) -> tuple[str, bytes, Any, Any]:
+        today = self._today
+        if today[0] != day:
             key = hmac.digest(f"AWS4{self.credentials.secret_key}".encode(), day.encode(), "sha256")
             for part in (self.region, self.service, "aws4_request"):
                 key = hmac.digest(key, part.encode(), "sha256")
-            self._day, self._signing_key = day, key
             # HMAC's two hashes of the padded key, copied for each signature: OpenSSL's
             # one-shot HMAC sets up its key again on every call (twice the time)
             padded = key.ljust(64, b"\0")
-            self._pads = (
-                hashlib.sha256(bytes(b ^ 0x36 for b in padded)),
-                hashlib.sha256(bytes(b ^ 0x5C for b in padded)),
-            )
-        return self._signing_key
+            inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+            outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+            today = self._today = (day, key, inner, outer)
+        return today
 
     def _hmac(self, day: str, message: bytes) -> str:
         """HMAC-SHA256 of ``message`` with the day's signing key, in hex."""
-        self._key(day)
-        inner, outer = self._pads[0].copy(), self._pads[1].copy()
+        _, _, inner_of_key, outer_of_key = self._day(day)
+        inner, outer = inner_of_key.copy(), outer_of_key.copy()
         inner.update(message)
         outer.update(inner.digest())
         return str(outer.hexdigest())

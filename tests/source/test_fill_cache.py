@@ -54,7 +54,7 @@ def epoch(ds: indextar.IndexedTarDataset, workers: int, seed: int) -> dict[str, 
     batches = indextar.ReadAheadBatches(indextar.ResumableSampler(ds, seed=seed), 8)
     loader = torch.utils.data.DataLoader(
         ds, batch_sampler=batches, num_workers=workers, collate_fn=list
-    )  # the read-ahead's threads fill the cache along with the batches
+    )  # the read-ahead fills the cache along with the batches
     return {s["__key__"]: s["bin"] for batch in loader for s in batch}
 
 
