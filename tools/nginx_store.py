@@ -99,10 +99,11 @@ class NginxStore(ChildServer):
         return self
 
     def _ready(self) -> bool:
+        """Whether nginx answers (any status); refused until it listens (an OSError)."""
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2).close()
         except urllib.error.HTTPError:
-            return True  # 403/404: it answers
+            pass  # a 403 or 404 is an answer
         return True
 
     def upload(self, bucket: str, files: Iterable[Path], prefix: str = "") -> None:

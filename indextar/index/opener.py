@@ -131,7 +131,8 @@ def open_entry(
         meta = meta_from(conn, path)
         arrays = arrays_from(conn, path, meta.num_samples, meta.num_members)
         layout = layout_from(conn, path, meta) if meta.compression else None
-    index = ShardIndex(shard=location.name, path=path, meta=meta)
+    name = location.name if location.remote else str(Path(location.name))  # as open_index_at
+    index = ShardIndex(shard=name, path=path, meta=meta)
     if not location.remote:  # a remote one's reads are checked against its version
         with _named_as_entry(entry, number):
             check_fresh(Path(location.name), meta, path)

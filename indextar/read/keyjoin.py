@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..atomic import atomic_path, write_atomic
-from ..errors import JoinError
+from ..errors import IndexFormatError, JoinError
 from ..index.keyblob import ShardKeys
 from ..index.shard import PathLike
 from .extensions import keyjoin
@@ -190,7 +190,14 @@ def _join_native(
         building = pool.submit(_key_table, native, right_keys)  # first: it never waits
 
         def probe(number: int) -> tuple[str, ...]:
-            keys = left.shard_index(number).load_keys()
+            index = left.shard_index(number)
+            keys = index.load_keys()
+            if len(keys.starts) != left.shard_sizes[number]:  # never a slot left unwritten
+                raise IndexFormatError(
+                    f"index {str(index.path)!r} of shard {left.shards[number]!r} has "
+                    f"{len(keys.starts)} keys, not the {left.shard_sizes[number]} samples "
+                    "the dataset counts"
+                )
             start = int(left.shard_starts[number])
             into = found[start : start + len(keys.starts)]
             starts, ends = np.ascontiguousarray(keys.starts), np.ascontiguousarray(keys.ends)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,7 @@ __all__ = [
     "ByteSource",
     "Span",
     "SpanBytes",
+    "SpanT",
     "fork_generation",
     "corrupt_layout_error",
     "outside_error",
@@ -36,6 +38,7 @@ __all__ = [
 
 
 SpanBytes = bytes | bytearray
+SpanT = TypeVar("SpanT", bound=SpanBytes)  # a function that gives back the kind it is given
 """A span's bytes as fetched: ``bytes``, or the ``bytearray`` an answer was received
 into (:mod:`~indextar.source.http11`), which the members are then copied out of once."""
 

@@ -23,13 +23,13 @@ import concurrent.futures
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import StaleIndexError, WrongRangeError
-from .base import ByteSource, Span, SpanBytes, fork_generation, split_members
+from .base import ByteSource, Span, SpanBytes, SpanT, fork_generation, split_members
 from .conditional import (
     RemoteStat,
     check_version,
@@ -163,7 +163,7 @@ class RangeSource(ByteSource):
     def size(self) -> int:
         return self.expected.size if self.expected is not None else self.stat().size
 
-    def _checked(self, data: bytes, offset: int, length: int) -> bytes:
+    def _checked(self, data: SpanT, offset: int, length: int) -> SpanT:
         if len(data) != length:
             raise WrongRangeError(
                 f"{len(data)} bytes (the object is shorter than its index says, or the "
@@ -210,7 +210,7 @@ class RangeSource(ByteSource):
             (got,) = get_ranges_direct(self._direct, [request], 1)
             if isinstance(got, BaseException):
                 raise got
-            return self._checked(got, offset, length)
+            return self._checked(cast(bytes, got), offset, length)
         fs, path = self._filesystem()
         if getattr(fs, "async_impl", False):
             (got,) = get_ranges(fs, [(path, offset, offset + length, self.etag, self.url)], 1)
@@ -218,7 +218,7 @@ class RangeSource(ByteSource):
                 raise got
         else:
             got = fs.cat_file(path, start=offset, end=offset + length)
-        return self._checked(got, offset, length)
+        return self._checked(cast(bytes, got), offset, length)
 
     def range_coroutine(
         self, offset: int, length: int
@@ -243,10 +243,10 @@ class RangeSource(ByteSource):
         kind = type(self)
         if kind.held is RangeSource.held and kind.keep is RangeSource.keep and fetched == length:
             return get
-        return functools.partial(self._through_hooks, get, offset, length)
+        return functools.partial(self._through_hooks, get, offset, length, fetched)
 
     async def _through_hooks(
-        self, get: Callable[[], Awaitable[SpanBytes]], offset: int, length: int
+        self, get: Callable[[], Awaitable[SpanBytes]], offset: int, length: int, fetched: int
     ) -> SpanBytes:
         """The range as :meth:`_read_once` reads it, by ``get()``; the hooks in the loop's
         executor (a filling cache's block, and its last :meth:`keep` fetches on the loop)."""
@@ -254,7 +254,7 @@ class RangeSource(ByteSource):
         held = await loop.run_in_executor(None, self.held, offset, length)
         if held is not None:
             return held
-        data = await get()
+        data = self._checked(await get(), offset, fetched)  # checked before it is kept
         await loop.run_in_executor(None, self.keep, offset, data)
         return data if len(data) == length else data[:length]
 
