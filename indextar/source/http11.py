@@ -93,6 +93,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def send(self, url: str, head: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None and self._waiter is None
+        if len(self._head) > _HEAD_BYTES:  # grown for a long chunked body: let it go
+            self._head = bytearray(_HEAD_BYTES)
         self._waiter = waiter = self.loop.create_future()
         self._url, self._received, self._head_len, self._body = url, False, 0, None
         self._last = self.loop.time()
@@ -195,7 +197,9 @@ class _Connection(asyncio.BufferedProtocol):
                 return
             if not self._start_body(end):
                 return self._parse()  # a 1xx answer before the real one
-        if self._chunked:
+        # a chunked body ends with CRLF CRLF: parse it whole only then (once, mostly),
+        # not at every read (a long body would be copied over and over)
+        if self._chunked and head[self._head_len - 4 : self._head_len] == b"\r\n\r\n":
             body = _dechunked(head, self._head_len)
             if body is not None:
                 self._finish(body)
