@@ -29,7 +29,7 @@ from ..errors import JoinError, SampleIndexError, SelectionError, StaleIndexErro
 from ..index.shard import PathLike
 from ..order.readahead import Hint
 from .keyjoin import JoinHow, JoinPlan
-from .protocols import Unbuilt, UnbuiltReader
+from .protocols import UnbuiltReader
 from .sample import SampleBuilder
 from .selection import attribute_values, where_indices
 from .subset import KeysArg, KeySubset, find_keys
@@ -145,14 +145,20 @@ class JoinedDataset:
         have = rights >= 0
         left_read = self.left.read_unbuilt(lefts)
         right_read = iter(self.right.read_unbuilt(rights[have] if not have.all() else rights))
-        build = self._builder.build
+        build, names = self._builder.build, self._names if self._renamed else None
         out: list[Any] = [None] * len(left_read)
         for at, ((fields, members), position, joined) in enumerate(
             zip(left_read, positions.tolist(), have.tolist())
         ):
             fields["__index__"] = position
-            if joined:
-                members = members + self._right_members(fields["__key__"], next(right_read))
+            if joined:  # the right side's members, checked to be the same key's
+                right_fields, right_members = next(right_read)
+                if right_fields["__key__"] != fields["__key__"]:
+                    raise self._stale(fields["__key__"], right_fields)
+                if names is None:
+                    members = members + right_members
+                else:
+                    members = members + [(names.get(ext, ext), data) for ext, data in right_members]
             out[at] = build(fields, members)
         hint = getattr(indices, "hint", None)
         if isinstance(hint, Hint):
@@ -180,18 +186,14 @@ class JoinedDataset:
             if read_ahead is not None:
                 read_ahead(dataclasses.replace(hint, ahead=indices, sizes=per_batch))
 
-    def _right_members(self, key: str, read: Unbuilt) -> list[tuple[str, bytes]]:
-        fields, members = read
-        if fields["__key__"] != key:  # the right side was rewritten since the join
-            raise StaleIndexError(
-                f"the joined sample {key!r} found {fields['__key__']!r} in "
-                f"{fields['__shard__']!r}: that shard set changed since the join was made; "
-                "join the datasets again"
-            )
-        if not self._renamed:
-            return members
-        names = self._names
-        return [(names.get(ext, ext), data) for ext, data in members]
+    @staticmethod
+    def _stale(key: str, right: dict[str, Any]) -> StaleIndexError:
+        """The right side was rewritten since the join: its sample has another key."""
+        return StaleIndexError(
+            f"the joined sample {key!r} found {right['__key__']!r} in "
+            f"{right['__shard__']!r}: that shard set changed since the join was made; "
+            "join the datasets again"
+        )
 
     # -- finding samples ---------------------------------------------------------
 
