@@ -26,10 +26,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loopback_servers import ChildServer, _wait_until, free_ports  # noqa: E402
+from loopback_servers import ChildServer, SeaweedServer, _wait_until, free_ports  # noqa: E402
 
 CONFIG = """\
 worker_processes 1;
@@ -120,11 +119,5 @@ class NginxStore(ChildServer):
         except OSError:
             shutil.copyfile(path, target)
 
-    def storage_options(self) -> dict[str, Any]:
-        """s3fs options for this endpoint (the keys are sent and not checked)."""
-        return {
-            "key": "indextar-test",
-            "secret": "indextar-test",
-            "endpoint_url": f"http://127.0.0.1:{self.port}",
-            "client_kwargs": {"region_name": "us-east-1"},
-        }
+    # s3fs options for this endpoint, as SeaweedServer's (the keys are sent, not checked)
+    storage_options = SeaweedServer.storage_options
