@@ -135,7 +135,11 @@ class RemoteBatches:
         positions = indices[(indices >= 0) & (indices < self._len)]
         shard_nos = self.shard_starts.searchsorted(positions, side="right") - 1
         locals_ = positions - self.shard_starts[shard_nos]
-        for n in dict.fromkeys(shard_nos.tolist()):  # in the order of their first samples
+        order = np.argsort(shard_nos, kind="stable")  # grouped by shard, in order within
+        groups = np.split(order, np.flatnonzero(np.diff(shard_nos[order])) + 1)
+        groups.sort(key=lambda group: int(group[0]))  # in the order of their first samples
+        for group in groups if positions.size else []:
+            n = int(shard_nos[group[0]])
             if n not in self._ranged or (
                 n not in self._open and len(self._open) >= self.max_open_shards
             ):
@@ -150,7 +154,7 @@ class RemoteBatches:
             shard = lease.value
             if not fetchable_ahead(shard.source):
                 continue
-            wanted = locals_[shard_nos == n]
+            wanted = locals_[group]
             starts, ends = shard.samples[wanted, 0].tolist(), shard.samples[wanted, 1].tolist()
             for local, start, end in zip(wanted.tolist(), starts, ends):
                 yield ((n, local), shard.source, start, end - start)
