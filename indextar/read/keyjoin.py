@@ -43,7 +43,7 @@ from ..index.keyblob import ShardKeys
 from ..index.shard import PathLike
 from .extensions import keyjoin
 from .protocols import IndexedShards
-from .selection import default_selection_cache, update_identity
+from .selection import default_selection_cache, nonempty_shards, update_identity
 
 __all__ = ["JoinHow", "KeyColumn", "JoinPlan", "hash_keys", "join_keys", "plan_join"]
 
@@ -89,7 +89,7 @@ class KeyColumn:
         """The keys of every non-empty shard's index (opened and validated: a changed
         shard raises :class:`~indextar.StaleIndexError`), read in threads: each index's
         keys and their lengths alone (:meth:`~indextar.ShardIndex.load_keys`)."""
-        numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
+        numbers = nonempty_shards(dataset)
 
         def load(number: int) -> ShardKeys:
             return dataset.shard_index(number).load_keys()
@@ -185,7 +185,7 @@ def _join_native(
     indexes overlaps the join. Returns each left sample's right position (or ``-1``),
     and the left shards' member extensions."""
     found = np.empty(len(left), dtype=np.int64)
-    numbers = [n for n in range(len(left.shards)) if left.shard_sizes[n] > 0]
+    numbers = nonempty_shards(left)
     with ThreadPoolExecutor(max(2, min(_THREADS, len(numbers) + 1))) as pool:
         building = pool.submit(_key_table, native, right_keys)  # first: it never waits
 
@@ -301,7 +301,7 @@ def _cache_files(folder: Path, digest: str) -> tuple[Path, Path, Path]:
 def _join_digest(left: IndexedShards, right: IndexedShards, how: JoinHow) -> str:
     digest = hashlib.blake2b(_CACHE_VERSION, digest_size=16)
     for side in (left, right):
-        numbers = [n for n in range(len(side.shards)) if side.shard_sizes[n] > 0]
+        numbers = nonempty_shards(side)
         digest.update(f"{how}\0{len(side)}\0{len(numbers)}\0".encode())
         update_identity(digest, side, numbers)
     return digest.hexdigest()

@@ -36,7 +36,7 @@ from ..atomic import atomic_path
 from ..index.shard import PathLike
 from ..order.packing import PackPlan
 from .protocols import KeyedView
-from .selection import default_selection_cache, update_identity
+from .selection import default_selection_cache, nonempty_shards, update_identity
 
 __all__ = [
     "CachedPlan",
@@ -101,7 +101,7 @@ def lengths_source(data: Any, lengths: Any) -> bytes | None:
         if isinstance(base, KeyedView) or not hasattr(base, "shard_entries"):
             return None
         digest.update(f"expression\0{lengths}\0".encode())
-        numbers = [n for n in range(len(base.shards)) if base.shard_sizes[n] > 0]
+        numbers = nonempty_shards(base)
         update_identity(digest, base, numbers)
         if base is not data:
             held = np.asarray(data.base_indices(np.arange(len(data))), dtype="<i8")

@@ -50,6 +50,7 @@ __all__ = [
     "attribute_values",
     "bucket_ids",
     "default_selection_cache",
+    "nonempty_shards",
     "update_identity",
 ]
 
@@ -217,7 +218,7 @@ def _shard_rows(
 def _shards(dataset: IndexedShards) -> tuple[list[int], list[ShardIndex], Array]:
     """The non-empty shards of an IndexedTarDataset: numbers, opened indexes (validated:
     a changed shard raises ``StaleIndexError``) and first dataset index of each."""
-    numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
+    numbers = nonempty_shards(dataset)
     indexes = [dataset.shard_index(n) for n in numbers]
     starts = np.asarray(dataset.shard_starts[numbers], dtype=np.int64)
     return numbers, indexes, starts
@@ -230,6 +231,12 @@ def _cache_key(expression: str, dataset: IndexedShards, numbers: Sequence[int]) 
     digest.update(f"{len(dataset)}\0{expression}\0".encode())
     update_identity(digest, dataset, numbers)
     return digest.hexdigest()
+
+
+def nonempty_shards(dataset: IndexedShards) -> list[int]:
+    """The numbers of ``dataset``'s shards that hold samples (the others have no index
+    worth reading)."""
+    return [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
 
 
 def update_identity(digest: Any, dataset: IndexedShards, numbers: Sequence[int]) -> None:
@@ -279,7 +286,7 @@ def where_indices(
         folder = (
             default_selection_cache() if cache_dir is None or cache_dir is True else Path(cache_dir)
         )
-        numbers = [n for n in range(len(dataset.shards)) if dataset.shard_sizes[n] > 0]
+        numbers = nonempty_shards(dataset)
         with contextlib.suppress(FileNotFoundError, ValueError, OSError):
             cache_file = folder / f"{_cache_key(expression, dataset, numbers)}.npy"
             cached: Array = np.load(cache_file, allow_pickle=False)
