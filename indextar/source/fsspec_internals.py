@@ -19,6 +19,7 @@ import asyncio
 import importlib
 import os
 import threading
+import types
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -88,7 +89,7 @@ INTERNALS: tuple[Internal, ...] = (
 
 def _get(fs: Any, name: str) -> Any:
     """``fs.name``, or an AttributeError that says fsspec changed under indextar."""
-    if isinstance(fs, type(importlib)):
+    if isinstance(fs, types.ModuleType):
         if not hasattr(fs, name):
             raise AttributeError(
                 f"indextar needs {fs.__name__}.{name}, which {_versions()} lacks: install the "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["Answer", "Http11Pool", "request_head"]
+__all__ = ["Answer", "Http11Pool", "request_head", "ssl_context"]
 
 _HEAD_BYTES = 16 << 10  # a response's status line and headers, to start with
 _MAX_HEAD_BYTES = 1 << 20
@@ -295,7 +295,7 @@ class Http11Pool:
         read_timeout: float,
     ):
         self.host, self.port = _host_port(netloc, scheme)
-        self.ssl_context = _ssl_context(verify) if scheme == "https" else None
+        self.ssl_context = ssl_context(verify) if scheme == "https" else None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._idle: list[_Connection] = []
@@ -356,7 +356,9 @@ def _host_port(netloc: str, scheme: str) -> tuple[str, int]:
     return host, int(port) if port else {"http": 80, "https": 443}[scheme]
 
 
-def _ssl_context(verify: bool | str) -> ssl.SSLContext:
+def ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """The TLS context of botocore's ``verify=``: verify (``True``), not (``False``), or
+    against this CA bundle (a path)."""
     import ssl
 
     if verify is False:

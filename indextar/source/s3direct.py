@@ -37,7 +37,7 @@ from typing import Any
 from .base import fork_generation
 from .filesystems import split_url
 from .fsspec_internals import configured_options
-from .http11 import Answer, Http11Pool, request_head
+from .http11 import Answer, Http11Pool, request_head, ssl_context
 from .sigv4 import Credentials, SigV4Signer, quote_key
 
 __all__ = ["S3Direct", "direct_client", "direct_client_for"]
@@ -222,10 +222,10 @@ class S3Direct:
                 atexit.register(_close_sessions)
 
             connect, read = self._timeouts
+            https = self.endpoint.scheme == "https"  # a context loads the CA bundle: only then
+            tls = ssl_context(self._verify) if https else True
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=0, ssl=_ssl(self._verify), enable_cleanup_closed=True
-                ),
+                connector=aiohttp.TCPConnector(limit=0, ssl=tls, enable_cleanup_closed=True),
                 timeout=aiohttp.ClientTimeout(sock_connect=connect, sock_read=read),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
@@ -268,16 +268,6 @@ def _proxy(endpoint: _Endpoint) -> str | None:
     if urllib.request.proxy_bypass(endpoint.host.rpartition(":")[0] or endpoint.host):
         return None
     return urllib.request.getproxies().get(endpoint.scheme)
-
-
-def _ssl(verify: bool | str) -> Any:
-    if verify is True:
-        return True
-    if verify is False:
-        return False
-    import ssl
-
-    return ssl.create_default_context(cafile=verify)
 
 
 _CLIENTS: dict[str, S3Direct | None] = {}
