@@ -152,19 +152,14 @@ class OpenShard:
         try:
             if span is not None:  # a failed check reads it again: the source tells a
                 # changed shard from a wrong answer
-                if count <= _MAX_C_MEMBERS:
-                    got = _MAPREAD.members(span, 0, self.members, first, count, names, checked)  # type: ignore[union-attr]
-                    if type(got) is list:
-                        return key.decode("utf-8", "surrogateescape"), got
-                else:
-                    try:
-                        members = split_members(
-                            span, self.members, first, count, names, checked,
-                            shard=self.shard, offset=start,
-                        )  # fmt: skip
-                        return key.decode("utf-8", "surrogateescape"), members
-                    except StaleIndexError:
-                        pass
+                try:
+                    members = split_members(
+                        span, self.members, first, count, names, checked,
+                        shard=self.shard, offset=start,
+                    )  # fmt: skip
+                    return key.decode("utf-8", "surrogateescape"), members
+                except StaleIndexError:
+                    pass
             members = self.source.read_members(
                 start, end - start, self.members, first, count, names, checked
             )

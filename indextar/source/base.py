@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from ..errors import IndexFormatError, TruncatedShardError
 from ..tar.spancheck import OK, check_headers, stale_error
+from .extensions import mapread
 
 __all__ = [
     "ByteSource",
@@ -146,6 +147,9 @@ Span = tuple[int, int, int, int, "bytes | None"]
 """A sample to read: ``(offset, length, first member row, member count, key or None)``."""
 
 
+_MAPREAD = mapread()
+
+
 def split_members(
     span: SpanBytes,
     member_rows: npt.NDArray[np.int64],
@@ -161,7 +165,14 @@ def split_members(
 
     With ``key``, the span's headers must still be those of a member named ``key``:
     else :class:`~indextar.errors.StaleIndexError`, naming ``shard`` and ``offset``.
+    In C where it is built (``_mapread``: the headers checked and the members copied
+    out in one pass); the Python below is the reference, and runs where C refuses a
+    span, to raise the error that says what is wrong.
     """
+    if _MAPREAD is not None and count <= _MAPREAD.MAX_MEMBERS:
+        got = _MAPREAD.members(span, 0, member_rows, first, count, ext_names, key)
+        if type(got) is list:
+            return got
     rows = member_rows[first : first + count].tolist()
     if key is not None and rows:
         headers = bytes(span[: rows[0][0]])

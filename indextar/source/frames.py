@@ -24,11 +24,9 @@ import numpy.typing as npt
 from ..errors import CompressedShardError, StaleIndexError, TruncatedShardError
 from .base import ByteSource, Span, corrupt_layout_error, outside_error, split_members
 from .codecs import decompress_frame, zstd_context
-from .extensions import mapread
 
 __all__ = ["FramedSource"]
 
-_MAPREAD = mapread()
 _ONE_MEMBER = ("",)
 
 
@@ -156,11 +154,6 @@ class FramedSource(ByteSource):
                 offset, length, member_rows, first, count, ext_names, key
             )
         span = self.read(offset, length)
-        if _MAPREAD is not None and count <= _MAPREAD.MAX_MEMBERS:
-            got = _MAPREAD.members(span, 0, member_rows, first, count, ext_names, key)
-            if type(got) is list:
-                return got
-        # the reference, which also raises the error that names what is wrong
         try:
             return split_members(
                 span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
