@@ -137,8 +137,9 @@ class RemoteBatches:
         locals_ = positions - self.shard_starts[shard_nos]
         order = np.argsort(shard_nos, kind="stable")  # grouped by shard, in order within
         groups = np.split(order, np.flatnonzero(np.diff(shard_nos[order])) + 1)
+        groups = [group for group in groups if group.size]  # none, for an empty hint
         groups.sort(key=lambda group: int(group[0]))  # in the order of their first samples
-        for group in groups if positions.size else []:
+        for group in groups:
             n = int(shard_nos[group[0]])
             if n not in self._ranged or (
                 n not in self._open and len(self._open) >= self.max_open_shards
