@@ -9,9 +9,12 @@ images decoded to a shorter side of 256 in batches of 64:
   the slow row, and webdataset gives each worker whole shards);
 * indextar ``image_decoder("rgb8", 256)``, 15 workers;
 * the stage, ``on_gpu(loader, 256)`` with ``encoded_collate()``, 2, 4 and 8 workers end
-  to end (and 4 workers with two batches decoded ahead, and with a pinned copy);
+  to end; with ``encoded_collate(reuse=False)`` (a new shared-memory block a batch, the
+  hand-off before reused blocks), 4 and 8 workers; 4 workers with two batches decoded
+  ahead, and with the GIL switched between threads every 0.5 ms;
 * the hand-off alone, 4 and 8 workers: workers returning a list of ``bytes`` against one
-  uint8 tensor with offsets (``encoded_collate``), nothing decoded;
+  uint8 tensor with offsets (``encoded_collate``), in a new block a batch and in reused
+  blocks, nothing decoded;
 * the in-memory ceiling of each backend present: batches already collated in memory,
   decoded by ``ImageStage`` (and through ``on_gpu``'s thread for the default backend).
 
@@ -258,6 +261,14 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
                 on_gpu(loader(raw, w, encoded_collate()), SIZE, backend=backend)
             ),
         )
+    for workers in (4, 8):  # the hand-off before reused blocks: a new block a batch
+        bench.measure(
+            f"stage, {backend}, `encoded_collate(reuse=False)`",
+            workers,
+            lambda w=workers: consume(
+                on_gpu(loader(raw, w, encoded_collate(reuse=False)), SIZE, backend=backend)
+            ),
+        )
     if backend != "cpu":
         bench.measure(
             f"stage, {backend}, two batches decoded ahead",
@@ -266,25 +277,16 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
                 on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend, prefetch=2)
             ),
         )
-        bench.measure(
-            f"stage, {backend}, DataLoader prefetch_factor=4",
-            4,
-            lambda: consume(
-                on_gpu(loader(raw, 4, encoded_collate(), prefetch_factor=4), SIZE, backend=backend)
-            ),
-        )
-        bench.measure(
-            f"stage `on_gpu(loader, 256)`, {backend}",
-            6,
-            lambda: consume(on_gpu(loader(raw, 6, encoded_collate()), SIZE, backend=backend)),
-        )
-        bench.measure(
-            f"stage, {backend}, with a pinned copy",
-            4,
-            lambda: consume(
-                on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend, pin_memory=True)
-            ),
-        )
+        previous_interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0005)  # the GIL handed between threads 10x as often
+        try:
+            bench.measure(
+                f"stage, {backend}, `sys.setswitchinterval(0.0005)`",
+                4,
+                lambda: consume(on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend)),
+            )
+        finally:
+            sys.setswitchinterval(previous_interval)
 
     for workers in (4, 8):
         bench.measure(
@@ -292,27 +294,14 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
             workers,
             lambda w=workers: consume(loader(raw, w, bytes_collate)),
         )
-        bench.measure(
-            "hand-off alone: one uint8 tensor + offsets",
-            workers,
-            lambda w=workers: consume(
-                (b.offsets[1:], b) for b in loader(raw, w, encoded_collate())
-            ),
-        )
-
-    if backend != "cpu":  # tensors handed over by file name instead of by descriptor
-        import torch.multiprocessing as tmp
-
-        previous = tmp.get_sharing_strategy()
-        tmp.set_sharing_strategy("file_system")
-        try:
+        for reuse, how in ((False, "a new block a batch"), (True, "reused blocks")):
             bench.measure(
-                f"stage, {backend}, `file_system` sharing strategy",
-                4,
-                lambda: consume(on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend)),
+                f"hand-off alone: one uint8 tensor + offsets, {how}",
+                workers,
+                lambda w=workers, r=reuse: consume(
+                    (b.offsets[1:], b) for b in loader(raw, w, encoded_collate(reuse=r))
+                ),
             )
-        finally:
-            tmp.set_sharing_strategy(previous)
 
     # in-memory ceilings: batches collated in memory, decoded without a loader
     count = min(images, 256 if args.small else 4096)
@@ -389,8 +378,16 @@ def targets(bench: Bench) -> list[str]:
             share = best["images_per_s"] / ceiling["images_per_s"]
             out.append(
                 f"{'PASS' if share >= 0.8 else 'FAIL'} stage >= 0.8 of its in-memory "
-                f"ceiling: {share:.2f}"
+                f"ceiling: {share:.2f} ({best['workers']} workers)"
             )
+            every = [r for r in bench.rows if r["path"].startswith("stage `on_gpu")]
+            top = max(every, key=lambda r: r["images_per_s"])
+            if top is not best:
+                share = top["images_per_s"] / ceiling["images_per_s"]
+                out.append(
+                    f"INFO with any number of workers: {share:.2f} of the ceiling "
+                    f"({top['workers']} workers)"
+                )
         id_row = next(r for r in bench.rows if r["path"] == ID_ROW)
         out.append(
             f"INFO cores per 1,000 images/s: stage {best['cores_per_1000_per_s']:.2f}, "

@@ -48,7 +48,7 @@ EOF
 # warnings are not errors here: this step checks behaviour, CI checks warnings)
 timeout 150 python3 -m pytest -q -p no:cacheprovider -rP \
     -W "ignore::DeprecationWarning" -W "ignore::UserWarning" --timeout 120 \
-    tests/read/test_image_gpu.py tests/read/test_gpu_stage.py 2>&1 | tee "$OUT/pytest.txt" | tail -40
+    tests/read/test_image_gpu.py tests/read/test_gpu_stage.py tests/read/test_shmblocks.py 2>&1 | tee "$OUT/pytest.txt" | tail -40
 
 # 5. the benchmark; it rewrites its outputs after each row, so a cut run keeps them
 timeout 220 python3 tools/bench_gpu.py $BENCH_ARGS --json-out "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" \

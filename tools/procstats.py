@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["bytes_read", "cpu_seconds", "process_tree_cpu", "rss_bytes"]
+__all__ = ["bytes_read", "cpu_seconds", "mapping_of", "process_tree_cpu", "rss_bytes"]
 
 
 def bytes_read() -> int:
@@ -20,6 +20,18 @@ def cpu_seconds() -> float:
     they exit); children still running, such as servers, are not counted yet."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def mapping_of(address: int) -> str:
+    """The path of this process's mapping that holds ``address`` (``/proc/self/maps``;
+    ``""`` for an anonymous one): shared memory is ``/dev/shm/...``."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, stop = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < stop:
+                return fields[5].strip() if len(fields) > 5 else ""
+    raise LookupError(f"no mapping of this process holds {address:#x}")
 
 
 def process_tree_cpu(pid: int) -> float:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeSpecError
+from .shmblocks import PooledBlock, fill, lay_out, rebuild, shared_bytes, worker_pool
 from .sniff import gpu_refusal
 
 if TYPE_CHECKING:
@@ -44,6 +47,15 @@ class EncodedBatch:
     refusals: tuple[tuple[int, str], ...]
     rest: Any
     field: int | str | None
+    _pooled: _Pooled | None = dataclass_field(default=None, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._pooled is None:
+            return EncodedBatch, (self.data, self.offsets, self.refusals, self.rest, self.field)
+        # a worker's batch in a reused block: the block's name crosses, not its memory
+        pooled = self._pooled
+        return _from_block, (pooled.block, pooled.template, pooled.data_at, self.refusals,
+                             self.field)  # fmt: skip
 
     def __len__(self) -> int:
         return int(self.offsets.numel()) - 1
@@ -65,12 +77,36 @@ class EncodedBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class _Pooled:
+    """Where a worker's batch lies in its :class:`~indextar.read.shmblocks.BlockPool`."""
+
+    block: PooledBlock
+    template: Any  # the offsets and the other fields, as shmblocks.lay_out placed them
+    data_at: int
+
+
+def _from_block(
+    whole: torch.Tensor,
+    template: Any,
+    data_at: int,
+    refusals: tuple[tuple[int, str], ...],
+    field: int | str | None,
+    pooled: _Pooled | None = None,
+) -> EncodedBatch:
+    """The batch laid out in ``whole``: offsets and other fields by ``template``, the
+    images from ``data_at``."""
+    offsets, rest = rebuild(whole, template)
+    return EncodedBatch(whole[data_at:], offsets, refusals, rest, field, pooled)
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedCollate:
     """A DataLoader ``collate_fn`` that makes an :class:`EncodedBatch`; see
     :func:`encoded_collate`."""
 
     field: int | str = 0
     orient: bool = True
+    reuse: bool = True
 
     def __call__(self, samples: Sequence[Any]) -> EncodedBatch:
         import torch
@@ -105,28 +141,39 @@ class EncodedCollate:
                     f"it (no image handler for it in decode=)"
                 )
         sizes = [len(blob) for blob in blobs]
-        offsets = torch.zeros(len(blobs) + 1, dtype=torch.int64)
-        torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=offsets[1:])
-        data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
-        if get_worker_info() is not None:
-            # Put it in shared memory now, as default_collate does in a worker: the
-            # DataLoader would otherwise copy it there when it sends the batch.
-            data.share_memory_()  # type: ignore[no-untyped-call]
-            offsets.share_memory_()  # type: ignore[no-untyped-call]
-        view = memoryview(data.numpy()).cast("B")  # type: ignore[arg-type]
-        position = 0
-        for blob, size in zip(blobs, sizes):
-            view[position : position + size] = blob
-            position += size
+        bounds = [0, *accumulate(sizes)]
         refusals = tuple(
             (i, reason)
             for i, blob in enumerate(blobs)
             if (reason := gpu_refusal(blob, orient=self.orient)) is not None
         )
-        return EncodedBatch(data, offsets, refusals, rest, field)
+        # One block a batch: the offsets, the other fields' tensors, then the images.
+        head = torch.tensor(bounds, dtype=torch.int64), rest
+        template, parts, data_at = lay_out(head)
+        nbytes = data_at + bounds[-1]
+        taken = None
+        if get_worker_info() is None:
+            whole = torch.empty(nbytes, dtype=torch.uint8)
+        elif self.reuse and (taken := worker_pool().take(nbytes)) is not None:
+            whole = taken.tensor
+        else:  # shared now, as default_collate does in a worker
+            whole = shared_bytes(nbytes)
+        try:
+            fill(whole, parts)
+            view = memoryview(whole[data_at:].numpy()).cast("B")  # type: ignore[arg-type]
+            for blob, start, stop in zip(blobs, bounds, bounds[1:]):
+                view[start:stop] = blob
+        except BaseException:
+            if taken is not None:
+                worker_pool().give_back(taken)
+            raise
+        pooled = None if taken is None else _Pooled(taken, template, data_at)
+        return _from_block(whole, template, data_at, refusals, field, pooled)
 
 
-def encoded_collate(field: int | str = 0, *, orient: bool = True) -> EncodedCollate:
+def encoded_collate(
+    field: int | str = 0, *, orient: bool = True, reuse: bool = True
+) -> EncodedCollate:
     """A DataLoader ``collate_fn`` that hands a batch's encoded images over as one
     uint8 tensor with offsets (an :class:`EncodedBatch`), for :func:`indextar.on_gpu`.
 
@@ -138,5 +185,13 @@ def encoded_collate(field: int | str = 0, *, orient: bool = True) -> EncodedColl
     orient
         Send JPEGs whose EXIF orientation turns them to the CPU path, which turns them
         upright as ``image_decoder(orient=True)`` does. Pass the stage's ``orient``.
+    reuse
+        In DataLoader workers, put each batch in one of a few shared-memory blocks the
+        worker reuses once the training process has let go of every tensor of an
+        earlier batch in it (``read/shmblocks.py``): a batch then crosses as a few
+        bytes, where a new block a batch costs the training process a descriptor
+        handshake, a mapping and 13 MB of pages freed for 64 JPEGs of 1024x768. A
+        worker whose blocks are all held makes a new one, so keeping batches is safe;
+        ``False`` makes a new block for every batch.
     """
-    return EncodedCollate(field, orient)
+    return EncodedCollate(field, orient, reuse)

@@ -27,7 +27,7 @@ from ..errors import DecodeError, DecodeSpecError
 from .encoded import EncodedBatch
 from .image import Backend as JpegBackend
 from .image import Fit, image_decoder
-from .resize import check_filter, resize_images
+from .resize import check_filter, resize_groups
 
 if TYPE_CHECKING:
     import torch
@@ -128,34 +128,37 @@ class ImageStage:
         """The batch's images as one uint8 NCHW tensor on the device; a list of CHW
         tensors instead where their shapes differ (an int ``size`` and images of
         different aspect ratios)."""
-        bounds = batch.offsets.tolist()
-        count = len(bounds) - 1
-        out: list[torch.Tensor | None] = [None] * count
+        count = len(batch)
+        sizes = batch.offsets.diff().tolist()
+        # one call gives every image's view (64 slices would be 64 calls holding the GIL)
+        blobs = batch.data[: sum(sizes)].split(sizes)  # type: ignore[no-untyped-call]
+        groups: list[tuple[list[int], torch.Tensor]] = []
         on_cpu: list[tuple[int, str | None]] = [(i, None) for i in range(count)]
         if self._gpu is not None:
             on_cpu = list(batch.refusals)
             refused = {i for i, _ in on_cpu}
             todo = [i for i in range(count) if i not in refused]
-            # Pinned, the decoder's own copies to the device are DMA.
-            source = batch.data if self._staging is None else self._staging.take(batch.data)
-            decoded = self._gpu([source[bounds[i] : bounds[i + 1]] for i in todo]) if todo else []
+            if self._staging is not None:  # pinned: the decoder's copies to the device are DMA
+                pinned = self._staging.take(batch.data[: sum(sizes)])
+                blobs = pinned.split(sizes)
+            decoded = self._gpu([blobs[i] for i in todo]) if todo else []
             if self._staging is not None:
                 self._staging.used()
             good = [(i, image) for i, image in zip(todo, decoded) if image is not None]
             on_cpu += [(i, "decoder") for i, image in zip(todo, decoded) if image is None]
-            resized = resize_images(
+            resized = resize_groups(
                 [image for _, image in good],
                 self.size,
                 fit=self._cpu.fit,
                 resample=self._cpu.resample,
             )
-            for (i, _), image in zip(good, resized):
-                out[i] = image
+            groups = [([good[k][0] for k in members], stack) for members, stack in resized]
         for i, reason in sorted(on_cpu):
             if reason is not None:
                 self._count(reason)
-            out[i] = self._decode_cpu(batch.data[bounds[i] : bounds[i + 1]], i, count)
-        return _stack([image for image in out if image is not None], self.device)
+            image = self._decode_cpu(blobs[i], i, count)
+            groups.append(([i], image.unsqueeze(0)))
+        return _assemble(count, groups, self.device)
 
     def _decode_cpu(self, blob: torch.Tensor, position: int, count: int) -> torch.Tensor:
         import numpy as np
@@ -183,14 +186,32 @@ class ImageStage:
             )
 
 
-def _stack(images: list[torch.Tensor], device: torch.device) -> torch.Tensor | list[torch.Tensor]:
+def _assemble(
+    count: int, groups: list[tuple[list[int], torch.Tensor]], device: torch.device
+) -> torch.Tensor | list[torch.Tensor]:
+    """``count`` images from ``groups`` (their positions, their NCHW stack) in order:
+    one NCHW tensor where they share a shape (the one stack itself when there is one
+    group), else a list of CHW tensors."""
     import torch
 
-    if not images:
+    if not groups:
         return torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
-    if all(image.shape == images[0].shape for image in images):
-        return torch.stack(images)
-    return images
+    if len(groups) == 1:
+        return groups[0][1]
+    shape = groups[0][1].shape[1:]
+    if all(stack.shape[1:] == shape for _, stack in groups):
+        out = torch.empty((count, *shape), dtype=torch.uint8, device=device)
+        for members, stack in groups:
+            if len(members) == 1:
+                out[members[0]] = stack[0]
+            else:
+                out[torch.tensor(members, device=device)] = stack
+        return out
+    images: list[torch.Tensor | None] = [None] * count
+    for members, stack in groups:
+        for i, image in zip(members, stack):
+            images[i] = image
+    return [image for image in images if image is not None]
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

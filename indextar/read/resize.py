@@ -18,7 +18,7 @@ from .image import Fit, Geometry, target_geometry
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TORCH_FILTERS", "check_filter", "resize_images"]
+__all__ = ["TORCH_FILTERS", "check_filter", "resize_groups"]
 
 # image_decoder's filters that torch's interpolate has: (mode, antialias).
 TORCH_FILTERS = {
@@ -37,30 +37,29 @@ def check_filter(resample: str) -> None:
         )
 
 
-def resize_images(
+def resize_groups(
     images: list[torch.Tensor],
     size: int | tuple[int, int] | None,
     *,
     fit: Fit = "crop",
     resample: str = "bilinear",
-) -> list[torch.Tensor]:
-    """Each uint8 CHW image of ``images`` resized as ``image_decoder(size=, fit=,
-    resample=)`` would, on its own device; one call per distinct input shape."""
-    if size is None:
-        return list(images)
+) -> list[tuple[list[int], torch.Tensor]]:
+    """The uint8 CHW ``images`` resized as ``image_decoder(size=, fit=, resample=)``
+    would, on their own device, one call per distinct input shape: for each shape, the
+    positions in ``images`` of its images and their NCHW stack, resized."""
     import torch
 
-    out: list[torch.Tensor | None] = [None] * len(images)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, image in enumerate(images):
         groups.setdefault(tuple(image.shape), []).append(i)
+    out = []
     for shape, members in groups.items():
-        height, width = shape[-2], shape[-1]
-        geometry = target_geometry(width, height, size, fit)
         stack = torch.stack([images[i] for i in members])
-        for i, resized in zip(members, _resize_stack(stack, geometry, resample)):
-            out[i] = resized
-    return [image for image in out if image is not None]
+        if size is not None:
+            geometry = target_geometry(shape[-1], shape[-2], size, fit)
+            stack = _resize_stack(stack, geometry, resample)
+        out.append((members, stack))
+    return out
 
 
 def _resize_stack(stack: torch.Tensor, geometry: Geometry, resample: str) -> torch.Tensor:

@@ -106,6 +106,7 @@ class StagedLoader:
             for encoded in batches:
                 if not _put(fetched, encoded, stop):
                     return
+                del encoded  # not held while the loader waits: its block can be reused
             _put(fetched, _END, stop)
         except BaseException as e:  # handed to the caller's thread, raised there
             _put(fetched, _Failure(e), stop)
@@ -131,6 +132,7 @@ class StagedLoader:
                     return
                 with torch.cuda.stream(stream) if stream is not None else nullcontext():
                     batch = self.stage(encoded)
+                    encoded = None  # its bytes are read: the worker may reuse its block
                     event = None
                     if stream is not None:
                         event = torch.cuda.Event()  # type: ignore[no-untyped-call]

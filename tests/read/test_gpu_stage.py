@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from photos import encode, photo, psnr
+from procstats import mapping_of
 from torch.utils.data import DataLoader
 
 from indextar import (
@@ -114,19 +115,23 @@ def shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_workers_hand_over_shared_tensors(shard: Path, method: str) -> None:
+def test_workers_hand_over_shared_tensors(shard: Path, method: str, reuse: bool) -> None:
     ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
     loader = DataLoader(
         ds,
         batch_size=5,
         num_workers=2,
         multiprocessing_context=method,
-        collate_fn=encoded_collate(),
+        collate_fn=encoded_collate(reuse=reuse),
     )
     seen = 0
     for batch in loader:
-        assert batch.data.is_shared() and batch.offsets.is_shared()
+        if reuse:  # a block the worker reuses, mapped here once (test_shmblocks.py)
+            assert "/dev/shm/" in mapping_of(batch.data.data_ptr())
+        else:
+            assert batch.data.is_shared() and batch.offsets.is_shared()
         labels = batch.rest[0].tolist()
         assert [bytes(b.numpy()) for b in batch.images()] == [ds[i][0] for i in labels]
         assert [i for i, _ in batch.refusals] == [

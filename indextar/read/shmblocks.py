@@ -1,0 +1,265 @@
+"""Shared-memory blocks that a DataLoader worker reuses from batch to batch.
+
+The DataLoader hands a worker's tensors to the training process through shared memory,
+but for every storage of every batch the worker makes a new shared-memory file, fills
+fresh pages (the kernel zeroes them first), and passes its descriptor over a socket
+with an authentication handshake; the training process maps it, and frees the pages
+once the batch is gone. For a batch of 64 JPEGs of 1024x768 that is 13 MB of pages
+made and freed, and several milliseconds of the training process's CPU a batch, all
+of it holding the GIL its decoding thread needs (``tools/bench_gpu.py``).
+
+A :class:`BlockPool` keeps a few blocks per worker instead. A block and the pool's
+in-use flags (one byte a block, itself in shared memory) cross to the training process
+once, the first time they are used; after that a batch names its block and length, a
+few bytes of pickle. The training process (:func:`attach`) gives the batch a tensor
+over the block that holds a *lease*; when the last tensor sharing that memory is gone
+(views included: they all keep the lease), the block's flag is cleared and the worker
+may fill it again. A worker that finds no free block makes a one-off block, as the
+DataLoader would, so a caller that keeps batches never stalls a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import IndextarError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+
+__all__ = [
+    "BlockPool",
+    "PooledBlock",
+    "attach",
+    "fill",
+    "lay_out",
+    "rebuild",
+    "shared_bytes",
+    "worker_pool",
+]
+
+SLOTS = 8
+"""Blocks a worker keeps: the DataLoader's batches in flight (``prefetch_factor``, 2 by
+default) and those the training process holds (on_gpu's queues) fit with room."""
+
+_MIN_BLOCK = 1 << 20
+_ALIGN = 64
+
+
+def shared_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of ``nbytes`` in new shared memory (not zeroed first)."""
+    import torch
+
+    storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+# -- many tensors in one block ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    """Where a tensor lies in a block: ``rebuild`` puts the view back in its place."""
+
+    start: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def lay_out(value: Any, at: int = 0) -> tuple[Any, list[tuple[int, torch.Tensor]], int]:
+    """Place every CPU tensor in ``value`` (tuples, lists, dicts) in one block from
+    ``at``, each aligned to 64 bytes: ``value`` with each tensor replaced by where it
+    goes, the ``(start, tensor)`` copies to make (:func:`fill`), and the end."""
+    import torch
+
+    parts: list[tuple[int, torch.Tensor]] = []
+
+    def place(item: Any) -> Any:
+        nonlocal at
+        if isinstance(item, torch.Tensor) and item.device.type == "cpu":
+            at = -(-at // _ALIGN) * _ALIGN
+            where = _Slice(at, item.dtype, tuple(item.shape))
+            parts.append((at, item))
+            at += item.numel() * item.element_size()
+            return where
+        if isinstance(item, tuple):
+            return tuple(place(x) for x in item)
+        if isinstance(item, list):
+            return [place(x) for x in item]
+        if isinstance(item, dict):
+            return {key: place(x) for key, x in item.items()}
+        return item
+
+    template = place(value)
+    return template, parts, -(-at // _ALIGN) * _ALIGN
+
+
+def fill(block: torch.Tensor, parts: list[tuple[int, torch.Tensor]]) -> None:
+    """Copy each of :func:`lay_out`'s tensors into the uint8 ``block``."""
+    import torch
+
+    for start, tensor in parts:
+        if tensor.numel():
+            flat = tensor.contiguous().view(-1).view(torch.uint8)
+            block[start : start + flat.numel()].copy_(flat)
+
+
+def rebuild(block: torch.Tensor, template: Any) -> Any:
+    """``template`` with each tensor put back, as a view of ``block``."""
+    if isinstance(template, _Slice):
+        size = _nbytes(template)
+        return (
+            block[template.start : template.start + size].view(template.dtype).view(template.shape)
+        )
+    if isinstance(template, tuple):
+        return tuple(rebuild(block, x) for x in template)
+    if isinstance(template, list):
+        return [rebuild(block, x) for x in template]
+    if isinstance(template, dict):
+        return {key: rebuild(block, x) for key, x in template.items()}
+    return template
+
+
+def _nbytes(where: _Slice) -> int:
+    import math
+
+    import torch
+
+    return math.prod(where.shape) * torch.empty(0, dtype=where.dtype).element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class PooledBlock:
+    """A block taken from a worker's :class:`BlockPool` for one batch: ``tensor`` is
+    ``nbytes`` long. Pickled, it is only the pool's key, the slot and the length, plus
+    the block (and the pool's flags) the first time; :func:`attach` rebuilds it."""
+
+    pool: str
+    slot: int
+    nbytes: int
+    tensor: torch.Tensor
+    new_block: torch.Tensor | None
+    flags: torch.Tensor | None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return attach, (self.pool, self.slot, self.nbytes, self.new_block, self.flags)
+
+
+class BlockPool:
+    """A worker's reusable shared-memory blocks; see the module's docstring."""
+
+    def __init__(self, slots: int = SLOTS) -> None:
+        import torch
+
+        self.pid = os.getpid()
+        self.key = f"{self.pid}-{uuid.uuid4().hex[:12]}"
+        self._flags = torch.zeros(slots, dtype=torch.uint8)
+        self._flags.share_memory_()  # type: ignore[no-untyped-call]
+        self._in_use: npt.NDArray[np.uint8] = self._flags.numpy()
+        self._blocks: list[torch.Tensor | None] = [None] * slots
+        self._flags_sent = False
+
+    def take(self, nbytes: int) -> PooledBlock | None:
+        """A free block of at least ``nbytes``, marked in use; ``None`` when every block
+        is held by the training process (the caller makes a one-off block)."""
+        free = [k for k in range(len(self._blocks)) if not self._in_use[k]]
+        if not free:
+            return None
+        fits = [k for k in free if (b := self._blocks[k]) is not None and b.numel() >= nbytes]
+        new_block = None
+        if fits:
+            slot = fits[0]
+        else:
+            # an empty slot first, else the smallest free block, grown by a quarter
+            slot = min(free, key=lambda k: -1 if (b := self._blocks[k]) is None else b.numel())
+            new_block = shared_bytes(max(nbytes + nbytes // 4, _MIN_BLOCK))
+            self._blocks[slot] = new_block
+        block = self._blocks[slot]
+        assert block is not None
+        self._in_use[slot] = 1
+        flags = None if self._flags_sent else self._flags
+        self._flags_sent = True
+        return PooledBlock(self.key, slot, nbytes, block[:nbytes], new_block, flags)
+
+    def give_back(self, taken: PooledBlock) -> None:
+        """Free a block that will not be sent after all (its batch failed)."""
+        self._in_use[taken.slot] = 0
+
+
+_worker_pool: BlockPool | None = None
+
+
+def worker_pool() -> BlockPool:
+    """This process's pool (a forked child makes its own)."""
+    global _worker_pool
+    if _worker_pool is None or _worker_pool.pid != os.getpid():
+        _worker_pool = BlockPool()
+    return _worker_pool
+
+
+# -- the training process's side ------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Attached:
+    pid: int
+    flags: npt.NDArray[np.uint8]
+    keep: torch.Tensor  # the flags' shared memory, mapped here
+    blocks: list[npt.NDArray[np.uint8] | None]
+
+
+_attached: dict[str, _Attached] = {}
+_lock = threading.Lock()
+
+
+def attach(
+    pool: str, slot: int, nbytes: int, new_block: torch.Tensor | None, flags: torch.Tensor | None
+) -> torch.Tensor:
+    """The first ``nbytes`` of block ``slot`` of worker pool ``pool``, as a uint8
+    tensor that holds the block until it and every view of it are gone. Unpickling a
+    :class:`PooledBlock` calls this."""
+    import torch
+
+    with _lock:
+        attached = _attached.get(pool)
+        if attached is None:
+            if flags is None:
+                raise IndextarError(
+                    f"a batch names block {slot} of shared-memory pool {pool}, which this "
+                    f"process was never sent: a pooled batch can be unpickled only by the "
+                    f"process its DataLoader worker sends it to"
+                )
+            _forget_exited()
+            attached = _Attached(int(pool.split("-")[0]), flags.numpy(), flags, [None] * len(flags))
+            _attached[pool] = attached
+        if new_block is not None:
+            attached.blocks[slot] = new_block.numpy()
+        block = attached.blocks[slot]
+    if block is None:
+        raise IndextarError(f"block {slot} of shared-memory pool {pool} was never sent here")
+    lease = block[:nbytes]  # a new array object: the tensor below keeps it alive
+    weakref.finalize(lease, _release, attached.flags, slot).atexit = False
+    return torch.from_numpy(lease)
+
+
+def _release(flags: npt.NDArray[np.uint8], slot: int) -> None:
+    flags[slot] = 0
+
+
+def _forget_exited() -> None:
+    """Drop the pools of workers that have exited (batches still held keep their own
+    block mapped through their lease)."""
+    for key, attached in list(_attached.items()):
+        try:
+            os.kill(attached.pid, 0)
+        except ProcessLookupError:
+            del _attached[key]
+        except PermissionError:
+            pass

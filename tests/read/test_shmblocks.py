@@ -1,0 +1,140 @@
+"""encoded_collate's reused shared-memory blocks (read/shmblocks.py), through real fork
+and spawn DataLoader workers: a block is filled again only once every tensor over it
+is gone in the training process, so batches and views a caller keeps never change."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from procstats import mapping_of
+from torch.utils.data import DataLoader
+
+from indextar import IndexedTarDataset, IndextarError, encoded_collate
+from indextar.read import shmblocks
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded:DeprecationWarning"
+)
+
+COUNT = 96
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Samples of different sizes (1-30 KB), each a byte pattern of its own."""
+    path = tmp_path_factory.mktemp("shm") / "blobs-000000.tar"
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w") as tar:
+        for i in range(COUNT):
+            blob = rng.integers(0, 256, int(rng.integers(1_000, 30_000)), np.uint8).tobytes()
+            for ext, data in (("jpg", blob), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"s{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def loader(path: Path, method: str = "fork", workers: int = 2, **collate: bool) -> DataLoader:
+    ds = IndexedTarDataset(str(path), keys=("jpg", "cls"), decode=[])
+    return DataLoader(
+        ds,
+        batch_size=5,
+        num_workers=workers,
+        multiprocessing_context=method,
+        collate_fn=encoded_collate(**collate),
+        shuffle=True,
+        generator=torch.Generator().manual_seed(1),
+    )
+
+
+def check(batch, ds: IndexedTarDataset) -> None:  # type: ignore[no-untyped-def]
+    labels = batch.rest[0].tolist()
+    assert [bytes(b.numpy()) for b in batch.images()] == [ds[i][0] for i in labels]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_reuse_a_few_blocks(shard: Path, method: str) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    blocks, seen = set(), 0
+    for _ in range(2):
+        for batch in loader(shard, method):
+            check(batch, ds)
+            where = mapping_of(batch.data.data_ptr())
+            assert "/dev/shm/" in where or "torch_" in where, where
+            # the block's start, found through the offsets' view of the same memory
+            blocks.add(batch.offsets.data_ptr())
+            seen += len(batch)
+            del batch
+    assert seen == 2 * COUNT
+    # 2 epochs x 2 workers, each with its own few blocks; a block a batch would be 40
+    assert len(blocks) <= 2 * 2 * shmblocks.SLOTS
+
+
+def test_batches_kept_are_never_overwritten(shard: Path) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    kept = list(loader(shard, workers=1))  # far more batches than one worker's blocks
+    assert len(kept) == -(-COUNT // 5)
+    for batch in kept:
+        check(batch, ds)
+
+
+def test_a_view_keeps_its_block(shard: Path) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    views: list[tuple[torch.Tensor, int]] = []
+    for epoch in range(3):
+        for batch in loader(shard, workers=1):
+            if epoch == 0 and len(views) < 4:
+                views.append((batch.images()[0], batch.rest[0][0].item()))
+            check(batch, ds)
+            del batch  # only the view stays
+    for view, label in views:
+        assert bytes(view.numpy()) == ds[label][0]
+
+
+def test_without_reuse_every_batch_has_its_own_block(shard: Path) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    for batch in loader(shard, reuse=False):
+        assert batch.data.is_shared() and batch.offsets.is_shared()
+        check(batch, ds)
+
+
+def crossed(value: object) -> object:
+    """``value`` sent as a DataLoader worker sends it (torch's reductions: tensors by
+    shared memory) and received in this process."""
+    return pickle.loads(ForkingPickler.dumps(value))
+
+
+def test_a_block_is_reused_once_its_tensors_are_gone() -> None:
+    pool = shmblocks.BlockPool(slots=2)
+    first = pool.take(100)
+    assert first is not None and first.flags is not None and first.new_block is not None
+    first.tensor[:] = torch.arange(100, dtype=torch.uint8)
+    got = crossed(first)  # the first batch brings the block and the flags
+    assert torch.equal(got, torch.arange(100, dtype=torch.uint8))
+    view = got[10:20]
+    del got
+    second = pool.take(50)  # block 0 is held by the view: a new block
+    assert second is not None and second.slot == 1 and second.flags is None
+    held = crossed(second)
+    assert pool.take(10) is None  # both held: the worker makes a one-off block
+    del view
+    third = pool.take(80)  # block 0 is free again, and big enough: nothing new crosses
+    assert third is not None and third.slot == 0 and third.new_block is None
+    again = crossed(third)
+    assert again.numel() == 80 and again[79].item() == 79
+    assert held.numel() == 50
+
+
+def test_a_block_never_sent_is_refused() -> None:
+    unsent = shmblocks.BlockPool(slots=2)
+    assert unsent.take(10) is not None  # its first batch never reaches this process
+    later = unsent.take(10)
+    with pytest.raises(IndextarError, match="never sent"):
+        crossed(later)
