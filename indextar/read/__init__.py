@@ -5,9 +5,10 @@ open shards; ``entries`` lists a
 dataset's shards from their indexes (each is opened by ``index.opener``); ``dataset``
 is the map-style dataset; ``decode`` turns members into values; ``image`` decodes
 images straight to training size (``image_decoder``); ``pool`` decodes a batch in
-threads; ``encoded``, ``sniff``, ``resize``, ``staging``, ``gpu``, ``gpu_dali`` and
-``staged`` are the GPU image stage (``on_gpu``: workers hand over encoded images as one
-tensor, the training process decodes them on the device); ``sample`` makes what both
+threads; ``encoded``, ``shmblocks``, ``sniff``, ``resize``, ``staging``, ``gpu``,
+``gpu_dali`` and ``staged`` are the GPU image stage (``on_gpu``: workers hand over
+encoded images as one tensor, in shared-memory blocks they reuse, and the training
+process decodes them on the device); ``sample`` makes what both
 datasets return for a sample (``decode=``, ``keys=``); ``lookup`` finds samples by key;
 ``subset`` holds key and ``where`` views;
 ``selection`` evaluates SQL over the indexes (``ds.where``, ``bucket_ids``);
