@@ -20,6 +20,7 @@ DataLoader would, so a caller that keeps batches never stalls a worker.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import uuid
@@ -128,11 +129,7 @@ def rebuild(block: torch.Tensor, template: Any) -> Any:
 
 
 def _nbytes(where: _Slice) -> int:
-    import math
-
-    import torch
-
-    return math.prod(where.shape) * torch.empty(0, dtype=where.dtype).element_size()
+    return math.prod(where.shape) * where.dtype.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +161,7 @@ class BlockPool:
         self._flags.share_memory_()  # type: ignore[no-untyped-call]
         self._in_use: npt.NDArray[np.uint8] = self._flags.numpy()
         self._blocks: list[torch.Tensor | None] = [None] * slots
+        self._sent = [False] * slots  # the training process has each block
         self._flags_sent = False
 
     def take(self, nbytes: int) -> PooledBlock | None:
@@ -173,24 +171,35 @@ class BlockPool:
         if not free:
             return None
         fits = [k for k in free if (b := self._blocks[k]) is not None and b.numel() >= nbytes]
-        new_block = None
         if fits:
             slot = fits[0]
         else:
             # an empty slot first, else the smallest free block, grown by a quarter
             slot = min(free, key=lambda k: -1 if (b := self._blocks[k]) is None else b.numel())
-            new_block = shared_bytes(max(nbytes + nbytes // 4, _MIN_BLOCK))
-            self._blocks[slot] = new_block
+            self._blocks[slot] = shared_bytes(max(nbytes + nbytes // 4, _MIN_BLOCK))
+            self._sent[slot] = False
         block = self._blocks[slot]
         assert block is not None
         self._in_use[slot] = 1
-        flags = None if self._flags_sent else self._flags
-        self._flags_sent = True
-        return PooledBlock(self.key, slot, nbytes, block[:nbytes], new_block, flags)
+        taken = PooledBlock(
+            self.key,
+            slot,
+            nbytes,
+            block[:nbytes],
+            None if self._sent[slot] else block,
+            None if self._flags_sent else self._flags,
+        )
+        self._sent[slot] = self._flags_sent = True
+        return taken
 
     def give_back(self, taken: PooledBlock) -> None:
-        """Free a block that will not be sent after all (its batch failed)."""
+        """Free a block whose batch will not be sent after all (it failed): what that
+        batch would have brought (the block, the flags) is sent with the next."""
         self._in_use[taken.slot] = 0
+        if taken.new_block is not None:
+            self._sent[taken.slot] = False
+        if taken.flags is not None:
+            self._flags_sent = False
 
 
 _worker_pool: BlockPool | None = None

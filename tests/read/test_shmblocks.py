@@ -138,3 +138,15 @@ def test_a_block_never_sent_is_refused() -> None:
     later = unsent.take(10)
     with pytest.raises(IndextarError, match="never sent"):
         crossed(later)
+
+
+def test_what_a_failed_batch_would_have_brought_goes_with_the_next() -> None:
+    pool = shmblocks.BlockPool(slots=2)
+    failed = pool.take(100)  # its batch fails in the worker: never sent
+    assert failed is not None and failed.new_block is not None and failed.flags is not None
+    pool.give_back(failed)
+    retry = pool.take(100)
+    assert retry is not None and retry.slot == failed.slot
+    assert retry.new_block is not None and retry.flags is not None
+    retry.tensor[:] = 7
+    assert crossed(retry).tolist() == [7] * 100
