@@ -131,6 +131,11 @@ class OpenShard:
         start, end = self.samples[local, :2].tolist()
         return start, end - start
 
+    def spans(self, local: list[int]) -> tuple[list[int], list[int]]:
+        """The offsets and lengths of samples ``local``'s bytes (one numpy look-up)."""
+        starts, ends = self.samples[local, 0], self.samples[local, 1]
+        return starts.tolist(), (ends - starts).tolist()
+
     def read(
         self, local: int, span: SpanBytes | None = None
     ) -> tuple[str, list[tuple[str, bytes]]]:
@@ -171,6 +176,12 @@ class OpenShard:
         """Sample ``local``'s key."""
         key_start, key_end = self.samples[local, 4:6].tolist()
         return self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape")
+
+    def keys(self, local: list[int]) -> list[str]:
+        """Samples ``local``'s keys (one numpy look-up)."""
+        blob = self.key_blob
+        bounds = self.samples[local, 4:6].tolist()
+        return [blob[start:end].decode("utf-8", "surrogateescape") for start, end in bounds]
 
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """What :meth:`read` returns for each of the samples ``local``, with one

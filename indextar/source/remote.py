@@ -23,7 +23,7 @@ import concurrent.futures
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -204,15 +204,15 @@ class RangeSource(ByteSource):
         self.keep(offset, data)
         return data if fetched == length else data[:length]
 
-    def _read_once(self, offset: int, length: int) -> bytes:
-        """One request for the range, its answer checked; no retries."""
+    def _read_once(self, offset: int, length: int) -> SpanBytes:
+        """One request for the range, its answer checked, its body as received; no retries."""
         held, fetched = self._plan(offset, length)
         if held is not None:
             return held
         (got,) = _fetch([self], [offset], [fetched], [0], 1)
         if isinstance(got, BaseException):
             raise got
-        return cast(bytes, self._settle(got, offset, length, fetched))
+        return self._settle(got, offset, length, fetched)
 
     def range_coroutine(
         self, offset: int, length: int
@@ -257,10 +257,11 @@ class RangeSource(ByteSource):
 
     def read(self, offset: int, length: int) -> bytes:
         self._ready()
-        return with_retries(
+        data = with_retries(
             lambda: self._read_once(offset, length),
             self.retry, url=self.url, offset=offset, length=length,
         )  # fmt: skip
+        return data if type(data) is bytes else bytes(data)
 
     def read_members(
         self,
@@ -297,7 +298,9 @@ class RangeSource(ByteSource):
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` of each span, all fetched at once; a span whose headers
         are not its sample's is read again alone, by :meth:`read_members`."""
-        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
+        offsets, lengths = [span[0] for span in spans], [span[1] for span in spans]
+        sources = [self] * len(spans)  # the bodies as received: members are copied out once
+        datas = fetch_ranges(sources, offsets, lengths, max_in_flight=self.max_in_flight)
         out = []
         for (offset, length, first, count, key), data in zip(spans, datas):
             try:
@@ -324,9 +327,9 @@ class RangeSource(ByteSource):
         """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
         if len(offsets) <= 1:
             return [self.read(offset, length) for offset, length in zip(offsets, lengths)]
-        return fetch_ranges(
-            [self] * len(offsets), offsets, lengths, max_in_flight=self.max_in_flight
-        )
+        sources = [self] * len(offsets)
+        got = fetch_ranges(sources, offsets, lengths, max_in_flight=self.max_in_flight)
+        return [data if type(data) is bytes else bytes(data) for data in got]
 
     def close(self) -> None:
         self._generation = self._fs_generation = -1
@@ -350,13 +353,13 @@ def fetch_ranges(
     *,
     max_in_flight: int = 64,
     keys: Sequence[str] | None = None,
-) -> list[bytes]:
+) -> list[SpanBytes]:
     """Range ``i`` of ``sources[i]`` for every ``i``, concurrently, even across shards.
 
     Requests to one filesystem go out together (fsspec's ``cat_ranges`` on one event
     loop), at most ``max_in_flight`` at once; failed ones are retried with the first
     source's policy, and the short reads are errors. ``keys[i]``, if given, names the
-    sample of range ``i`` in errors.
+    sample of range ``i`` in errors. Bodies come as received (direct S3: ``bytearray``).
     """
     results: list[Any] = [None] * len(sources)
     asked = list(lengths)  # what is fetched: a filling cache's ranges take their padding
@@ -364,7 +367,7 @@ def fetch_ranges(
         results[i], asked[i] = source._plan(offsets[i], lengths[i])
     pending = [i for i, result in enumerate(results) if result is None]
 
-    def attempt() -> list[bytes] | Failed:
+    def attempt() -> list[SpanBytes] | Failed:
         nonlocal pending
         failed: list[tuple[int, BaseException]] = []
         for i, outcome in zip(pending, _fetch(sources, offsets, asked, pending, max_in_flight)):
@@ -376,7 +379,7 @@ def fetch_ranges(
             except WrongRangeError as e:  # short: not kept
                 failed.append((i, e))
         if not failed:
-            return [r for r in results if r is not None]
+            return results
         tried, pending = len(pending), [i for i, _ in failed]
         first = failed[0][0]
         return Failed(
