@@ -47,15 +47,8 @@ from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.opener import OpenedEntry
 from ..source.base import ByteSource, Span, SpanBytes, split_members
-from ..source.extensions import mapread
-from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
-
-# A fetched span is split by _mapread's copy where it is built: its header check in C
-# (the Python one is most of a small sample's read); else by split_members.
-_MAPREAD = mapread()
-_MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
 
 __all__ = ["OpenShard", "LRUCache", "Lease"]
 
@@ -219,16 +212,9 @@ class OpenShard:
         if span is None:
             span = self.source.read(start, end - start)
         span = self._verified(local, start, span, key)
-        checked = key if self.check_names else b""
-        if count <= _MAX_C_MEMBERS:  # the span's bytes as the map, at base 0
-            got = _MAPREAD.members(span, 0, self.members, first, count, self.ext_names, checked)  # type: ignore[union-attr]
-            if type(got) is not list:
-                headers = bytes(span[: int(self.members[first, 0])])
-                raise stale_error(got, shard=self.shard, offset=start, key=key, headers=headers)
-            return key.decode("utf-8", "surrogateescape"), got
         members = split_members(
-            span, self.members, first, count, self.ext_names, checked,
-            shard=self.shard, offset=start,
+            span, self.members, first, count, self.ext_names, key if self.check_names else b"",
+            shard=self.shard, offset=start, name=key,
         )  # fmt: skip
         return key.decode("utf-8", "surrogateescape"), members
 

@@ -290,6 +290,30 @@ def test_scan_and_both_span_checks_share_one_size_limit() -> None:
         assert too_large == (expected == BAD_CHECKSUM), caught.value
 
 
+@pytest.mark.parametrize("c", [True, False])
+def test_a_checksums_only_split_names_the_sample_it_is_told(
+    c: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """split_members with key b"" (a shard whose names the span cannot tell: checksums
+    only) names the sample ``name=`` in its error, as OpenShard's own C call did; it
+    named b"" (sample '')."""
+    import numpy as np
+
+    from indextar.source import base
+
+    if not c:
+        monkeypatch.setattr(base, "_MAPREAD", None)
+    elif base._MAPREAD is None:
+        pytest.skip("_mapread is not built")
+    span = tar_bytes({"k1.txt": b"abc"})[:1024]
+    rows = np.array([[512, 3, 0]], np.int64)
+    assert base.split_members(span, rows, 0, 1, ("txt",), b"", name=b"k1") == [("txt", b"abc")]
+    damaged = bytearray(span)
+    damaged[100] ^= 0x01  # a byte of the mode field: the header's checksum no longer holds
+    with pytest.raises(StaleIndexError, match="promised sample 'k1'.*bad checksum"):
+        base.split_members(damaged, rows, 0, 1, ("txt",), b"", shard="s.tar", name=b"k1")
+
+
 def test_a_member_named_by_a_global_header_before_its_span_reads(tmp_path: Path) -> None:
     from tarcraft import BLOCK, blocks, header, pax_records
 
