@@ -30,7 +30,7 @@ __all__ = ["RemoteBatches"]
 
 
 class RemoteBatches:
-    """Remote batch reads of a dataset that has these attributes and ``_shard``."""
+    """Remote batch reads of a dataset that has these attributes and ``_lease``."""
 
     shards: tuple[str, ...]
     max_open_shards: int

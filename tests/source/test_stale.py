@@ -120,7 +120,8 @@ def test_a_header_with_a_bad_checksum_is_refused(tmp_path: Path) -> None:
     ds = IndexedTarDataset(path)
     expected = [ds[i] for i in range(len(ds))]
     raw = bytearray(path.read_bytes())
-    start = int(ds._shard(0).samples[50, 0])  # past the fingerprinted first 64 KiB
+    with ds._leased(0) as shard:
+        start = int(shard.samples[50, 0])  # past the fingerprinted first 64 KiB
     raw[start + 50] ^= 0x01  # a byte of the mode field: the checksum no longer holds
     overwrite_in_place(path, bytes(raw), keep_mtime=True)
     with pytest.raises(StaleIndexError, match="bad checksum") as info:
