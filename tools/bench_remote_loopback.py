@@ -135,10 +135,10 @@ def main() -> None:
             http.reset()
             ranges_rate = rate(total, lambda: batched(ranges))
             fetched = sum(v["bytes"] for v in http.stats().values())
-            spans = sum(
-                int((ranges._shard(n).samples[:, 1] - ranges._shard(n).samples[:, 0]).sum())
-                for n in range(args.shards)
-            )
+            spans = 0
+            for n in range(args.shards):
+                samples = ranges.shard_index(n).load_arrays().samples
+                spans += int((samples[:, 1] - samples[:, 0]).sum())
             loader = torch.utils.data.DataLoader(
                 ranges, batch_size=64, sampler=order, num_workers=2, collate_fn=lambda b: len(b)
             )

@@ -85,13 +85,23 @@ def traced(call: Callable[[], Any]) -> tuple[Any, Trace]:
 
 def trace_open(dataset: indextar.IndexedTarDataset, shard_no: int = 0) -> Trace:
     """The trace of opening shard ``shard_no`` of ``dataset`` to its byte source: the
-    dataset's own ``_shard``, which ``ds[i]`` calls the first time."""
-    return traced(lambda: dataset._shard(shard_no))[1]
+    dataset's own ``_lease``, which ``ds[i]`` calls the first time."""
+
+    def open_it() -> None:
+        with dataset._leased(shard_no):
+            pass
+
+    return traced(open_it)[1]
 
 
 def trace_first_read(dataset: indextar.IndexedTarDataset, shard_no: int = 0) -> Trace:
     """The trace of :func:`trace_open` and then reading the shard's first sample."""
-    return traced(lambda: dataset._shard(shard_no).read(0))[1]
+
+    def read_first() -> None:
+        with dataset._leased(shard_no) as shard:
+            shard.read(0)
+
+    return traced(read_first)[1]
 
 
 def make_shards(folder: Path) -> list[Path]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from .arrays import (
     read_layout,
 )
 from .manifest import ManifestShard
-from .meta import check_fresh, meta_from, reading_index
+from .meta import IndexMeta, check_fresh, meta_from, reading_index
 from .remote import default_index_dir, open_remote_index
 from .shard import PathLike, ShardIndex, build_index, open_index, open_index_at
 
@@ -124,21 +125,32 @@ def open_entry(
     :func:`find_index` finds it, then read.
     """
     location = ShardLocation.of(entry.url)
-    path = _index_there(entry, location, options)
-    if path is None:
-        path = open_entry_index(entry, options, number=number, manifest=manifest).path
-    with reading_index(path) as conn:
-        meta = meta_from(conn, path)
-        arrays = arrays_from(conn, path, meta.num_samples, meta.num_members)
-        layout = layout_from(conn, path, meta) if meta.compression else None
     name = location.name if location.remote else str(Path(location.name))  # as open_index_at
-    index = ShardIndex(shard=name, path=path, meta=meta)
-    if not location.remote:  # a remote one's reads are checked against its version
-        with _named_as_entry(entry, number):
-            check_fresh(Path(location.name), meta, path)
-    check_entry(entry, index, manifest=manifest)
+    path = _index_there(entry, location, options)
+    if path is None:  # found, fetched or built: its meta read and checked there, once
+        found = open_entry_index(entry, options, number=number, manifest=manifest)
+        with reading_index(found.path) as conn:
+            arrays, layout = _arrays_and_layout(conn, found.path, found.meta)
+        index = ShardIndex(shard=name, path=found.path, meta=found.meta)
+    else:
+        with reading_index(path) as conn:
+            meta = meta_from(conn, path)
+            arrays, layout = _arrays_and_layout(conn, path, meta)
+        index = ShardIndex(shard=name, path=path, meta=meta)
+        if not location.remote:  # a remote one's reads are checked against its version
+            with _named_as_entry(entry, number):
+                check_fresh(Path(location.name), meta, path)
+        check_entry(entry, index, manifest=manifest)
     source = shard_source(index, options.source, location=location, layout=layout)
     return OpenedEntry(index, arrays, source)
+
+
+def _arrays_and_layout(
+    conn: sqlite3.Connection, path: Path, meta: IndexMeta
+) -> tuple[ShardArrays, CompressedLayout | None]:
+    """The arrays of the index at ``path``, and a compressed shard's frames or seek points."""
+    arrays = arrays_from(conn, path, meta.num_samples, meta.num_members)
+    return arrays, layout_from(conn, path, meta) if meta.compression else None
 
 
 def _index_there(

@@ -17,7 +17,7 @@ import bisect
 import contextlib
 import operator
 import os
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -222,12 +222,15 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
             lease = self._open.insert(shard_no, OpenShard.load(opened))
         return lease
 
-    def _shard(self, shard_no: int) -> OpenShard:
-        """Shard ``shard_no``, opened, not leased: for one thread's look (the tools'
-        and tests'); a read that other threads may evict under takes :meth:`_lease`."""
+    @contextlib.contextmanager
+    def _leased(self, shard_no: int) -> Iterator[OpenShard]:
+        """Shard ``shard_no``, opened, leased for the ``with`` block (:meth:`_lease`):
+        the tools' and tests' look at the shard the dataset reads through."""
         lease = self._lease(shard_no)
-        self._open.release(lease)
-        return lease.value
+        try:
+            yield lease.value
+        finally:
+            self._open.release(lease)
 
     def shard_index(self, shard_no: int) -> ShardIndex:
         """Shard ``shard_no``'s index, opened and validated (and checked against its

@@ -30,7 +30,7 @@ __all__ = ["RemoteBatches"]
 
 
 class RemoteBatches:
-    """Remote batch reads of a dataset that has these attributes and ``_shard``."""
+    """Remote batch reads of a dataset that has these attributes and ``_lease``."""
 
     shards: tuple[str, ...]
     max_open_shards: int
@@ -94,37 +94,40 @@ class RemoteBatches:
         """The remote samples' bytes, fetched ahead or all requests in flight at once;
         ``None`` for local ones."""
         spans: list[SpanBytes | None] = [None] * len(shard_nos)
-        wanted: list[tuple[int, int, int]] = []  # (at, shard_no, local) to fetch now
+        wanted: dict[int, tuple[list[int], list[int]]] = {}  # shard_no: (ats, locals) to fetch
         for at, (n, local) in enumerate(zip(shard_nos, locals_)):
             if n in self._ranged:
                 spans[at] = self._ahead.take((n, local))
                 if spans[at] is None:
-                    wanted.append((at, n, local))
+                    group = wanted.setdefault(n, ([], []))
+                    group[0].append(at)
+                    group[1].append(local)
         if not wanted:
             return spans
         leases: dict[int, Lease[OpenShard]] = {}  # one a shard, for the fetch
+        ats, sources, offsets, lengths, keys = [], [], [], [], []  # grouped by shard
         try:
-            for _, n, _ in wanted:
-                if n not in leases:
-                    leases[n] = self._lease(n)
-            # a shard the cache holds whole (cache_fill="ranges" filled it) reads itself
-            wanted = [
-                w for w in wanted if not isinstance(leases[w[1]].value.source, LocalFileSource)
-            ]
-            if not wanted:
+            for n, (shard_ats, shard_locals) in wanted.items():
+                leases[n] = self._lease(n)
+                shard = leases[n].value
+                if isinstance(shard.source, LocalFileSource):
+                    continue  # the cache holds it whole (cache_fill="ranges"): it reads itself
+                starts, shard_lengths = shard.spans(shard_locals)
+                ats += shard_ats
+                sources += [shard.source] * len(shard_ats)
+                offsets += starts
+                lengths += shard_lengths
+                keys += shard.keys(shard_locals)
+            if not ats:
                 return spans
-            shards = [leases[n].value for _, n, _ in wanted]
-            where = [shard.span(local) for shard, (_, _, local) in zip(shards, wanted)]
             fetched = fetch_spans(  # compressed shards: their frames, or from their seek points
-                [shard.source for shard in shards],
-                *zip(*where),  # the offsets, then the lengths
-                max_in_flight=self._options.source.max_in_flight,
-                keys=[shard.key(local) for shard, (_, _, local) in zip(shards, wanted)],
-            )
+                sources, offsets, lengths, max_in_flight=self._options.source.max_in_flight,
+                keys=keys,
+            )  # fmt: skip
         finally:
             for lease in leases.values():
                 self._open.release(lease)
-        for (at, _, _), data in zip(wanted, fetched):
+        for at, data in zip(ats, fetched):
             spans[at] = data
         return spans
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from ..index.opener import OpenOptions
 from ..index.remote import default_cache_root
-from ..source.base import ByteSource
+from ..source.base import ByteSource, SpanBytes
 from ..source.cache import ShardCache
 from ..source.frames import FramedSource
 from ..source.remote import RangeSource, fetch_ranges
@@ -58,7 +58,7 @@ def fetch_spans(
     *,
     max_in_flight: int = 64,
     keys: Sequence[str] | None = None,
-) -> list[bytes]:
+) -> list[SpanBytes]:
     """What :func:`fetch_ranges` gives, where some sources are compressed shards' sources
     of uncompressed bytes: a per-sample shard's ranges become the ranges of its frames,
     all in flight together and then decompressed; a ``.tar.gz`` read through seek points
@@ -69,7 +69,7 @@ def fetch_spans(
             sources,  # type: ignore[arg-type]
             offsets, lengths, max_in_flight=max_in_flight, keys=keys,
         )  # fmt: skip
-    results: list[bytes | None] = [None] * len(sources)
+    results: list[SpanBytes | None] = [None] * len(sources)
     batched: list[tuple[int, RangeSource, int, int]] = []  # (position, raw, offset, length)
     framed: dict[int, tuple[FramedSource, tuple[int, int, int, int]]] = {}
     for i, (source, offset, length) in enumerate(zip(sources, offsets, lengths)):

@@ -47,15 +47,8 @@ from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.opener import OpenedEntry
 from ..source.base import ByteSource, Span, SpanBytes, split_members
-from ..source.extensions import mapread
-from ..tar.spancheck import stale_error
 
 log = logging.getLogger(__name__)
-
-# A fetched span is split by _mapread's copy where it is built: its header check in C
-# (the Python one is most of a small sample's read); else by split_members.
-_MAPREAD = mapread()
-_MAX_C_MEMBERS = _MAPREAD.MAX_MEMBERS if _MAPREAD is not None else 0
 
 __all__ = ["OpenShard", "LRUCache", "Lease"]
 
@@ -131,6 +124,11 @@ class OpenShard:
         start, end = self.samples[local, :2].tolist()
         return start, end - start
 
+    def spans(self, local: list[int]) -> tuple[list[int], list[int]]:
+        """The offsets and lengths of samples ``local``'s bytes (one numpy look-up)."""
+        starts, ends = self.samples[local, 0], self.samples[local, 1]
+        return starts.tolist(), (ends - starts).tolist()
+
     def read(
         self, local: int, span: SpanBytes | None = None
     ) -> tuple[str, list[tuple[str, bytes]]]:
@@ -172,6 +170,12 @@ class OpenShard:
         key_start, key_end = self.samples[local, 4:6].tolist()
         return self.key_blob[key_start:key_end].decode("utf-8", "surrogateescape")
 
+    def keys(self, local: list[int]) -> list[str]:
+        """Samples ``local``'s keys (one numpy look-up)."""
+        blob = self.key_blob
+        bounds = self.samples[local, 4:6].tolist()
+        return [blob[start:end].decode("utf-8", "surrogateescape") for start, end in bounds]
+
     def read_many(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """What :meth:`read` returns for each of the samples ``local``, with one
         ``read_many`` of their spans (local files: one size check for all)."""
@@ -208,16 +212,9 @@ class OpenShard:
         if span is None:
             span = self.source.read(start, end - start)
         span = self._verified(local, start, span, key)
-        checked = key if self.check_names else b""
-        if count <= _MAX_C_MEMBERS:  # the span's bytes as the map, at base 0
-            got = _MAPREAD.members(span, 0, self.members, first, count, self.ext_names, checked)  # type: ignore[union-attr]
-            if type(got) is not list:
-                headers = bytes(span[: int(self.members[first, 0])])
-                raise stale_error(got, shard=self.shard, offset=start, key=key, headers=headers)
-            return key.decode("utf-8", "surrogateescape"), got
         members = split_members(
-            span, self.members, first, count, self.ext_names, checked,
-            shard=self.shard, offset=start,
+            span, self.members, first, count, self.ext_names, key if self.check_names else b"",
+            shard=self.shard, offset=start, name=key,
         )  # fmt: skip
         return key.decode("utf-8", "surrogateescape"), members
 

@@ -160,11 +160,14 @@ def split_members(
     *,
     shard: str = "",
     offset: int = 0,
+    name: bytes | None = None,
 ) -> list[tuple[str, bytes]]:
     """A sample's ``(extension, data)`` members, sliced out of its span's bytes.
 
-    With ``key``, the span's headers must still be those of a member named ``key``:
-    else :class:`~indextar.errors.StaleIndexError`, naming ``shard`` and ``offset``.
+    With ``key``, the span's headers must still be those of a member named ``key``
+    (``b""``: headers with valid checksums, whatever their names): else
+    :class:`~indextar.errors.StaleIndexError`, naming ``shard``, ``offset`` and the
+    sample, ``name`` if given (its key where ``key`` is ``b""``), else ``key``.
     In C where it is built (``_mapread``: the headers checked and the members copied
     out in one pass); the Python below is the reference, and runs where C refuses a
     span, to raise the error that says what is wrong.
@@ -178,7 +181,8 @@ def split_members(
         headers = bytes(span[: rows[0][0]])
         failed = check_headers(headers, key)
         if failed != OK:
-            raise stale_error(failed, shard=shard, offset=offset, key=key, headers=headers)
+            named = key if name is None else name
+            raise stale_error(failed, shard=shard, offset=offset, key=named, headers=headers)
     if isinstance(span, bytes):
         return [(ext_names[code], span[start : start + size]) for start, size, code in rows]
     view = memoryview(span)  # members are bytes, copied once out of the buffer

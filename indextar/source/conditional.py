@@ -223,15 +223,6 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
         response["Body"].close()
 
 
-async def _direct_range(
-    client: S3Direct, bucket: str, key: str, start: int, end: int, etag: str, url: str
-) -> bytes:
-    """:func:`_direct_body`'s bytes as ``bytes`` (the callers of :func:`get_ranges_direct`
-    hand them on as they are)."""
-    body = await _direct_body(client, bucket, key, start, end, etag, url)
-    return body if isinstance(body, bytes) else bytes(body)
-
-
 async def _direct_body(
     client: S3Direct, bucket: str, key: str, start: int, end: int, etag: str, url: str
 ) -> SpanBytes:
@@ -312,7 +303,9 @@ async def _get_range(fs: Any, path: str, start: int, end: int, etag: str, url: s
 
 
 async def _gather(
-    get: Callable[..., Awaitable[bytes]], requests: Sequence[tuple[Any, ...]], max_in_flight: int
+    get: Callable[..., Awaitable[SpanBytes]],
+    requests: Sequence[tuple[Any, ...]],
+    max_in_flight: int,
 ) -> list[Any]:
     """``get(*request)`` of each request, at most ``max_in_flight`` at once; exceptions
     are returned. ``max_in_flight`` tasks take the requests in turn: no task and no
@@ -347,7 +340,7 @@ async def get_range_direct(client: S3Direct, request: DirectRequest) -> SpanByte
 
 async def head_direct(client: S3Direct, bucket: str, key: str, url: str) -> RemoteStat:
     """The object's size and ETag from one HEAD through the direct S3 client (no
-    botocore client to build, as s3fs's ``info`` must); errors as :func:`_direct_range`
+    botocore client to build, as s3fs's ``info`` must); errors as :func:`_direct_body`
     raises them. Await it on fsspec's loop."""
     from yarl import URL
 
@@ -379,8 +372,9 @@ def get_ranges_direct(
     client: S3Direct, requests: Sequence[DirectRequest], max_in_flight: int
 ) -> list[Any]:
     """Each :data:`DirectRequest` through the direct S3 client, at most ``max_in_flight``
-    at once on fsspec's event loop thread; exceptions are returned."""
-    get = functools.partial(_direct_range, client)
+    at once on fsspec's event loop thread, its body as it was received
+    (:func:`_direct_body`: a ``bytearray``, not copied); exceptions are returned."""
+    get = functools.partial(_direct_body, client)
     return run_on_default_loop(lambda: _gather(get, requests, max_in_flight))
 
 

@@ -22,7 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CompressedShardError, StaleIndexError, TruncatedShardError
-from .base import ByteSource, Span, corrupt_layout_error, outside_error, split_members
+from .base import (
+    ByteSource,
+    Span,
+    SpanBytes,
+    corrupt_layout_error,
+    outside_error,
+    split_members,
+)
 from .codecs import decompress_frame, zstd_context
 
 __all__ = ["FramedSource"]
@@ -90,15 +97,15 @@ class FramedSource(ByteSource):
         c_end = c_offsets[last - 1] + c_sizes[last - 1]
         return first, last, c_start, c_end - c_start
 
-    def decompress(self, first: int, last: int, data: bytes, offset: int, length: int) -> bytes:
+    def decompress(self, first: int, last: int, data: SpanBytes, offset: int, length: int) -> bytes:
         """Uncompressed ``[offset, offset + length)`` from ``data``, the compressed bytes of
         frames ``first`` to ``last - 1`` (as :meth:`compressed_span` gave them)."""
         rows = self._frames[first:last].tolist()
-        base = rows[0][0]
+        base, view = rows[0][0], memoryview(data)  # each frame decompressed in place
         parts = []
         for c_offset, c_size, _, u_size in rows:
             frame = decompress_frame(
-                self.codec, data[c_offset - base : c_offset - base + c_size],
+                self.codec, view[c_offset - base : c_offset - base + c_size],
                 shard=self.url, offset=c_offset,
             )  # fmt: skip
             if len(frame) != u_size:

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
-SpanFetch = Callable[[Sequence[ByteSource], Sequence[int], Sequence[int]], list[bytes]]
+SpanFetch = Callable[[Sequence[ByteSource], Sequence[int], Sequence[int]], list[SpanBytes]]
 """``fetch(sources, offsets, lengths)``: span ``i`` of ``sources[i]`` for every ``i``,
 all requests in flight together; raises if any cannot be read. The seam where a faster
 client plugs in."""

@@ -23,13 +23,13 @@ import concurrent.futures
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import StaleIndexError, WrongRangeError
-from .base import ByteSource, Span, SpanBytes, SpanT, fork_generation, split_members
+from .base import ByteSource, Span, SpanBytes, fork_generation, split_members
 from .conditional import (
     RemoteStat,
     check_version,
@@ -163,15 +163,6 @@ class RangeSource(ByteSource):
     def size(self) -> int:
         return self.expected.size if self.expected is not None else self.stat().size
 
-    def _checked(self, data: SpanT, offset: int, length: int) -> SpanT:
-        if len(data) != length:
-            raise WrongRangeError(
-                f"{len(data)} bytes (the object is shorter than its index says, or the "
-                "server ignores Range)",
-                url=self.url, offset=offset, length=length, status=None,
-            )  # fmt: skip
-        return data
-
     @property
     def etag(self) -> str:
         """The ETag every read is conditional on: the index's, else the one this process
@@ -193,32 +184,35 @@ class RangeSource(ByteSource):
         a filling cache takes a sample's tar padding along."""
         return length
 
-    def _read_once(self, offset: int, length: int) -> bytes:
-        """One request for the range, its answer checked; no retries."""
+    def _plan(self, offset: int, length: int) -> tuple[bytes | None, int]:
+        """A read's first half: the range's bytes if :meth:`held`, else None and how many
+        to fetch (:meth:`fetch_length`); every read (one, a batch, a coroutine) then
+        fetches, and ends by :meth:`_settle`."""
         held = self.held(offset, length)
-        if held is not None:
-            return held
-        fetched = self.fetch_length(offset, length)
-        data = self._fetch_once(offset, fetched)
+        return (held, length) if held is not None else (None, self.fetch_length(offset, length))
+
+    def _settle(self, data: SpanBytes, offset: int, length: int, fetched: int) -> SpanBytes:
+        """A read's second half: the ``fetched`` bytes from ``offset`` checked (a short
+        answer raises :class:`~indextar.errors.WrongRangeError`), only then kept
+        (:meth:`keep`), and cut to the ``length`` read."""
+        if len(data) != fetched:
+            raise WrongRangeError(
+                f"{len(data)} bytes (the object is shorter than its index says, or the "
+                "server ignores Range)",
+                url=self.url, offset=offset, length=fetched, status=None,
+            )  # fmt: skip
         self.keep(offset, data)
         return data if fetched == length else data[:length]
 
-    def _fetch_once(self, offset: int, length: int) -> bytes:
-        self._ready()
-        if self._direct is not None:
-            request = (self._bucket, self._key, offset, offset + length, self.etag, self.url)
-            (got,) = get_ranges_direct(self._direct, [request], 1)
-            if isinstance(got, BaseException):
-                raise got
-            return self._checked(cast(bytes, got), offset, length)
-        fs, path = self._filesystem()
-        if getattr(fs, "async_impl", False):
-            (got,) = get_ranges(fs, [(path, offset, offset + length, self.etag, self.url)], 1)
-            if isinstance(got, BaseException):
-                raise got
-        else:
-            got = fs.cat_file(path, start=offset, end=offset + length)
-        return self._checked(cast(bytes, got), offset, length)
+    def _read_once(self, offset: int, length: int) -> SpanBytes:
+        """One request for the range, its answer checked, its body as received; no retries."""
+        held, fetched = self._plan(offset, length)
+        if held is not None:
+            return held
+        (got,) = _fetch([self], [offset], [fetched], [0], 1)
+        if isinstance(got, BaseException):
+            raise got
+        return self._settle(got, offset, length, fetched)
 
     def range_coroutine(
         self, offset: int, length: int
@@ -229,41 +223,45 @@ class RangeSource(ByteSource):
         through a filesystem with a loop of its own, or a blocking one. Call it in a
         reader's thread, never on the loop: the first call may check the object first."""
         self._ready()
-        fetched = self.fetch_length(offset, length)
-        end = offset + fetched
-        get: Callable[[], Awaitable[SpanBytes]]
-        if self._direct is not None:
-            request = (self._bucket, self._key, offset, end, self.etag, self.url)
-            get = functools.partial(get_range_direct, self._direct, request)
+        etag, url, direct = self.etag, self.url, self._direct
+        if direct is not None:
+            bucket, key = self._bucket, self._key
+
+            def get(start: int, end: int) -> Awaitable[SpanBytes]:
+                return get_range_direct(direct, (bucket, key, start, end, etag, url))
         else:
             fs, path = self._filesystem()
             if not getattr(fs, "async_impl", False) or fs.loop is not default_loop():
                 return None
-            get = functools.partial(get_range, fs, path, offset, end, self.etag, self.url)
-        kind = type(self)
-        if kind.held is RangeSource.held and kind.keep is RangeSource.keep and fetched == length:
-            return get
-        return functools.partial(self._through_hooks, get, offset, length, fetched)
+
+            def get(start: int, end: int) -> Awaitable[SpanBytes]:
+                return get_range(fs, path, start, end, etag, url)
+
+        hooks = (type(self).held, type(self).keep, type(self).fetch_length)
+        if hooks == (RangeSource.held, RangeSource.keep, RangeSource.fetch_length):
+            return functools.partial(get, offset, offset + length)
+        return functools.partial(self._through_hooks, get, offset, length)
 
     async def _through_hooks(
-        self, get: Callable[[], Awaitable[SpanBytes]], offset: int, length: int, fetched: int
+        self, get: Callable[[int, int], Awaitable[SpanBytes]], offset: int, length: int
     ) -> SpanBytes:
-        """The range as :meth:`_read_once` reads it, by ``get()``; the hooks in the loop's
-        executor (a filling cache's block, and its last :meth:`keep` fetches on the loop)."""
+        """The range as :meth:`_read_once` reads it, by ``get(start, end)``; the hooks in
+        the loop's executor (a filling cache's block, and its last :meth:`keep` fetches
+        on the loop)."""
         loop = asyncio.get_running_loop()
-        held = await loop.run_in_executor(None, self.held, offset, length)
+        held, fetched = await loop.run_in_executor(None, self._plan, offset, length)
         if held is not None:
             return held
-        data = self._checked(await get(), offset, fetched)  # checked before it is kept
-        await loop.run_in_executor(None, self.keep, offset, data)
-        return data if len(data) == length else data[:length]
+        data = await get(offset, offset + fetched)
+        return await loop.run_in_executor(None, self._settle, data, offset, length, fetched)
 
     def read(self, offset: int, length: int) -> bytes:
         self._ready()
-        return with_retries(
+        data = with_retries(
             lambda: self._read_once(offset, length),
             self.retry, url=self.url, offset=offset, length=length,
         )  # fmt: skip
+        return data if type(data) is bytes else bytes(data)
 
     def read_members(
         self,
@@ -300,7 +298,9 @@ class RangeSource(ByteSource):
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` of each span, all fetched at once; a span whose headers
         are not its sample's is read again alone, by :meth:`read_members`."""
-        datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
+        offsets, lengths = [span[0] for span in spans], [span[1] for span in spans]
+        sources = [self] * len(spans)  # the bodies as received: members are copied out once
+        datas = fetch_ranges(sources, offsets, lengths, max_in_flight=self.max_in_flight)
         out = []
         for (offset, length, first, count, key), data in zip(spans, datas):
             try:
@@ -327,9 +327,9 @@ class RangeSource(ByteSource):
         """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
         if len(offsets) <= 1:
             return [self.read(offset, length) for offset, length in zip(offsets, lengths)]
-        return fetch_ranges(
-            [self] * len(offsets), offsets, lengths, max_in_flight=self.max_in_flight
-        )
+        sources = [self] * len(offsets)
+        got = fetch_ranges(sources, offsets, lengths, max_in_flight=self.max_in_flight)
+        return [data if type(data) is bytes else bytes(data) for data in got]
 
     def close(self) -> None:
         self._generation = self._fs_generation = -1
@@ -353,40 +353,33 @@ def fetch_ranges(
     *,
     max_in_flight: int = 64,
     keys: Sequence[str] | None = None,
-) -> list[bytes]:
+) -> list[SpanBytes]:
     """Range ``i`` of ``sources[i]`` for every ``i``, concurrently, even across shards.
 
     Requests to one filesystem go out together (fsspec's ``cat_ranges`` on one event
     loop), at most ``max_in_flight`` at once; failed ones are retried with the first
     source's policy, and the short reads are errors. ``keys[i]``, if given, names the
-    sample of range ``i`` in errors.
+    sample of range ``i`` in errors. Bodies come as received (direct S3: ``bytearray``).
     """
-    results: list[bytes | None] = [None] * len(sources)
-    pending = []
+    results: list[Any] = [None] * len(sources)
     asked = list(lengths)  # what is fetched: a filling cache's ranges take their padding
     for i, source in enumerate(sources):
-        results[i] = source.held(offsets[i], lengths[i])
-        if results[i] is None:
-            pending.append(i)
-            asked[i] = source.fetch_length(offsets[i], lengths[i])
+        results[i], asked[i] = source._plan(offsets[i], lengths[i])
+    pending = [i for i, result in enumerate(results) if result is None]
 
-    def attempt() -> list[bytes] | Failed:
+    def attempt() -> list[SpanBytes] | Failed:
         nonlocal pending
         failed: list[tuple[int, BaseException]] = []
         for i, outcome in zip(pending, _fetch(sources, offsets, asked, pending, max_in_flight)):
             if isinstance(outcome, BaseException):
                 failed.append((i, outcome))
-            elif len(outcome) != asked[i]:
-                short = WrongRangeError(
-                    f"{len(outcome)} bytes",
-                    url=sources[i].url, offset=offsets[i], length=asked[i], status=None,
-                )  # fmt: skip
-                failed.append((i, short))
-            else:
-                sources[i].keep(offsets[i], outcome)
-                results[i] = outcome if asked[i] == lengths[i] else outcome[: lengths[i]]
+                continue
+            try:
+                results[i] = sources[i]._settle(outcome, offsets[i], lengths[i], asked[i])
+            except WrongRangeError as e:  # short: not kept
+                failed.append((i, e))
         if not failed:
-            return [r for r in results if r is not None]
+            return results
         tried, pending = len(pending), [i for i, _ in failed]
         first = failed[0][0]
         return Failed(
@@ -438,6 +431,11 @@ def _fetch(
                 for i, path, start, end in zip(members, paths, starts, ends)
             ]
             got = get_ranges(fs, requests, max_in_flight)
+        elif len(members) == 1:  # one read: no threads to start
+            try:
+                got = [fs.cat_file(paths[0], start=starts[0], end=ends[0])]
+            except Exception as e:
+                got = [e]
         else:
             with concurrent.futures.ThreadPoolExecutor(min(max_in_flight, len(members))) as pool:
                 futures = [

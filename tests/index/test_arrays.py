@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,20 @@ def test_the_keys_are_read_alone_from_their_lengths(make_tar) -> None:  # type: 
     edit(index.path, "DELETE FROM arrays")  # older still: no arrays, only the tables
     oldest = open_index(shard).load_keys()
     assert oldest.blob == keys.blob and np.array_equal(oldest.ends, keys.ends)
+
+
+def test_opening_a_shard_leaves_its_key_lengths_unread(shard: Path) -> None:
+    """read_arrays (every open of a shard for reading) reads the rows a reader uses: a
+    join's key_lengths row is read only by load_keys."""
+    index = build_index(shard)
+    big = 32 << 20  # a key_lengths row this large would show in the open's peak
+    edit(index.path, "UPDATE arrays SET data = zeroblob(?) WHERE name = 'key_lengths'", (big,))
+    with contextlib.closing(index.connect()) as conn:
+        tracemalloc.start()
+        try:
+            arrays = read_arrays(conn, index.path, index.meta.num_samples, index.meta.num_members)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert arrays is not None and len(arrays.samples) == index.meta.num_samples
+    assert peak < big // 4, peak

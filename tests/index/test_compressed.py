@@ -304,7 +304,8 @@ def test_reads_in_order_decompress_each_span_once(
     archive = gnu_targz(tmp_path, files)
     indextar.build_index(archive, seek_spacing=65536)
     ds = indextar.IndexedTarDataset(str(archive))
-    source = ds._shard(0).source
+    with ds._leased(0) as shard:
+        source = shard.source  # the source ds reads through, kept open by ds
     assert isinstance(source, gzipped.GzipSeekSource)
     source.cache = SpanCache(0)  # no cache: the last span alone serves reads in order
     spans: list[tuple[int, int]] = []

@@ -135,6 +135,26 @@ def test_missing_index_is_built_lazily_for_wids_lists(tmp_path: Path) -> None:
         IndexedTarDataset(tmp_path / "raw2" / "w.json", build_missing=False)[0]
 
 
+def test_an_index_built_lazily_is_not_checked_again_by_its_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_shards(tmp_path / "raw", 2, 3, images=False)
+    target = tmp_path / "raw" / "wids.json"
+    target.write_text(json.dumps({"shardlist": [{"url": p.name, "nsamples": 3} for p in paths]}))
+    checked: list[str] = []
+    real = indextar.index.opener.check_fresh
+
+    def counting(shard: object, meta: object, path: object) -> None:
+        checked.append(str(shard))
+        real(shard, meta, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(indextar.index.opener, "check_fresh", counting)
+    ds = IndexedTarDataset(target)
+    assert ds[4]["__key__"] == "sample000004" and checked == []  # built: as the shard is
+    ds2 = IndexedTarDataset(target)
+    assert ds2[4]["__key__"] == "sample000004" and checked == [str(paths[1])]  # found: checked
+
+
 def test_manifest_that_disagrees_with_the_index(indexed: list[Path], tmp_path: Path) -> None:
     target = tmp_path / "data" / "m.json"
     write_manifest(target, [build_index(p) for p in indexed])

@@ -7,6 +7,7 @@ are read by their headers alone.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -18,8 +19,8 @@ from conftest import sample_members, tar_bytes
 from loopback_servers import HttpServer
 from tarcraft import BLOCK, blocks, header, pax_records
 
-from indextar import IndextarError, build_index, scan_tar
-from indextar.index.remote import build_remote_index, scan_remote_shard
+from indextar import IndexedTarDataset, IndextarError, build_index, scan_tar
+from indextar.index.remote import build_remote_index, remote_index_path, scan_remote_shard
 
 
 def _global_named() -> bytes:
@@ -219,3 +220,31 @@ def test_a_bz2_object_is_refused_with_steps_that_work_for_a_url(
     for caught in (built, streamed):
         assert steps in str(caught.value) and f"> {url}" not in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_remote_shard_opened_for_reading_reads_its_index_meta_once(
+    served: tuple[Path, HttpServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard list that records no index: open_entry takes the index find_index found
+    in index_dir and checked, its meta with it (the meta was read again, through a
+    second connection)."""
+    import indextar.index.meta as meta_module
+    import indextar.index.opener as opener
+
+    _, server = served
+    url = server.url("ustar.tar")
+    build_remote_index(url, index_dir=tmp_path)
+    listed = tmp_path / "wids.json"
+    listed.write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": url, "nsamples": 30}]}))
+    ds = IndexedTarDataset(listed, index_dir=tmp_path)
+    reads: list[str] = []
+    real = meta_module.meta_from
+
+    def counting(conn: Any, path: Path) -> Any:
+        reads.append(str(path))
+        return real(conn, path)
+
+    monkeypatch.setattr(meta_module, "meta_from", counting)
+    monkeypatch.setattr(opener, "meta_from", counting)
+    assert ds[3]["cls"] == sample_members(30)["s000003.cls"]
+    assert reads == [str(remote_index_path(url, tmp_path))]

@@ -269,7 +269,8 @@ UNGUARDED_SIGBUS = """
     ds = IndexedTarDataset(shard)
     ds[0]  # maps the shard: indextar's SIGBUS handler is in place
     os.truncate(shard, 1024)
-    mapped = ds._shard(0).source._map
+    with ds._leased(0) as opened:
+        mapped = opened.source._map
     print("touching", flush=True)
     mapped[len(mapped) - 1]  # not a guarded copy: must crash as it would without indextar
     print("survived", flush=True)

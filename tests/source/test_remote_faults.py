@@ -94,7 +94,8 @@ def test_a_wrong_range_elsewhere_is_retried_not_called_stale(
     dataset: IndexedTarDataset, server: HttpServer, shift: str | None
 ) -> None:
     # Before: StaleIndexError ("changed since it was indexed") though the ETag matched.
-    span = dataset._shard(0).span(0)[1]
+    with dataset._leased(0) as shard:
+        span = shard.span(0)[1]
     shifts = (None,) if shift is None else (span,)
     _read_both_ways(dataset, server, FaultPlan(wrong_range=1, shifts=shifts, per_range=1))
     assert _counts(server) == {"wrong_range": SAMPLES, "ok": SAMPLES}
@@ -110,7 +111,8 @@ def test_a_wrong_range_without_content_range_check_is_retried_by_the_header_chec
     index_dir = server.root / "idx-header-check"
     server.set_faults(FaultPlan())
     ds = IndexedTarDataset([server.url("data.tar", mode="faulty")], index_dir=index_dir)
-    shard = ds._shard(0)
+    with ds._leased(0) as shard:
+        pass  # the shard ds reads through, kept open by ds
     assert isinstance(shard, OpenShard) and isinstance(shard.source, RangeSource)
     offset, length = shard.span(5)
     other = server.root / "data.tar"
@@ -170,7 +172,8 @@ def test_a_read_whose_retries_are_spent_names_url_range_key_attempts_and_status(
             dataset[7]
         else:
             dataset.__getitems__([7, 8])
-    error, (offset, length) = info.value, dataset._shard(0).span(7)
+    with dataset._leased(0) as shard:
+        error, (offset, length) = info.value, shard.span(7)
     message = str(error)
     assert error.url in message and f"bytes {offset}-{offset + length - 1}" in message
     assert "of sample 'k0007'" in message and error.key == "k0007"

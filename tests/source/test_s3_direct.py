@@ -63,6 +63,8 @@ def test_awkward_keys_read_through_signed_and_anonymous_gets(
         assert source.read(700, 2000) == raw[700:2700]
         expected = [raw[o : o + n] for o, n in zip(offsets, lengths)]
         assert source.read_many(offsets, lengths) == expected
+        reads = [source.read(0, 512), *source.read_many(offsets, lengths)]
+        assert {type(data) for data in reads} == {bytes}  # not the buffers the bodies came in
 
 
 def test_a_wrong_secret_is_refused_with_its_status(seaweed: SeaweedServer) -> None:

@@ -120,7 +120,8 @@ def test_a_header_with_a_bad_checksum_is_refused(tmp_path: Path) -> None:
     ds = IndexedTarDataset(path)
     expected = [ds[i] for i in range(len(ds))]
     raw = bytearray(path.read_bytes())
-    start = int(ds._shard(0).samples[50, 0])  # past the fingerprinted first 64 KiB
+    with ds._leased(0) as shard:
+        start = int(shard.samples[50, 0])  # past the fingerprinted first 64 KiB
     raw[start + 50] ^= 0x01  # a byte of the mode field: the checksum no longer holds
     overwrite_in_place(path, bytes(raw), keep_mtime=True)
     with pytest.raises(StaleIndexError, match="bad checksum") as info:
@@ -288,6 +289,30 @@ def test_scan_and_both_span_checks_share_one_size_limit() -> None:
             scan_tar(headers + bytes(1024), shard="limit.tar")
         too_large = "more than any shard" in str(caught.value)
         assert too_large == (expected == BAD_CHECKSUM), caught.value
+
+
+@pytest.mark.parametrize("c", [True, False])
+def test_a_checksums_only_split_names_the_sample_it_is_told(
+    c: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """split_members with key b"" (a shard whose names the span cannot tell: checksums
+    only) names the sample ``name=`` in its error, as OpenShard's own C call did; it
+    named b"" (sample '')."""
+    import numpy as np
+
+    from indextar.source import base
+
+    if not c:
+        monkeypatch.setattr(base, "_MAPREAD", None)
+    elif base._MAPREAD is None:
+        pytest.skip("_mapread is not built")
+    span = tar_bytes({"k1.txt": b"abc"})[:1024]
+    rows = np.array([[512, 3, 0]], np.int64)
+    assert base.split_members(span, rows, 0, 1, ("txt",), b"", name=b"k1") == [("txt", b"abc")]
+    damaged = bytearray(span)
+    damaged[100] ^= 0x01  # a byte of the mode field: the header's checksum no longer holds
+    with pytest.raises(StaleIndexError, match="promised sample 'k1'.*bad checksum"):
+        base.split_members(damaged, rows, 0, 1, ("txt",), b"", shard="s.tar", name=b"k1")
 
 
 def test_a_member_named_by_a_global_header_before_its_span_reads(tmp_path: Path) -> None:

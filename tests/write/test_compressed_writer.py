@@ -107,7 +107,8 @@ class CountingSource(ByteSource):
 def test_a_random_read_fetches_exactly_one_sample(tmp_path: Path, codec: str) -> None:
     shard = write(tmp_path, codec, n=40, maxcount=100)[0]
     ds = indextar.IndexedTarDataset(shard)
-    open_shard = ds._shard(0)
+    with ds._leased(0) as open_shard:
+        pass  # the shard ds reads through, kept open by ds
     assert isinstance(open_shard.source, FramedSource)
     counting = CountingSource(open_shard.source.raw)
     open_shard.source.raw = counting
