@@ -14,7 +14,9 @@ fetched directly, and what is held and not asked is dropped when a later batch c
 
 Nothing here is state to checkpoint or to pickle: a process (a spawned worker, a
 forked one, the main process after a pickle) starts with an empty read-ahead and makes
-its prefetcher and threads on the first hinted batch.
+its prefetcher and threads on the first hinted batch. It then has its C heap keep what
+it frees (:func:`~indextar.source.heap.keep_freed_heap`): a batch's spans and samples,
+freed, would otherwise go back to the kernel and be faulted in again at the next one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..source import prefetch
 from ..source.base import ByteSource, SpanBytes, fork_generation
 from ..source.frames import FramedSource
 from ..source.fsspec_internals import default_loop
+from ..source.heap import keep_freed_heap
 from ..source.prefetch import Prefetcher, PrefetchStats, SpanFetch
 from ..source.remote import RangeSource
 
@@ -120,6 +123,7 @@ class ReadAhead:
             return
         prefetcher = self._current()
         if prefetcher is None:
+            keep_freed_heap()  # its spans and samples, freed each batch, are not given back
             prefetcher = self._prefetcher = Prefetcher(
                 self.fetch,
                 budget=self.budget,
