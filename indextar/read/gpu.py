@@ -28,6 +28,7 @@ from .encoded import EncodedBatch
 from .image import Backend as JpegBackend
 from .image import Fit, image_decoder
 from .resize import check_filter, resize_groups
+from .shmblocks import map_leaves
 
 if TYPE_CHECKING:
     import torch
@@ -218,15 +219,10 @@ def _to_device(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it (tuples, lists, dicts) on ``device``."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, tuple):
-        return tuple(_to_device(item, device) for item in value)
-    if isinstance(value, list):
-        return [_to_device(item, device) for item in value]
-    if isinstance(value, dict):
-        return {key: _to_device(item, device) for key, item in value.items()}
-    return value
+    def move(item: Any) -> Any:
+        return item.to(device, non_blocking=True) if isinstance(item, torch.Tensor) else item
+
+    return map_leaves(move, value)
 
 
 def _torchvision_io() -> Any:

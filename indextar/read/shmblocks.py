@@ -25,6 +25,7 @@ import os
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "attach",
     "fill",
     "lay_out",
+    "map_leaves",
     "rebuild",
     "shared_bytes",
     "worker_pool",
@@ -74,6 +76,18 @@ class _Slice:
     shape: tuple[int, ...]
 
 
+def map_leaves(function: Callable[[Any], Any], value: Any) -> Any:
+    """``value`` (tuples, lists and dicts, nested) with ``function`` of each other item
+    in its place."""
+    if isinstance(value, tuple):
+        return tuple(map_leaves(function, item) for item in value)
+    if isinstance(value, list):
+        return [map_leaves(function, item) for item in value]
+    if isinstance(value, dict):
+        return {key: map_leaves(function, item) for key, item in value.items()}
+    return function(value)
+
+
 def lay_out(value: Any, at: int = 0) -> tuple[Any, list[tuple[int, torch.Tensor]], int]:
     """Place every CPU tensor in ``value`` (tuples, lists, dicts) in one block from
     ``at``, each aligned to 64 bytes: ``value`` with each tensor replaced by where it
@@ -84,21 +98,15 @@ def lay_out(value: Any, at: int = 0) -> tuple[Any, list[tuple[int, torch.Tensor]
 
     def place(item: Any) -> Any:
         nonlocal at
-        if isinstance(item, torch.Tensor) and item.device.type == "cpu":
-            at = -(-at // _ALIGN) * _ALIGN
-            where = _Slice(at, item.dtype, tuple(item.shape))
-            parts.append((at, item))
-            at += item.numel() * item.element_size()
-            return where
-        if isinstance(item, tuple):
-            return tuple(place(x) for x in item)
-        if isinstance(item, list):
-            return [place(x) for x in item]
-        if isinstance(item, dict):
-            return {key: place(x) for key, x in item.items()}
-        return item
+        if not isinstance(item, torch.Tensor) or item.device.type != "cpu":
+            return item
+        at = -(-at // _ALIGN) * _ALIGN
+        parts.append((at, item))
+        where = _Slice(at, item.dtype, tuple(item.shape))
+        at += item.numel() * item.element_size()
+        return where
 
-    template = place(value)
+    template = map_leaves(place, value)
     return template, parts, -(-at // _ALIGN) * _ALIGN
 
 
@@ -114,18 +122,14 @@ def fill(block: torch.Tensor, parts: list[tuple[int, torch.Tensor]]) -> None:
 
 def rebuild(block: torch.Tensor, template: Any) -> Any:
     """``template`` with each tensor put back, as a view of ``block``."""
-    if isinstance(template, _Slice):
-        size = _nbytes(template)
-        return (
-            block[template.start : template.start + size].view(template.dtype).view(template.shape)
-        )
-    if isinstance(template, tuple):
-        return tuple(rebuild(block, x) for x in template)
-    if isinstance(template, list):
-        return [rebuild(block, x) for x in template]
-    if isinstance(template, dict):
-        return {key: rebuild(block, x) for key, x in template.items()}
-    return template
+
+    def view(item: Any) -> Any:
+        if not isinstance(item, _Slice):
+            return item
+        stop = item.start + _nbytes(item)
+        return block[item.start : stop].view(item.dtype).view(item.shape)
+
+    return map_leaves(view, template)
 
 
 def _nbytes(where: _Slice) -> int:
