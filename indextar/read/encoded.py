@@ -20,7 +20,15 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeSpecError
-from .shmblocks import PooledBlock, fill, lay_out, rebuild, shared_bytes, worker_pool
+from .shmblocks import (
+    PooledBlock,
+    fill,
+    lay_out,
+    mark_views,
+    rebuild,
+    shared_bytes,
+    worker_pool,
+)
 from .sniff import gpu_refusal
 
 if TYPE_CHECKING:
@@ -47,15 +55,15 @@ class EncodedBatch:
     refusals: tuple[tuple[int, str], ...]
     rest: Any
     field: int | str | None
-    _pooled: _Pooled | None = dataclass_field(default=None, repr=False, compare=False)
+    _block: PooledBlock | None = dataclass_field(default=None, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        if self._pooled is None:
-            return EncodedBatch, (self.data, self.offsets, self.refusals, self.rest, self.field)
-        # a worker's batch in a reused block: the block's name crosses, not its memory
-        pooled = self._pooled
-        return _from_block, (pooled.block, pooled.template, pooled.data_at, self.refusals,
-                             self.field)  # fmt: skip
+        fields = (self.data, self.offsets, self.refusals, self.rest, self.field)
+        if self._block is None:
+            return EncodedBatch, fields
+        # a worker's batch in a reused block: the block's name crosses, not its memory;
+        # the fields as they are now (a collate_fn around this one may have changed them)
+        return _in_block, (self._block, mark_views(fields, self._block.tensor))
 
     def __len__(self) -> int:
         return int(self.offsets.numel()) - 1
@@ -76,27 +84,10 @@ class EncodedBatch:
         return tuple(fields)
 
 
-@dataclass(frozen=True, slots=True)
-class _Pooled:
-    """Where a worker's batch lies in its :class:`~indextar.read.shmblocks.BlockPool`."""
-
-    block: PooledBlock
-    template: Any  # the offsets and the other fields, as shmblocks.lay_out placed them
-    data_at: int
-
-
-def _from_block(
-    whole: torch.Tensor,
-    template: Any,
-    data_at: int,
-    refusals: tuple[tuple[int, str], ...],
-    field: int | str | None,
-    pooled: _Pooled | None = None,
-) -> EncodedBatch:
-    """The batch laid out in ``whole``: offsets and other fields by ``template``, the
-    images from ``data_at``."""
-    offsets, rest = rebuild(whole, template)
-    return EncodedBatch(whole[data_at:], offsets, refusals, rest, field, pooled)
+def _in_block(whole: torch.Tensor, template: Any) -> EncodedBatch:
+    """A pooled batch in the training process: its fields, views of the block
+    ``whole`` where :func:`~indextar.read.shmblocks.mark_views` marked them."""
+    return EncodedBatch(*rebuild(whole, template))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +158,8 @@ class EncodedCollate:
             if taken is not None:
                 worker_pool().give_back(taken)
             raise
-        pooled = None if taken is None else _Pooled(taken, template, data_at)
-        return _from_block(whole, template, data_at, refusals, field, pooled)
+        offsets, rest = rebuild(whole, template)
+        return EncodedBatch(whole[data_at:], offsets, refusals, rest, field, taken)
 
 
 def encoded_collate(
@@ -192,6 +183,8 @@ def encoded_collate(
         bytes, where a new block a batch costs the training process a descriptor
         handshake, a mapping and 13 MB of pages freed for 64 JPEGs of 1024x768. A
         worker whose blocks are all held makes a new one, so keeping batches is safe;
-        ``False`` makes a new block for every batch.
+        ``False`` makes a new block for every batch. The other fields' tensors share
+        the images' block: a label tensor kept after its batch keeps that block (the
+        GPU stage copies them out).
     """
     return EncodedCollate(field, orient, reuse)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import DecodeError, DecodeSpecError
@@ -117,13 +118,12 @@ class ImageStage:
 
     def __call__(self, batch: EncodedBatch) -> Any:
         """``batch`` with its images decoded (:meth:`decode`) in their place, and its
-        other tensors moved to the device."""
+        other tensors copied to the device (copied on the CPU too: they share the
+        encoded images' shared-memory block, which is then free to be reused)."""
         images = self.decode(batch)
-        return (
-            batch.assemble(images)
-            if not batch.rest
-            else _to_device(batch.assemble(images), self.device)
-        )
+        if not batch.rest:
+            return batch.assemble(images)
+        return replace(batch, rest=_to_device(batch.rest, self.device)).assemble(images)
 
     def decode(self, batch: EncodedBatch) -> torch.Tensor | list[torch.Tensor]:
         """The batch's images as one uint8 NCHW tensor on the device; a list of CHW
@@ -131,8 +131,9 @@ class ImageStage:
         different aspect ratios)."""
         count = len(batch)
         sizes = batch.offsets.diff().tolist()
+        first, last = int(batch.offsets[0]), int(batch.offsets[-1])
         # one call gives every image's view (64 slices would be 64 calls holding the GIL)
-        blobs = batch.data[: sum(sizes)].split(sizes)  # type: ignore[no-untyped-call]
+        blobs = batch.data[first:last].split(sizes)  # type: ignore[no-untyped-call]
         groups: list[tuple[list[int], torch.Tensor]] = []
         on_cpu: list[tuple[int, str | None]] = [(i, None) for i in range(count)]
         if self._gpu is not None:
@@ -140,7 +141,7 @@ class ImageStage:
             refused = {i for i, _ in on_cpu}
             todo = [i for i in range(count) if i not in refused]
             if self._staging is not None:  # pinned: the decoder's copies to the device are DMA
-                pinned = self._staging.take(batch.data[: sum(sizes)])
+                pinned = self._staging.take(batch.data[first:last])
                 blobs = pinned.split(sizes)
             decoded = self._gpu([blobs[i] for i in todo]) if todo else []
             if self._staging is not None:
@@ -216,11 +217,13 @@ def _assemble(
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
-    """``value`` with every tensor in it (tuples, lists, dicts) on ``device``."""
+    """``value`` with a copy of every tensor in it (tuples, lists, dicts) on ``device``."""
     import torch
 
     def move(item: Any) -> Any:
-        return item.to(device, non_blocking=True) if isinstance(item, torch.Tensor) else item
+        if not isinstance(item, torch.Tensor):
+            return item
+        return item.to(device, non_blocking=True, copy=True)
 
     return map_leaves(move, value)
 

@@ -43,6 +43,7 @@ __all__ = [
     "fill",
     "lay_out",
     "map_leaves",
+    "mark_views",
     "rebuild",
     "shared_bytes",
     "worker_pool",
@@ -60,7 +61,12 @@ def shared_bytes(nbytes: int) -> torch.Tensor:
     """A uint8 tensor of ``nbytes`` in new shared memory (not zeroed first)."""
     import torch
 
-    storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    try:  # what default_collate uses in a worker: no zero-filled copy first
+        storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    except AttributeError:  # a torch without it
+        shared: torch.Tensor = torch.empty(nbytes, dtype=torch.uint8)
+        shared.share_memory_()  # type: ignore[no-untyped-call]
+        return shared
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
@@ -108,6 +114,27 @@ def lay_out(value: Any, at: int = 0) -> tuple[Any, list[tuple[int, torch.Tensor]
 
     template = map_leaves(place, value)
     return template, parts, -(-at // _ALIGN) * _ALIGN
+
+
+def mark_views(value: Any, block: torch.Tensor) -> Any:
+    """``value`` with each contiguous tensor over ``block``'s memory replaced by where it
+    lies (:func:`rebuild` puts it back), and a copy of each other tensor over it (a
+    view that crossed on its own would not hold the block's lease)."""
+    import torch
+
+    base = block.untyped_storage().data_ptr()
+
+    def mark(item: Any) -> Any:
+        if not isinstance(item, torch.Tensor) or item.device.type != "cpu":
+            return item
+        if item.untyped_storage().data_ptr() != base:
+            return item
+        if not item.is_contiguous():
+            return item.clone()
+        start = int(item.storage_offset()) * item.element_size()
+        return _Slice(start, item.dtype, tuple(item.shape))
+
+    return map_leaves(mark, value)
 
 
 def fill(block: torch.Tensor, parts: list[tuple[int, torch.Tensor]]) -> None:
@@ -178,8 +205,10 @@ class BlockPool:
         if fits:
             slot = fits[0]
         else:
-            # an empty slot first, else the smallest free block, grown by a quarter
-            slot = min(free, key=lambda k: -1 if (b := self._blocks[k]) is None else b.numel())
+            # the largest free block grown (by a quarter more than asked), a new one only
+            # where no block is free: a worker keeps no more blocks than were held at once
+            made = {k: b.numel() for k in free if (b := self._blocks[k]) is not None}
+            slot = max(made, key=made.__getitem__) if made else free[0]
             self._blocks[slot] = shared_bytes(max(nbytes + nbytes // 4, _MIN_BLOCK))
             self._sent[slot] = False
         block = self._blocks[slot]
@@ -223,8 +252,7 @@ def worker_pool() -> BlockPool:
 @dataclass(slots=True)
 class _Attached:
     pid: int
-    flags: npt.NDArray[np.uint8]
-    keep: torch.Tensor  # the flags' shared memory, mapped here
+    flags: npt.NDArray[np.uint8]  # its base is the tensor over the shared memory
     blocks: list[npt.NDArray[np.uint8] | None]
 
 
@@ -250,7 +278,7 @@ def attach(
                     f"process its DataLoader worker sends it to"
                 )
             _forget_exited()
-            attached = _Attached(int(pool.split("-")[0]), flags.numpy(), flags, [None] * len(flags))
+            attached = _Attached(int(pool.split("-")[0]), flags.numpy(), [None] * len(flags))
             _attached[pool] = attached
         if new_block is not None:
             attached.blocks[slot] = new_block.numpy()
@@ -258,12 +286,13 @@ def attach(
     if block is None:
         raise IndextarError(f"block {slot} of shared-memory pool {pool} was never sent here")
     lease = block[:nbytes]  # a new array object: the tensor below keeps it alive
-    weakref.finalize(lease, _release, attached.flags, slot).atexit = False
+    weakref.finalize(lease, _release, attached.flags, slot, os.getpid()).atexit = False
     return torch.from_numpy(lease)
 
 
-def _release(flags: npt.NDArray[np.uint8], slot: int) -> None:
-    flags[slot] = 0
+def _release(flags: npt.NDArray[np.uint8], slot: int, pid: int) -> None:
+    if os.getpid() == pid:  # not a forked child's copy of the batch: the flags are shared
+        flags[slot] = 0
 
 
 def _forget_exited() -> None:

@@ -5,6 +5,7 @@ image_decoder. tests/read/test_image_gpu.py runs the CUDA half."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import logging
@@ -190,6 +191,31 @@ def test_mixed_aspects_with_an_int_size_give_a_list() -> None:
     stage = ImageStage(30, backend="reference", device="cpu")
     images = stage(encoded_collate()(blobs))
     assert [tuple(image.shape) for image in images] == [(3, 30, 40), (3, 40, 30)]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_a_batch_whose_offsets_start_past_zero(backend: str) -> None:
+    """EncodedBatch promises data[offsets[i]:offsets[i + 1]], not offsets from 0."""
+    blobs = [encode(photo(80, 60, i)) for i in range(3)]
+    whole = encoded_collate()([(blob, i) for i, blob in enumerate(blobs)])
+    shifted = dataclasses.replace(
+        whole,
+        data=torch.cat([torch.full((9,), 255, dtype=torch.uint8), whole.data]),
+        offsets=whole.offsets + 9,
+    )
+    stage = ImageStage((30, 40), backend=backend, device="cpu")  # type: ignore[arg-type]
+    assert torch.equal(stage.decode(shifted), stage.decode(whole))
+
+
+def test_the_stage_copies_the_other_fields_out_of_the_block(shard: Path) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=encoded_collate())
+    batch = next(iter(loader))
+    images, labels = ImageStage((30, 40), device="cpu")(batch)
+    block = batch.data.untyped_storage().data_ptr()
+    assert batch.rest[0].untyped_storage().data_ptr() == block  # the labels share it
+    assert labels.untyped_storage().data_ptr() != block  # a copy: the block can go
+    assert labels.tolist() == batch.rest[0].tolist()
 
 
 def test_stage_errors() -> None:

@@ -4,7 +4,10 @@ is gone in the training process, so batches and views a caller keeps never chang
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import io
+import os
 import pickle
 import tarfile
 from multiprocessing.reduction import ForkingPickler
@@ -41,16 +44,24 @@ def shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def loader(path: Path, method: str = "fork", workers: int = 2, **collate: bool) -> DataLoader:
+def loader(
+    path: Path,
+    method: str = "fork",
+    workers: int = 2,
+    *,
+    reuse: bool = True,
+    persistent_workers: bool = False,
+) -> DataLoader:
     ds = IndexedTarDataset(str(path), keys=("jpg", "cls"), decode=[])
     return DataLoader(
         ds,
         batch_size=5,
         num_workers=workers,
         multiprocessing_context=method,
-        collate_fn=encoded_collate(**collate),
+        collate_fn=encoded_collate(reuse=reuse),
         shuffle=True,
         generator=torch.Generator().manual_seed(1),
+        persistent_workers=persistent_workers,
     )
 
 
@@ -60,21 +71,39 @@ def check(batch, ds: IndexedTarDataset) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_workers_reuse_a_few_blocks(shard: Path, method: str) -> None:
+@pytest.mark.parametrize("reuse", [True, False])
+def test_workers_reuse_a_few_blocks(shard: Path, method: str, reuse: bool) -> None:
     ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
     blocks, seen = set(), 0
-    for _ in range(2):
-        for batch in loader(shard, method):
-            check(batch, ds)
-            where = mapping_of(batch.data.data_ptr())
-            assert "/dev/shm/" in where or "torch_" in where, where
-            # the block's start, found through the offsets' view of the same memory
-            blocks.add(batch.offsets.data_ptr())
-            seen += len(batch)
-            del batch
-    assert seen == 2 * COUNT
-    # 2 epochs x 2 workers, each with its own few blocks; a block a batch would be 40
-    assert len(blocks) <= 2 * 2 * shmblocks.SLOTS
+    for batch in loader(shard, method, reuse=reuse):
+        check(batch, ds)
+        where = mapping_of(batch.data.data_ptr())
+        assert "/dev/shm/" in where, where
+        blocks.add(where)  # torch names each shared-memory block anew
+        seen += len(batch)
+        del batch
+    assert seen == COUNT
+    batches = -(-COUNT // 5)
+    if reuse:  # 2 workers, each as many blocks as were held at once
+        assert len(blocks) <= 2 * 4, blocks
+    else:
+        assert len(blocks) == batches
+
+
+def edit_in_worker(samples: list[tuple[bytes, int]]) -> object:
+    """A collate_fn around encoded_collate that changes the batch in the worker."""
+    batch = encoded_collate()(samples)
+    (labels,) = batch.rest
+    return dataclasses.replace(batch, rest=(labels * 10, "edited"))
+
+
+def test_a_batch_changed_in_the_worker_crosses_as_changed(shard: Path) -> None:
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(ds, batch_size=5, num_workers=1, collate_fn=edit_in_worker)
+    for batch in loader:
+        labels, note = batch.rest
+        assert note == "edited"
+        assert [bytes(b.numpy()) for b in batch.images()] == [ds[i // 10][0] for i in labels]
 
 
 def test_batches_kept_are_never_overwritten(shard: Path) -> None:
@@ -88,8 +117,9 @@ def test_batches_kept_are_never_overwritten(shard: Path) -> None:
 def test_a_view_keeps_its_block(shard: Path) -> None:
     ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
     views: list[tuple[torch.Tensor, int]] = []
+    batches = loader(shard, workers=1, persistent_workers=True)  # the same pool throughout
     for epoch in range(3):
-        for batch in loader(shard, workers=1):
+        for batch in batches:
             if epoch == 0 and len(views) < 4:
                 views.append((batch.images()[0], batch.rest[0][0].item()))
             check(batch, ds)
@@ -150,3 +180,33 @@ def test_what_a_failed_batch_would_have_brought_goes_with_the_next() -> None:
     assert retry.new_block is not None and retry.flags is not None
     retry.tensor[:] = 7
     assert crossed(retry).tolist() == [7] * 100
+
+
+def test_a_grown_block_crosses_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shmblocks, "_MIN_BLOCK", 16)
+    pool = shmblocks.BlockPool(slots=2)
+    small = pool.take(100)
+    assert small is not None and small.new_block is not None
+    small.tensor[:] = 1
+    assert crossed(small).sum().item() == 100  # sent, then let go
+    big = pool.take(1000)  # block 0 is free but too small: it is grown, and sent again
+    assert big is not None and big.slot == small.slot and big.new_block is not None
+    big.tensor[:] = 2
+    got = crossed(big)
+    assert got.numel() == 1000 and got.sum().item() == 2000
+
+
+def test_a_forked_child_letting_go_frees_nothing() -> None:
+    pool = shmblocks.BlockPool(slots=2)
+    taken = pool.take(100)
+    assert taken is not None
+    got = crossed(taken)
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy of the batch
+        del got
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    again = pool.take(100)  # block 0 is still the parent's: another block
+    assert again is not None and again.slot != taken.slot
+    assert got.numel() == 100
