@@ -91,7 +91,9 @@ class IndexedTarDataset(RemoteBatches, KeyViews, JoinViews):
     prefetch_bytes
         Read-ahead budget of each process for remote shards read by ranges: bytes held
         and in flight. Used when batches come from :class:`~indextar.ReadAheadBatches`;
-        ``0`` turns it off. See docs/remote.md.
+        ``0`` turns it off. A DataLoader worker that reads ahead also has glibc's
+        ``malloc`` keep what it frees (:mod:`indextar.source.heap`). See
+        docs/remote.md.
     cache_fill
         With ``remote="cache"``: ``"shards"`` downloads a shard whole at its first read;
         ``"ranges"`` reads it by ranges (and the read-ahead) as ``remote="ranges"`` does,

@@ -14,9 +14,10 @@ fetched directly, and what is held and not asked is dropped when a later batch c
 
 Nothing here is state to checkpoint or to pickle: a process (a spawned worker, a
 forked one, the main process after a pickle) starts with an empty read-ahead and makes
-its prefetcher and threads on the first hinted batch. It then has its C heap keep what
-it frees (:func:`~indextar.source.heap.keep_freed_heap`): a batch's spans and samples,
-freed, would otherwise go back to the kernel and be faulted in again at the next one.
+its prefetcher and threads on the first hinted batch. A DataLoader worker then has its
+C heap keep what it frees (:func:`~indextar.source.heap.keep_freed_heap`): a batch's
+spans and samples, freed, would otherwise go back to the kernel and be faulted in again
+at the next one. The training process's heap is the user's, and is left as it is.
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def start_on_loop(
     """How the prefetcher fetches a plain remote shard's span on fsspec's event loop
     (:meth:`RangeSource.range_coroutine`); None for others (its threads fetch those)."""
     return source.range_coroutine(offset, length) if isinstance(source, RangeSource) else None
+
+
+def _in_worker() -> bool:
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return False
+    return get_worker_info() is not None
 
 
 def _workers() -> int:
@@ -123,7 +132,8 @@ class ReadAhead:
             return
         prefetcher = self._current()
         if prefetcher is None:
-            keep_freed_heap()  # its spans and samples, freed each batch, are not given back
+            if _in_worker():  # a worker's heap is indextar's; the training process's is not
+                keep_freed_heap()  # its spans and samples, freed each batch, are not given back
             prefetcher = self._prefetcher = Prefetcher(
                 self.fetch,
                 budget=self.budget,

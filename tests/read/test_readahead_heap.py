@@ -1,6 +1,7 @@
-"""A process that reads ahead keeps what its C heap frees for its next batch
+"""A DataLoader worker that reads ahead keeps what its C heap frees for its next batch
 (``indextar.source.heap``): a batch's spans and samples, freed, are not given back to
-the kernel to be faulted in again at the next batch.
+the kernel to be faulted in again at the next batch. The training process's own heap
+is left as it is.
 
 Each case runs in a fresh interpreter (a heap's thresholds are the process's, and
 glibc moves them with what the process has freed before) against a real HTTP server
@@ -33,29 +34,45 @@ pytestmark = pytest.mark.skipif(
 
 CHILD = """
 import json, os, resource, sys
-sys.modules["torch"] = None  # as where torch is not installed: it takes seconds to import
 from indextar import IndexedTarDataset, ReadAheadBatches
-prefetch, index_dir, *urls = sys.argv[1:]
+prefetch, index_dir, workers, *urls = sys.argv[1:]
 ds = IndexedTarDataset(urls, index_dir=index_dir, prefetch_bytes=int(prefetch))
-ds.__getitems__(next(iter(ReadAheadBatches(range(len(ds)), 4))))  # its first batch
 def batch(size=64):  # as a batch's spans: allocated, touched, freed together
     return [bytearray(100_000) for _ in range(size)]
 def anon_mb():
     status = open("/proc/self/status").read().split("RssAnon:")[1]
     return int(status.split()[0]) // 1024
-batch()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
+def probe(indices):
+    ds.__getitems__(indices)  # its first batch: the read-ahead starts
     batch()
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-batch(400)  # 40 MB freed: kept, or given back
-read, write = os.pipe()
-child = os.fork()
-if child == 0:  # what a forked DataLoader worker starts with
-    os.write(write, str(anon_mb()).encode())
-    os._exit(0)
-os.waitpid(child, 0)
-print(json.dumps({"faults": faults, "parent_mb": anon_mb(), "child_mb": int(os.read(read, 64))}))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        batch()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    batch(400)  # 40 MB freed: kept, or given back
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # what a forked child starts with
+        os.write(write, str(anon_mb()).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    return {"faults": faults, "parent_mb": anon_mb(), "child_mb": int(os.read(read, 64))}
+hinted = next(iter(ReadAheadBatches(range(len(ds)), 4)))
+if workers == "0":
+    found = probe(hinted)
+else:  # in a DataLoader worker
+    import torch.utils.data
+    class Probe(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ds)
+        def __getitems__(self, indices):
+            return [probe(indices)]
+    loader = torch.utils.data.DataLoader(
+        Probe(), batch_sampler=[hinted], num_workers=1, collate_fn=lambda found: found[0],
+        multiprocessing_context="fork",
+    )
+    found = next(iter(loader))
+print(json.dumps(found))
 """
 BATCHES_PAGES = 20 * 64 * 100_000 // 4096  # each page of every batch faulted again
 
@@ -69,12 +86,14 @@ def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
         yield server
 
 
-def run(http: HttpServer, index_dir: Path, prefetch: int, **env: str) -> dict[str, int]:
+def run(
+    http: HttpServer, index_dir: Path, prefetch: int, workers: int = 1, **env: str
+) -> dict[str, int]:
     url = http.url("heap-0.tar")
     IndexedTarDataset([url], index_dir=index_dir)  # the index, built here once
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(prefetch), str(index_dir), url],
+        [sys.executable, "-c", CHILD, str(prefetch), str(index_dir), str(workers), url],
         capture_output=True, text=True, timeout=120, env={**environ, **env},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -82,7 +101,7 @@ def run(http: HttpServer, index_dir: Path, prefetch: int, **env: str) -> dict[st
     return found
 
 
-def test_a_process_reading_ahead_keeps_its_freed_batches_and_its_forks_give_them_back(
+def test_a_worker_reading_ahead_keeps_its_freed_batches_and_its_forks_give_them_back(
     http: HttpServer, tmp_path: Path
 ) -> None:
     found = run(http, tmp_path, 256 << 20)
@@ -91,11 +110,12 @@ def test_a_process_reading_ahead_keeps_its_freed_batches_and_its_forks_give_them
     assert found["parent_mb"] - found["child_mb"] > 30, found
 
 
-def test_without_read_ahead_or_with_the_users_own_threshold_the_heap_is_left_alone(
+def test_the_training_process_a_worker_without_read_ahead_or_the_users_own_threshold_are_left_alone(
     http: HttpServer, tmp_path: Path
 ) -> None:
     # glibc's defaults give each freed batch back: faulted in again, page by page
     for found in (
+        run(http, tmp_path, 256 << 20, workers=0),  # the training process's heap is its own
         run(http, tmp_path, 0),
         run(http, tmp_path, 256 << 20, MALLOC_TRIM_THRESHOLD_="131072"),
     ):
