@@ -111,13 +111,12 @@ def test_a_wrong_range_without_content_range_check_is_retried_by_the_header_chec
     index_dir = server.root / "idx-header-check"
     server.set_faults(FaultPlan())
     ds = IndexedTarDataset([server.url("data.tar", mode="faulty")], index_dir=index_dir)
-    with ds._leased(0) as shard:
-        pass  # the shard ds reads through, kept open by ds
-    assert isinstance(shard, OpenShard) and isinstance(shard.source, RangeSource)
-    offset, length = shard.span(5)
-    other = server.root / "data.tar"
-    wrong = other.read_bytes()[shard.span(6)[0] :][:length]
-    key, members = shard.read(5, wrong)  # the batch path's span, not the sample's
+    with ds._leased(0) as shard:  # the shard ds reads through, held while it is used
+        assert isinstance(shard, OpenShard) and isinstance(shard.source, RangeSource)
+        offset, length = shard.span(5)
+        other = server.root / "data.tar"
+        wrong = other.read_bytes()[shard.span(6)[0] :][:length]
+        key, members = shard.read(5, wrong)  # the batch path's span, not the sample's
     assert key == "k0005" and dict(members) == _expected(5)
 
 
