@@ -159,9 +159,8 @@ class RemoteBatches:
             if not fetchable_ahead(shard.source):
                 continue
             wanted = locals_[group]
-            starts, ends = shard.samples[wanted, 0].tolist(), shard.samples[wanted, 1].tolist()
-            for local, start, end in zip(wanted.tolist(), starts, ends):
-                yield ((n, local), shard.source, start, end - start)
+            for local, start, length in zip(wanted.tolist(), *shard.spans(wanted)):
+                yield ((n, local), shard.source, start, length)
 
     def _split(
         self,

@@ -124,7 +124,7 @@ class OpenShard:
         start, end = self.samples[local, :2].tolist()
         return start, end - start
 
-    def spans(self, local: list[int]) -> tuple[list[int], list[int]]:
+    def spans(self, local: list[int] | npt.NDArray[np.int64]) -> tuple[list[int], list[int]]:
         """The offsets and lengths of samples ``local``'s bytes (one numpy look-up)."""
         starts, ends = self.samples[local, 0], self.samples[local, 1]
         return starts.tolist(), (ends - starts).tolist()
@@ -198,8 +198,7 @@ class OpenShard:
     def _read_many_checked(self, local: list[int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """:meth:`read_many` of a shard whose index records checksums: one ``read_many``
         of the spans, each then checked as :meth:`_read_checked` does."""
-        offsets, ends = self.samples[local, 0].tolist(), self.samples[local, 1].tolist()
-        spans = self.source.read_many(offsets, [e - s for s, e in zip(offsets, ends)])
+        spans = self.source.read_many(*self.spans(local))
         return [self._read_checked(n, span) for n, span in zip(local, spans)]
 
     def _read_checked(
