@@ -186,8 +186,6 @@ _LAYOUT = {
 _CHECKSUMS = ("checksums", "<u8", "")
 # The rows read_arrays reads: not key_lengths, which only a join reads (keyblob.read_keys).
 _READ_ROWS = (*_LAYOUT, _CHECKSUMS[0])
-_MARKS = ", ".join("?" * len(_READ_ROWS))
-_SELECT_ARRAYS = f"SELECT name, dtype, columns, data FROM arrays WHERE name IN ({_MARKS})"
 
 
 def write_arrays(conn: sqlite3.Connection, arrays: ShardArrays) -> None:
@@ -220,7 +218,9 @@ def read_arrays(
         If the arrays' sizes disagree with the index's sample and member counts.
     """
     try:
-        rows = conn.execute(_SELECT_ARRAYS, _READ_ROWS).fetchall()
+        marks = ", ".join("?" * len(_READ_ROWS))
+        sql = f"SELECT name, dtype, columns, data FROM arrays WHERE name IN ({marks})"
+        rows = conn.execute(sql, _READ_ROWS).fetchall()
     except sqlite3.OperationalError:  # no arrays table
         return None
     stored = {str(name): (dtype, columns, data) for name, dtype, columns, data in rows}
