@@ -55,7 +55,7 @@ from .read.joined import JoinedDataset
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
 from .read.selection import bucket_ids
-from .read.staged import StagedLoader, on_gpu
+from .read.staged import StagedLoader, StageTimings, on_gpu
 from .read.subset import KeySubset
 from .source.patterns import expand_shards
 from .tar.scan import TarScan, scan_tar
@@ -91,6 +91,7 @@ __all__ = [
     "encoded_collate",
     "ImageStage",
     "EncodedBatch",
+    "StageTimings",
     "StagedLoader",
     "write_manifest",
     "read_manifest",

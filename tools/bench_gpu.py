@@ -124,14 +124,18 @@ class Bench:
         self.info: dict[str, Any] = {}
         self.notes: list[str] = []
 
-    def measure(self, name: str, workers: int, run: Callable[[], int]) -> dict[str, Any] | None:
-        """Run one case; its images/s and CPU. A failing case is noted, not fatal."""
+    def measure(
+        self, name: str, workers: int, run: Callable[[], int | tuple[int, dict[str, Any]]]
+    ) -> dict[str, Any] | None:
+        """Run one case; its images/s and CPU (and what ``run`` adds: a staged pass's
+        rate after its first batch, its timings, its threads' CPU). A failing case is
+        noted, not fatal."""
         import torch
 
         log(f"{name} ...")
         cpu0, start = procstats.cpu_seconds(), time.perf_counter()
         try:
-            count = run()
+            got = run()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - one row's failure is reported, the rest run
@@ -140,6 +144,7 @@ class Bench:
             self.write()
             return None
         wall = time.perf_counter() - start
+        count, extra = got if isinstance(got, tuple) else (got, {})
         cores = (procstats.cpu_seconds() - cpu0) / wall
         rate = count / wall
         row = {
@@ -150,9 +155,14 @@ class Bench:
             "images_per_s": rate,
             "cpu_cores": cores,
             "cores_per_1000_per_s": cores / (rate / 1000),
+            **extra,
         }
         self.rows.append(row)
-        log(f"  {rate:,.0f} images/s, {cores:.1f} cores")
+        steady = f", {extra['steady_images_per_s']:,.0f} after the first batch" if extra else ""
+        log(f"  {rate:,.0f} images/s{steady}, {cores:.1f} cores")
+        for key in ("timings", "threads"):
+            if key in extra:
+                log(f"  {key}: {extra[key]}")
         self.write()
         return row
 
@@ -162,15 +172,16 @@ class Bench:
     def table(self) -> str:
         base = self.rate(ID_ROW)
         lines = [
-            "| path | workers | images | images/s | × image_decoder | CPU cores | "
-            "cores per 1,000 images/s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| path | workers | images | images/s | × image_decoder | after the first batch | "
+            "CPU cores | cores per 1,000 images/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in self.rows:
             ratio = f"{r['images_per_s'] / base:.2f}×" if base else "–"
+            steady = f"{r['steady_images_per_s']:,.0f}" if "steady_images_per_s" in r else "–"
             lines.append(
                 f"| {r['path']} | {r['workers'] or '–'} | {r['images']:,} | "
-                f"{r['images_per_s']:,.0f} | {ratio} | {r['cpu_cores']:.1f} | "
+                f"{r['images_per_s']:,.0f} | {ratio} | {steady} | {r['cpu_cores']:.1f} | "
                 f"{r['cores_per_1000_per_s']:.2f} |"
             )
         head = [f"- {k}: {v}" for k, v in self.info.items()]
@@ -207,6 +218,58 @@ def consume(batches: Iterable[Any]) -> int:
         else:
             count += len(images)
     return count
+
+
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds so far of each thread of this process, by native id (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def staged_pass(staged: Any) -> tuple[int, dict[str, Any]]:
+    """One pass over an ``on_gpu`` loader, as :func:`consume`; with its rate after the
+    first batch (the workers' start left out), where its time went
+    (``StagedLoader.timings``), and the busiest threads of this process as a share of
+    the pass (the caller, the fetching and the decoding threads by name)."""
+    import threading
+
+    import torch
+
+    cpu0, names = thread_cpu(), {threading.get_native_id(): "caller"}
+    count, first, start = 0, 0, time.perf_counter()
+    for batch in staged:
+        images = batch[0]
+        images.view(-1)[:1].sum()
+        if not count:
+            first, first_at = images.shape[0], time.perf_counter()
+            names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
+        count += images.shape[0]
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    end = time.perf_counter()
+    used = {tid: cpu - cpu0.get(tid, 0.0) for tid, cpu in thread_cpu().items()}
+    busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
+    timings = staged.timings
+    return count, {
+        "steady_images_per_s": (count - first) / (end - first_at) if count > first else 0.0,
+        "first_batch_s": first_at - start,
+        "timings": {
+            "batches": timings.batches,
+            "fetch_s": round(timings.fetch_s, 3),
+            "decode_s": round(timings.decode_s, 3),
+            "starved_s": round(timings.starved_s, 3),
+            "waited_s": round(timings.waited_s, 3),
+            "pass_s": round(end - start, 3),
+        },
+        "threads": {f"{names.get(tid, tid)}": round(cpu / (end - start), 2) for tid, cpu in busiest},
+    }
 
 
 def run_cases(bench: Bench, paths: list[str], images: int) -> None:
@@ -257,15 +320,21 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
         bench.measure(
             f"stage `on_gpu(loader, 256)`, {backend}",
             workers,
-            lambda w=workers: consume(
+            lambda w=workers: staged_pass(
                 on_gpu(loader(raw, w, encoded_collate()), SIZE, backend=backend)
             ),
+        )
+    for again in range(args.repeat - 1):  # the target's row again: how much it varies
+        bench.measure(
+            f"stage `on_gpu(loader, 256)`, {backend}, again",
+            4,
+            lambda: staged_pass(on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend)),
         )
     for workers in (4, 8):  # the hand-off before reused blocks: a new block a batch
         bench.measure(
             f"stage, {backend}, `encoded_collate(reuse=False)`",
             workers,
-            lambda w=workers: consume(
+            lambda w=workers: staged_pass(
                 on_gpu(loader(raw, w, encoded_collate(reuse=False)), SIZE, backend=backend)
             ),
         )
@@ -273,7 +342,7 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
         bench.measure(
             f"stage, {backend}, two batches decoded ahead",
             4,
-            lambda: consume(
+            lambda: staged_pass(
                 on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend, prefetch=2)
             ),
         )
@@ -283,7 +352,9 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
             bench.measure(
                 f"stage, {backend}, `sys.setswitchinterval(0.0005)`",
                 4,
-                lambda: consume(on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend)),
+                lambda: staged_pass(
+                    on_gpu(loader(raw, 4, encoded_collate()), SIZE, backend=backend)
+                ),
             )
         finally:
             sys.setswitchinterval(previous_interval)
@@ -337,7 +408,7 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
             bench.measure(
                 f"in-memory: through `on_gpu`'s thread, {name}",
                 0,
-                lambda n=name: consume(on_gpu(batches, SIZE, backend=n)),
+                lambda n=name: staged_pass(on_gpu(batches, SIZE, backend=n)),
             )
 
     psnr_check(bench, jpegs[:64], backend)
@@ -363,34 +434,42 @@ def psnr_check(bench: Bench, jpegs: list[bytes], backend: str) -> None:
 
 
 def targets(bench: Bench) -> list[str]:
+    """The issue's targets, read from the median of each worker count's passes (the
+    4-worker row runs ``--repeat`` times): PASS/FAIL lines, never asserted."""
     base = bench.rate(ID_ROW)
-    stage = [r for r in bench.rows if r["path"].startswith("stage `on_gpu") and r["workers"] <= 4]
+    passes: dict[int, list[dict[str, Any]]] = {}
+    for r in bench.rows:
+        if r["path"].startswith("stage `on_gpu"):
+            passes.setdefault(r["workers"], []).append(r)
+
+    def median(rows: list[dict[str, Any]], key: str) -> float:
+        return float(np.median([r[key] for r in rows]))
+
     ceiling = next((r for r in bench.rows if r["path"].startswith("in-memory ceiling")), None)
     out = []
-    if base and stage:
-        best = max(stage, key=lambda r: r["images_per_s"])
-        ratio = best["images_per_s"] / base
+    few = {w: rows for w, rows in passes.items() if w <= 4}
+    if base and few:
+        workers = max(few, key=lambda w: median(few[w], "images_per_s"))
+        rows = few[workers]
+        rate = median(rows, "images_per_s")
+        every = ", ".join(f"{r['images_per_s']:,.0f}" for r in rows)
+        ratio = rate / base
         out.append(
             f"{'PASS' if ratio >= 2.5 else 'FAIL'} stage with <= 4 workers >= 2.5x "
-            f"image_decoder with 15: {ratio:.2f}x ({best['workers']} workers)"
+            f"image_decoder with 15: {ratio:.2f}x ({workers} workers, median of {len(rows)} "
+            f"passes: {every} images/s)"
         )
         if ceiling:
-            share = best["images_per_s"] / ceiling["images_per_s"]
+            share = rate / ceiling["images_per_s"]
             out.append(
                 f"{'PASS' if share >= 0.8 else 'FAIL'} stage >= 0.8 of its in-memory "
-                f"ceiling: {share:.2f} ({best['workers']} workers)"
+                f"ceiling: {share:.2f} ({workers} workers, start included)"
             )
-            every = [r for r in bench.rows if r["path"].startswith("stage `on_gpu")]
-            top = max(every, key=lambda r: r["images_per_s"])
-            if top is not best:
-                share = top["images_per_s"] / ceiling["images_per_s"]
-                out.append(
-                    f"INFO with any number of workers: {share:.2f} of the ceiling "
-                    f"({top['workers']} workers)"
-                )
+            steady = median(rows, "steady_images_per_s") / ceiling["images_per_s"]
+            out.append(f"INFO after the first batch (start left out): {steady:.2f} of the ceiling")
         id_row = next(r for r in bench.rows if r["path"] == ID_ROW)
         out.append(
-            f"INFO cores per 1,000 images/s: stage {best['cores_per_1000_per_s']:.2f}, "
+            f"INFO cores per 1,000 images/s: stage {median(rows, 'cores_per_1000_per_s'):.2f}, "
             f"image_decoder {id_row['cores_per_1000_per_s']:.2f}"
         )
     if "psnr_min_db" in bench.info:
@@ -408,6 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="write the markdown table here too")
     parser.add_argument("--json-out", help="write the JSON here too")
     parser.add_argument("--keep", action="store_true", help="keep the corpus folder")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="passes of the 4-worker stage row (default 3)"
+    )
     args = parser.parse_args(argv)
     images = args.images or (200 if args.small else 8000)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,9 +27,28 @@ from .image import Fit
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["StagedLoader", "on_gpu"]
+__all__ = ["StageTimings", "StagedLoader", "on_gpu"]
 
 _POLL_S = 0.1
+
+
+@dataclass(slots=True)
+class StageTimings:
+    """Where a :class:`StagedLoader`'s pass spent its time, in seconds, so far: which of
+    the loader, the decoder or the caller holds the others back.
+
+    ``fetch_s`` is the fetching thread's time taking batches from the loader (waiting for
+    the workers included); ``decode_s`` the decoding thread's time in the stage, and
+    ``starved_s`` its time waiting for a batch to decode; ``waited_s`` the caller's time
+    waiting for a decoded batch. A decoder starved for much of the pass is held by the
+    loader (more workers); a caller that waits while the decoder is never starved is
+    held by the decoder."""
+
+    batches: int = 0
+    fetch_s: float = 0.0
+    decode_s: float = 0.0
+    starved_s: float = 0.0
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +62,14 @@ _END = object()
 class StagedLoader:
     """An iterable over a loader's batches with their images decoded on the device;
     made by :func:`on_gpu`. ``stage`` is the :class:`ImageStage` (its ``fallbacks``
-    count the images decoded on the CPU)."""
+    count the images decoded on the CPU); ``timings``, the :class:`StageTimings` of the
+    latest pass (a new pass starts them again)."""
 
     def __init__(self, loader: Iterable[EncodedBatch], stage: ImageStage, *, prefetch: int = 1):
         self.loader = loader
         self.stage = stage
         self.prefetch = max(1, prefetch)
+        self.timings = StageTimings()
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -56,6 +78,7 @@ class StagedLoader:
         fetched: queue.Queue[Any] = queue.Queue(self.prefetch + 1)
         ready: queue.Queue[Any] = queue.Queue(self.prefetch)
         stop = threading.Event()
+        self.timings = timings = StageTimings()
         # The DataLoader forks its workers here, in the caller's thread: forking from a
         # second thread while the caller's runs could copy a lock that thread holds.
         batches = iter(self.loader)
@@ -65,13 +88,13 @@ class StagedLoader:
         threads = [
             threading.Thread(
                 target=self._fetch,
-                args=(batches, fetched, stop),
+                args=(batches, fetched, stop, timings),
                 name="indextar-fetch",
                 daemon=True,
             ),
             threading.Thread(
                 target=self._produce,
-                args=(fetched, ready, stop),
+                args=(fetched, ready, stop, timings),
                 name="indextar-on-gpu",
                 daemon=True,
             ),
@@ -80,7 +103,9 @@ class StagedLoader:
             thread.start()
         try:
             while True:
+                waiting = time.perf_counter()
                 item = ready.get()
+                timings.waited_s += time.perf_counter() - waiting
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -100,10 +125,18 @@ class StagedLoader:
 
     @staticmethod
     def _fetch(
-        batches: Iterator[EncodedBatch], fetched: queue.Queue[Any], stop: threading.Event
+        batches: Iterator[EncodedBatch],
+        fetched: queue.Queue[Any],
+        stop: threading.Event,
+        timings: StageTimings,
     ) -> None:
         try:
-            for encoded in batches:
+            while True:
+                started = time.perf_counter()
+                encoded = next(batches, _END)
+                timings.fetch_s += time.perf_counter() - started
+                if encoded is _END:
+                    break
                 if not _put(fetched, encoded, stop):
                     return
                 del encoded  # not held while the loader waits: its block can be reused
@@ -112,7 +145,11 @@ class StagedLoader:
             _put(fetched, _Failure(e), stop)
 
     def _produce(
-        self, fetched: queue.Queue[Any], ready: queue.Queue[Any], stop: threading.Event
+        self,
+        fetched: queue.Queue[Any],
+        ready: queue.Queue[Any],
+        stop: threading.Event,
+        timings: StageTimings,
     ) -> None:
         import torch
 
@@ -123,10 +160,14 @@ class StagedLoader:
                 torch.cuda.set_device(self.stage.device)
                 stream = torch.cuda.Stream(self.stage.device)  # type: ignore[no-untyped-call]
             while not stop.is_set():
+                waiting = time.perf_counter()
                 try:
                     encoded = fetched.get(timeout=_POLL_S)
                 except queue.Empty:
                     continue
+                finally:
+                    started = time.perf_counter()
+                    timings.starved_s += started - waiting
                 if encoded is _END or isinstance(encoded, _Failure):
                     _put(ready, encoded, stop)
                     return
@@ -137,6 +178,8 @@ class StagedLoader:
                     if stream is not None:
                         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                         event.record(stream)
+                timings.decode_s += time.perf_counter() - started
+                timings.batches += 1
                 if not _put(ready, (batch, event), stop):
                     return
         except BaseException as e:  # handed to the caller's thread, raised there

@@ -243,3 +243,22 @@ def test_a_failure_in_the_loader_reaches_the_caller() -> None:
     with pytest.raises(RuntimeError, match="worker died"):
         for _ in staged:
             pass
+
+
+def test_timings_say_the_loader_holds_the_decoder_back() -> None:
+    import time
+
+    def slow_batches():  # a loader that takes 50 ms a batch, as too few workers would
+        for _ in range(4):
+            time.sleep(0.05)
+            yield encoded_collate()([encode(photo(20, 20))] * 2)
+
+    staged = on_gpu(slow_batches(), 16, device="cpu")  # type: ignore[arg-type]
+    assert staged.timings.batches == 0
+    assert sum(images.shape[0] for images in staged) == 8
+    timings = staged.timings
+    assert timings.batches == 4
+    assert timings.fetch_s >= 0.2  # the four sleeps, in the fetching thread
+    # the decoder waited for all but what it decoded; the caller waited for the decoder
+    assert timings.starved_s >= 0.15 and timings.waited_s >= 0.15
+    assert timings.decode_s > 0
