@@ -236,25 +236,29 @@ def thread_cpu() -> dict[int, float]:
 def staged_pass(staged: Any) -> tuple[int, dict[str, Any]]:
     """One pass over an ``on_gpu`` loader, as :func:`consume`; with its rate after the
     first batch (the workers' start left out), where its time went
-    (``StagedLoader.timings``), and the busiest threads of this process as a share of
-    the pass (the caller, the fetching and the decoding threads by name)."""
+    (``StagedLoader.timings``), and the busiest threads of this process, in cores after
+    the first batch (the caller, the fetching and the decoding threads by name)."""
     import threading
 
     import torch
 
-    cpu0, names = thread_cpu(), {threading.get_native_id(): "caller"}
+    names = {threading.get_native_id(): "caller"}
     count, first, start = 0, 0, time.perf_counter()
-    for batch in staged:
+    for n, batch in enumerate(staged):
         images = batch[0]
         images.view(-1)[:1].sum()
         if not count:
             first, first_at = images.shape[0], time.perf_counter()
             names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
+            cpu0 = thread_cpu()
+        if n % 16 == 0:  # the threads end with the pass: read them while they run
+            cpu1, cpu1_at = thread_cpu(), time.perf_counter()
         count += images.shape[0]
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     end = time.perf_counter()
-    used = {tid: cpu - cpu0.get(tid, 0.0) for tid, cpu in thread_cpu().items()}
+    span = max(cpu1_at - first_at, 1e-9)
+    used = {tid: (cpu - cpu0.get(tid, 0.0)) / span for tid, cpu in cpu1.items()}
     busiest = sorted(used.items(), key=lambda item: -item[1])[:5]
     timings = staged.timings
     return count, {
@@ -268,7 +272,7 @@ def staged_pass(staged: Any) -> tuple[int, dict[str, Any]]:
             "waited_s": round(timings.waited_s, 3),
             "pass_s": round(end - start, 3),
         },
-        "threads": {f"{names.get(tid, tid)}": round(cpu / (end - start), 2) for tid, cpu in busiest},
+        "threads": {f"{names.get(tid, tid)}": round(cpu, 2) for tid, cpu in busiest},
     }
 
 
