@@ -220,9 +220,15 @@ def _to_device(value: Any, device: torch.device) -> Any:
     """``value`` with a copy of every tensor in it (tuples, lists, dicts) on ``device``."""
     import torch
 
+    pin = device.type == "cuda"
+
     def move(item: Any) -> Any:
         if not isinstance(item, torch.Tensor):
             return item
+        if pin and not item.is_cuda:
+            # from pageable memory a copy first waits for the stream's work (this batch's
+            # decode and resize): through torch's cached pinned blocks it does not
+            item = item.pin_memory()
         return item.to(device, non_blocking=True, copy=True)
 
     return map_leaves(move, value)
