@@ -330,7 +330,7 @@ def run_cases(bench: Bench, paths: list[str], images: int) -> None:
                 on_gpu(loader(raw, w, encoded_collate()), SIZE, backend=backend)
             ),
         )
-    for again in range(args.repeat - 1):  # the target's row again: how much it varies
+    for _ in range(args.repeat - 1):  # the target's row again: how much it varies
         bench.measure(
             f"stage `on_gpu(loader, 256)`, {backend}, again",
             4,

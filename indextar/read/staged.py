@@ -103,9 +103,9 @@ class StagedLoader:
             thread.start()
         try:
             while True:
-                waiting = time.perf_counter()
+                since = time.perf_counter()
                 item = ready.get()
-                timings.waited_s += time.perf_counter() - waiting
+                timings.waited_s += time.perf_counter() - since
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
