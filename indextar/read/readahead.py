@@ -17,7 +17,9 @@ forked one, the main process after a pickle) starts with an empty read-ahead and
 its prefetcher and threads on the first hinted batch. A DataLoader worker then has its
 C heap keep what it frees (:func:`~indextar.source.heap.keep_freed_heap`): a batch's
 spans and samples, freed, would otherwise go back to the kernel and be faulted in again
-at the next one. The training process's heap is the user's, and is left as it is.
+at the next one; and leaves the objects it has then out of its garbage collector's
+walks (:func:`~indextar.source.heap.freeze_startup_objects`). The training process's
+heap is the user's, and is left as it is.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..source import prefetch
 from ..source.base import ByteSource, SpanBytes, fork_generation
 from ..source.frames import FramedSource
 from ..source.fsspec_internals import default_loop
-from ..source.heap import keep_freed_heap
+from ..source.heap import freeze_startup_objects, keep_freed_heap
 from ..source.prefetch import Prefetcher, PrefetchStats, SpanFetch
 from ..source.remote import RangeSource
 
@@ -134,6 +136,7 @@ class ReadAhead:
         if prefetcher is None:
             if _in_worker():  # a worker's heap is indextar's; the training process's is not
                 keep_freed_heap()  # its spans and samples, freed each batch, are not given back
+                freeze_startup_objects()  # and its collector never walks what it inherited
             prefetcher = self._prefetcher = Prefetcher(
                 self.fetch,
                 budget=self.budget,

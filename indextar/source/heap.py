@@ -26,15 +26,29 @@ whose environment sets either
 threshold (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, or
 ``glibc.malloc.*`` in ``GLIBC_TUNABLES``) keeps its own; elsewhere than glibc on a
 64-bit machine nothing changes.
+
+:func:`freeze_startup_objects` does for Python's cyclic garbage collector what the
+thresholds do for ``malloc``. A reading worker allocates container objects by the
+thousand a batch (a task, its coroutines and futures, a response's headers and answer
+for every span), and with over a hundred requests in flight many of them outlive the
+young generations' collections, so the collector runs its full collections too, each
+over every object the worker inherited (240,000 in a process that imported torch),
+and writes to each one's header, a page copied from the parent for every few. Measured
+(the same benchmark, 24,000 samples, 12,000 a worker): 0.49 s of each worker's 3.5 s
+of CPU in the collector; 0.10 s with the objects alive at its first read-ahead frozen
+(``gc.freeze``: left out of every collection). Frozen objects are still freed when
+nothing refers to them; only a reference cycle among them outlives the worker's use
+of it, as with every object a forked worker shares with its parent.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
 
-__all__ = ["KEPT_BYTES", "MAPPED_FROM_BYTES", "keep_freed_heap"]
+__all__ = ["KEPT_BYTES", "MAPPED_FROM_BYTES", "freeze_startup_objects", "keep_freed_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +64,7 @@ _USER_SET = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 _USER_TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold")
 
 _kept = False  # in this process (and a forked child, whose heap is its parent's)
+_frozen = False  # the same for the collector's frozen objects
 
 
 def keep_freed_heap() -> bool:
@@ -75,6 +90,16 @@ def keep_freed_heap() -> bool:
     else:
         log.debug("mallopt refused the thresholds: the heap is left as it is")
     return _kept
+
+
+def freeze_startup_objects() -> None:
+    """Leave every object the collector tracks now out of its later collections
+    (``gc.freeze``), once a process (a forked child's inherited objects are frozen
+    already where its parent froze them)."""
+    global _frozen
+    if not _frozen:
+        gc.freeze()
+        _frozen = True
 
 
 def _glibc() -> bool:

@@ -1,7 +1,8 @@
 """A DataLoader worker that reads ahead keeps what its C heap frees for its next batch
 (``indextar.source.heap``): a batch's spans and samples, freed, are not given back to
-the kernel to be faulted in again at the next batch. The training process's own heap
-is left as it is.
+the kernel to be faulted in again at the next batch; and the objects it has at its
+first read-ahead are frozen out of its garbage collector's walks. The training
+process's own heap and collector are left as they are.
 
 Each case runs in a fresh interpreter (a heap's thresholds are the process's, and
 glibc moves them with what the process has freed before) against a real HTTP server
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 CHILD = """
-import json, os, resource, sys
+import gc, json, os, resource, sys
 from indextar import IndexedTarDataset, ReadAheadBatches
 prefetch, index_dir, workers, *urls = sys.argv[1:]
 ds = IndexedTarDataset(urls, index_dir=index_dir, prefetch_bytes=int(prefetch))
@@ -56,7 +57,10 @@ def probe(indices):
         os.write(write, str(anon_mb()).encode())
         os._exit(0)
     os.waitpid(child, 0)
-    return {"faults": faults, "parent_mb": anon_mb(), "child_mb": int(os.read(read, 64))}
+    return {
+        "faults": faults, "parent_mb": anon_mb(), "child_mb": int(os.read(read, 64)),
+        "frozen": gc.get_freeze_count(),
+    }
 hinted = next(iter(ReadAheadBatches(range(len(ds)), 4)))
 if workers == "0":
     found = probe(hinted)
@@ -106,6 +110,9 @@ def test_a_worker_reading_ahead_keeps_its_freed_batches_and_its_forks_give_them_
 ) -> None:
     found = run(http, tmp_path, 256 << 20)
     assert found["faults"] < BATCHES_PAGES / 20
+    # the objects it had at its first read-ahead (torch's, the dataset's) are left out
+    # of its collector's walks
+    assert found["frozen"] > 10_000, found
     # the 40 MB freed last stay with the parent; a forked child does not copy them in
     assert found["parent_mb"] - found["child_mb"] > 30, found
 
@@ -114,9 +121,13 @@ def test_the_training_process_a_worker_without_read_ahead_or_the_users_own_thres
     http: HttpServer, tmp_path: Path
 ) -> None:
     # glibc's defaults give each freed batch back: faulted in again, page by page
+    training = run(http, tmp_path, 256 << 20, workers=0)  # its heap is the user's
+    no_read_ahead = run(http, tmp_path, 0)
     for found in (
-        run(http, tmp_path, 256 << 20, workers=0),  # the training process's heap is its own
-        run(http, tmp_path, 0),
+        training,
+        no_read_ahead,
         run(http, tmp_path, 256 << 20, MALLOC_TRIM_THRESHOLD_="131072"),
     ):
         assert found["faults"] > BATCHES_PAGES / 2, found
+    # and its collector's generations too
+    assert training["frozen"] == no_read_ahead["frozen"] == 0
