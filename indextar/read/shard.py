@@ -163,6 +163,11 @@ class OpenShard:
             )
         except RemoteReadError as e:
             raise e.for_sample(key.decode("utf-8", "surrogateescape")) from e
+        except StaleIndexError as e:
+            if checked:  # its message names the sample already
+                raise
+            name = key.decode("utf-8", "surrogateescape")
+            raise StaleIndexError(f"sample {name!r}: {e}") from e
         return key.decode("utf-8", "surrogateescape"), members
 
     def key(self, local: int) -> str:
@@ -186,7 +191,10 @@ class OpenShard:
         if not self.check_names:  # b"": the checksums only
             keys = [key_blob[row[4] : row[5]] for row in rows]
             spans: list[Span] = [(s, e - s, f, c, b"") for s, e, f, c, _, _ in rows]
-            read = self.source.read_members_many(spans, self.members, self.ext_names)
+            try:
+                read = self.source.read_members_many(spans, self.members, self.ext_names)
+            except StaleIndexError:  # it cannot name the sample: one by one, which do
+                return [self.read(n) for n in local]
             return [(k.decode("utf-8", "surrogateescape"), m) for k, m in zip(keys, read)]
         spans = [(s, e - s, f, c, key_blob[ks:ke]) for s, e, f, c, ks, ke in rows]
         read = self.source.read_members_many(spans, self.members, self.ext_names)

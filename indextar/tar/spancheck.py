@@ -97,13 +97,14 @@ def stale_error(
     code: int, *, shard: str, offset: int, key: bytes, headers: bytes
 ) -> StaleIndexError:
     """The error for a failed check: what the index promised at ``offset``, and what is there."""
-    wanted = key.decode("utf-8", "surrogateescape")
+    # b"": a read by the checksums only, whose caller names the sample
+    wanted = f"sample {key.decode('utf-8', 'surrogateescape')!r}" if key else "a sample's headers"
     if code == BAD_CHECKSUM:
         found = "a header with a bad checksum"
     else:
         found = f"a member named {member_name(headers).decode('utf-8', 'surrogateescape')!r}"
     return StaleIndexError(
         f"shard {shard!r} changed since it was indexed: at byte offset {offset} its index "
-        f"promised sample {wanted!r} but the shard holds {found}; rebuild its index "
+        f"promised {wanted} but the shard holds {found}; rebuild its index "
         "(build_index(shard, force=True))"
     )

@@ -341,3 +341,45 @@ def test_a_member_named_by_a_global_header_before_its_span_reads(tmp_path: Path)
     plain = tmp_path / "plain.tar"
     plain.write_bytes(tar_bytes(sample_members(3)))
     assert build_index(plain).meta.span_names
+
+
+def test_a_damaged_header_in_a_shard_read_by_checksums_names_its_sample(tmp_path: Path) -> None:
+    """A shard whose spans cannot tell their names (a global header names members) is
+    read by the headers' checksums only; a damaged one is refused naming the sample's
+    key, as in every other shard, not sample ''."""
+    from tarcraft import BLOCK, blocks, header, pax_records
+
+    def pax(kind: bytes, records: dict[str, str]) -> bytes:
+        data = pax_records(records)
+        return header("./PaxHeaders/x", len(data), typeflag=kind) + blocks(data)
+
+    def named(name: str, data: bytes) -> bytes:
+        return pax(b"x", {"path": name}) + header("ignored.txt", len(data)) + blocks(data)
+
+    filler = bytes(70_000)  # past the first and before the last 64 KiB of the file,
+    raw = bytearray(  # whose fingerprint the index checks at open
+        pax(b"g", {"path": "k.txt"})
+        + named("a.txt", b"aaa")
+        + named("f1.txt", filler)
+        + header("zzz.txt", 3)  # sample 'k', named by the global header
+        + blocks(b"bbb")
+        + named("f2.txt", filler)
+        + bytes(2 * BLOCK)
+    )
+    path = tmp_path / "global.tar"
+    path.write_bytes(raw)
+    assert not build_index(path).meta.span_names
+    at = raw.index(b"zzz.txt")
+    raw[at + 100] ^= 0x01  # its mode field: the header's checksum no longer holds
+    st = path.stat()
+    path.write_bytes(raw)  # same size; the old mtime put back: only the header tells
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ds = IndexedTarDataset(path)
+    assert ds.__getitems__([0, 1, 3]) and [ds[i]["__key__"] for i in (0, 1, 3)] == ["a", "f1", "f2"]
+    for read in (lambda: ds[2], lambda: ds.__getitems__([2, 0])):
+        with pytest.raises(StaleIndexError, match="sample 'k'") as caught:
+            read()
+        assert "sample ''" not in str(caught.value)
+        assert "global.tar" in str(caught.value) and str(at) in str(caught.value)
+    assert ds[0]["txt"] == b"aaa"
+    ds.close()
