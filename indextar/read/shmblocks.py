@@ -286,22 +286,41 @@ def attach(
     if block is None:
         raise IndextarError(f"block {slot} of shared-memory pool {pool} was never sent here")
     lease = block[:nbytes]  # a new array object: the tensor below keeps it alive
-    weakref.finalize(lease, _release, attached.flags, slot, os.getpid()).atexit = False
+    weakref.finalize(lease, _release, attached.flags, slot, os.getpid(), pool).atexit = False
     return torch.from_numpy(lease)
 
 
-def _release(flags: npt.NDArray[np.uint8], slot: int, pid: int) -> None:
-    if os.getpid() == pid:  # not a forked child's copy of the batch: the flags are shared
-        flags[slot] = 0
+def _release(flags: npt.NDArray[np.uint8], slot: int, pid: int, pool: str) -> None:
+    """A lease is gone: its block is free for the worker again; and where that worker
+    has exited (its loader is done), its pool is dropped, so that its blocks are
+    unmapped once no batch holds them rather than when a next pool attaches."""
+    if os.getpid() != pid:  # a forked child's copy of the batch: the flags are shared
+        return
+    flags[slot] = 0
+    # a finalizer runs wherever the last reference goes, attach's lock held or not:
+    # never wait for it (a later release drops the pool)
+    if _lock.acquire(blocking=False):
+        try:
+            attached = _attached.get(pool)
+            if attached is not None and not _alive(attached.pid):
+                del _attached[pool]
+        finally:
+            _lock.release()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _forget_exited() -> None:
     """Drop the pools of workers that have exited (batches still held keep their own
     block mapped through their lease)."""
     for key, attached in list(_attached.items()):
-        try:
-            os.kill(attached.pid, 0)
-        except ProcessLookupError:
+        if not _alive(attached.pid):
             del _attached[key]
-        except PermissionError:
-            pass

@@ -210,3 +210,30 @@ def test_a_forked_child_letting_go_frees_nothing() -> None:
     again = pool.take(100)  # block 0 is still the parent's: another block
     assert again is not None and again.slot != taken.slot
     assert got.numel() == 100
+
+
+def test_an_exited_workers_blocks_are_let_go_with_its_last_batch(shard: Path) -> None:
+    """Once a loader's workers have exited and its batches are gone, their blocks are
+    unmapped: not kept until another loader's pool attaches (there may be none)."""
+    gc.collect()
+    before = set(shmblocks._attached)
+    kept, blocks = [], set()
+    for n, batch in enumerate(loader(shard)):  # workers exit at the loader's end
+        blocks.add(mapping_of(batch.data.data_ptr()))
+        if n < 2:
+            kept.append(batch)  # one of each worker's
+        del batch
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    for held in kept:  # held batches keep their blocks, exited workers or not
+        check(held, ds)
+    del held
+
+    def mapped() -> set[str]:
+        with open("/proc/self/maps") as maps:
+            return {line.split(maxsplit=5)[-1].strip() for line in maps} & blocks
+
+    assert {mapping_of(held.data.data_ptr()) for held in kept} <= mapped()
+    kept.clear()  # the last leases go: the exited workers' blocks with them
+    gc.collect()
+    assert not mapped(), mapped()
+    assert not set(shmblocks._attached) - before
