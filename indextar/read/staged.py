@@ -23,6 +23,7 @@ from .encoded import EncodedBatch
 from .gpu import ImageStage, StageBackend
 from .image import Backend as JpegBackend
 from .image import Fit
+from .shmblocks import map_leaves
 
 if TYPE_CHECKING:
     import torch
@@ -204,22 +205,13 @@ def _hand_over(batch: Any, event: torch.cuda.Event, device: torch.device) -> Non
 
     current = torch.cuda.current_stream(device)
     current.wait_event(event)
-    for tensor in _tensors(batch):
-        if tensor.is_cuda:
-            tensor.record_stream(current)
 
+    def record(item: Any) -> Any:
+        if isinstance(item, torch.Tensor) and item.is_cuda:
+            item.record_stream(current)
+        return item
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+    map_leaves(record, batch)
 
 
 def on_gpu(
