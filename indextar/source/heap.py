@@ -34,9 +34,10 @@ for every span), and with over a hundred requests in flight many of them outlive
 young generations' collections, so the collector runs its full collections too, each
 over every object the worker inherited (240,000 in a process that imported torch),
 and writes to each one's header, a page copied from the parent for every few. Measured
-(the same benchmark, 24,000 samples, 12,000 a worker): 0.49 s of each worker's 3.5 s
-of CPU in the collector; 0.10 s with the objects alive at its first read-ahead frozen
-(``gc.freeze``: left out of every collection). Frozen objects are still freed when
+(the same benchmark, 24,000 samples, 12,000 a worker, 2.9-3.4 s of CPU each): 0.49 s
+of a worker's CPU in the collector, a full collection of 0.25 s among it; 0.10 s with
+the objects alive at its first read-ahead frozen (``gc.freeze``: left out of every
+collection). Frozen objects are still freed when
 nothing refers to them; only a reference cycle among them outlives the worker's use
 of it, as with every object a forked worker shares with its parent.
 """
