@@ -160,7 +160,8 @@ class Bench:
             **extra,
         }
         self.rows.append(row)
-        steady = f", {extra['steady_images_per_s']:,.0f} after the first batch" if extra else ""
+        steady = extra.get("steady_images_per_s")
+        steady = f", {steady:,.0f} after the first batch" if steady is not None else ""
         log(f"  {rate:,.0f} images/s{steady}, {cores:.1f} cores")
         for key in ("timings", "threads"):
             if key in extra:
@@ -222,19 +223,6 @@ def consume(batches: Iterable[Any]) -> int:
     return count
 
 
-def thread_cpu() -> dict[int, float]:
-    """CPU seconds so far of each thread of this process, by native id (/proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
 def staged_pass(staged: Any) -> tuple[int, dict[str, Any]]:
     """One pass over an ``on_gpu`` loader, as :func:`consume`; with its rate after the
     first batch (the workers' start left out), where its time went
@@ -252,9 +240,9 @@ def staged_pass(staged: Any) -> tuple[int, dict[str, Any]]:
         if not count:
             first, first_at = images.shape[0], time.perf_counter()
             names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
-            cpu0 = thread_cpu()
+            cpu0 = procstats.thread_cpu_seconds()
         if n % 16 == 0:  # the threads end with the pass: read them while they run
-            cpu1, cpu1_at = thread_cpu(), time.perf_counter()
+            cpu1, cpu1_at = procstats.thread_cpu_seconds(), time.perf_counter()
         count += images.shape[0]
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["bytes_read", "cpu_seconds", "mapping_of", "process_tree_cpu", "rss_bytes"]
+__all__ = [
+    "bytes_read",
+    "cpu_seconds",
+    "mapping_of",
+    "process_tree_cpu",
+    "rss_bytes",
+    "thread_cpu_seconds",
+]
 
 
 def bytes_read() -> int:
@@ -38,17 +45,33 @@ def process_tree_cpu(pid: int) -> float:
     """User and system CPU seconds so far of the running process ``pid`` and of its
     running descendants (a server and its workers), from ``/proc/<pid>/stat``."""
     total, todo = 0.0, [pid]
-    tick = os.sysconf("SC_CLK_TCK")
     while todo:
         one = todo.pop()
         try:
-            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += _stat_cpu(Path(f"/proc/{one}/stat"))
             for task in Path(f"/proc/{one}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except OSError:  # it ended meanwhile
             continue
     return total
+
+
+def thread_cpu_seconds() -> dict[int, float]:
+    """User and system CPU seconds so far of each running thread of this process, by
+    native thread id (``/proc/self/task/<tid>/stat``)."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            out[int(task.name)] = _stat_cpu(task / "stat")
+        except OSError:  # it ended meanwhile
+            continue
+    return out
+
+
+def _stat_cpu(stat: Path) -> float:
+    """utime + stime of a ``/proc/.../stat`` file, in seconds."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int | None = None) -> int:
