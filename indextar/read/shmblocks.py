@@ -292,8 +292,11 @@ def attach(
 
 def _release(flags: npt.NDArray[np.uint8], slot: int, pid: int, pool: str) -> None:
     """A lease is gone: its block is free for the worker again; and where that worker
-    has exited (its loader is done), its pool is dropped, so that its blocks are
-    unmapped once no batch holds them rather than when a next pool attaches."""
+    has exited (its loader is done), every exited worker's pool is dropped, so that
+    their blocks are unmapped once no batch holds them rather than when a next pool
+    attaches. A loop's last batch outlives its loader's workers (the loop's variable
+    holds it while the loader shuts them down): its release lets them all go, those
+    whose own last batch went while they ran too."""
     if os.getpid() != pid:  # a forked child's copy of the batch: the flags are shared
         return
     flags[slot] = 0
@@ -303,7 +306,7 @@ def _release(flags: npt.NDArray[np.uint8], slot: int, pid: int, pool: str) -> No
         try:
             attached = _attached.get(pool)
             if attached is not None and not _alive(attached.pid):
-                del _attached[pool]
+                _forget_exited()
         finally:
             _lock.release()
 

@@ -237,3 +237,20 @@ def test_an_exited_workers_blocks_are_let_go_with_its_last_batch(shard: Path) ->
     gc.collect()
     assert not mapped(), mapped()
     assert not set(shmblocks._attached) - before
+
+
+def test_a_loops_last_batch_lets_every_exited_workers_blocks_go(shard: Path) -> None:
+    """A plain loop drops each batch while the workers run, but for the last one, which
+    its variable holds past the loader's end: its release unmaps both workers' blocks,
+    the other worker's too (its last lease went while it still ran)."""
+    gc.collect()
+    before = set(shmblocks._attached)
+    blocks = set()
+    for batch in loader(shard):
+        blocks.add(mapping_of(batch.data.data_ptr()))
+    assert len(set(shmblocks._attached) - before) == 2  # the workers have exited by now
+    del batch
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        assert not {line.split(maxsplit=5)[-1].strip() for line in maps} & blocks
+    assert not set(shmblocks._attached) - before
