@@ -14,7 +14,9 @@ compiler is present (``optional = true`` in pyproject.toml). Each room loads its
 * ``read/_keyjoin``: the hash join of two datasets' keys (``IndexedTarDataset.join``);
 * ``source/_gunzip``: a gzip shard decompressed and checked in one pass, its seek points
   placed on the way (the reference: :mod:`zlib`'s checked pass, then
-  ``indexed_gzip``'s).
+  ``indexed_gzip``'s);
+* ``source/_http11``: the direct S3 client's answer heads parsed, and its bodies'
+  buffers made without being zeroed first.
 
 Each has a Python reference that gives identical results and handles every case,
 including the unusual ones the C code hands back. Setting the environment variable
@@ -42,6 +44,7 @@ _ROOMS = {
     "_permute": "order",
     "_pack": "order",
     "_gunzip": "source",
+    "_http11": "source",
     "_keyjoin": "read",
 }
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from indextar import native
+
 PACKAGE = Path(__file__).resolve().parents[1] / "indextar"
 SHARED = frozenset({"errors", "atomic", "native", "_version"})
 # room -> the rooms it may import (each may import itself and the shared modules)
@@ -169,9 +171,7 @@ def test_a_deliberate_violation_is_caught(tmp_path: Path) -> None:
 # -- private names ---------------------------------------------------------------------
 
 # The C extensions are private modules that their own room imports by name.
-EXTENSIONS = frozenset(
-    {"_tarwalk", "_mapread", "_sqlitebulk", "_permute", "_pack", "_gunzip", "_keyjoin"}
-)
+EXTENSIONS = frozenset(native.built())  # the C extensions, each imported by its room
 # Private attributes of other projects' objects, reached where they offer no public one.
 FOREIGN_PRIVATE = {
     "_cache": "fsspec's instance cache of each filesystem class (source/filesystems.py)",

@@ -24,6 +24,7 @@ from indextar.index import extensions as index_extensions
 from indextar.index import tables as index
 from indextar.index.naming import _group_c, _group_numpy, group_members
 from indextar.source import extensions as source_extensions
+from indextar.source import http11
 from indextar.tar.scan import TarScan
 
 assert all(native.built().values()), f"a C extension did not build: {native.built()}"
@@ -259,3 +260,93 @@ def test_mapread_refuses_rows_outside_the_map() -> None:
         mapread.members(buf, 0, rows, 1, 1, ("a",))  # no extension 1
     with pytest.raises(IndexError, match="out of range"):
         mapread.members(buf, 0, rows, 1, 2, ("a", "b"))  # rows 1..2 of 2
+
+
+# -- the C head parser against its Python reference ------------------------------------
+
+_HEADER_NAMES = [
+    "ETag",
+    "content-length",
+    "Content-Range",
+    "X-A",
+    "x-a",
+    " Server ",
+    "",
+    "a\rb",
+    "\nx\x0b",
+    "\x1cY",
+]
+_TEXT = st.text(
+    alphabet=st.characters(min_codepoint=0, max_codepoint=0xFF, blacklist_characters="\r\n"),
+    max_size=12,
+)
+
+
+@st.composite
+def heads(draw: st.DrawFn) -> bytes:
+    """Status lines and header lines as servers write them, and as they should not:
+    repeated names, odd spacing, no colon, latin-1 bytes, codes with signs or letters."""
+    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2", "http/1.1", "HTTP/1.1x"]))
+    code = draw(
+        st.sampled_from(
+            ["206", "200", "100", "412", "0206", "+206", " 206", "2_06", "", "20x", "1234567890"]
+        )
+    )
+    reason = draw(st.sampled_from(["Partial Content", "", "OK  ", " x y "]))
+    lines = [f"{version} {code} {reason}" if code or reason else version]
+    for _ in range(draw(st.integers(0, 8))):
+        name = draw(st.sampled_from(_HEADER_NAMES) | _TEXT)
+        colon = draw(st.sampled_from([":", ": ", ":\t", "", " : "]))
+        value = draw(_TEXT | st.sampled_from([" v\r", "\n v \x1f", "a:b", "\xa0x\x85"]))
+        lines.append(f"{name}{colon}{value}")
+    return "\r\n".join(lines).encode("latin-1")
+
+
+@settings(max_examples=400, deadline=None)
+@given(heads(), st.integers(0, 64))
+def test_the_c_head_parser_gives_what_the_reference_gives_or_hands_it_over(
+    head: bytes, padding: int
+) -> None:
+    extension = source_extensions.http11()
+    assert extension is not None
+    buffer = bytearray(head + b"\r\n\r\n" + b"\xff" * padding)  # bytes past the end
+    parsed = extension.parse_head(buffer, len(head))
+    try:
+        reference = http11.parse_head_py(buffer, len(head))
+    except ValueError:
+        assert parsed is None  # the reference raises its own error
+        return
+    if parsed is not None:
+        assert parsed == reference
+        assert [type(x) for x in parsed] == [str, int, str, dict]
+    else:  # handed over only where the C code declines: not ASCII, or an unusual code
+        code = head.split(b"\r\n")[0].partition(b" ")[2].partition(b" ")[0]
+        assert not head.isascii() or not (code.isdigit() and len(code) <= 9)
+    assert http11.parse_head(buffer, len(head)) == reference
+
+
+def test_a_server_head_parses_in_c_with_its_repeated_headers_joined() -> None:
+    head = (
+        b"HTTP/1.1 206 Partial Content\r\nServer: nginx\r\nContent-Length: 100\r\n"
+        b'X-Amz-Meta:  a \r\nx-amz-meta: b\r\nETag: "abc"'
+    )
+    extension = source_extensions.http11()
+    assert extension is not None
+    assert extension.parse_head(head, len(head)) == (
+        "HTTP/1.1", 206, "Partial Content",
+        {"server": "nginx", "content-length": "100", "x-amz-meta": "a, b", "etag": '"abc"'},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="end outside"):
+        extension.parse_head(head, len(head) + 1)
+
+
+def test_unfilled_buffers_have_their_size_and_take_a_whole_body() -> None:
+    for size in (0, 1, 100_000):
+        buffer = http11.unfilled(size)
+        assert type(buffer) is bytearray and len(buffer) == size
+        memoryview(buffer)[:] = b"\x07" * size
+        assert buffer == b"\x07" * size
+    extension = source_extensions.http11()
+    assert extension is not None
+    with pytest.raises(ValueError):
+        extension.unfilled(-1)

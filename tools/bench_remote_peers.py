@@ -2,8 +2,8 @@
 converted to their formats, in the same S3 bucket, read through the same proxy.
 
 Both come from the ``bench`` extra. Where their dependencies pull in a torchvision
-that does not match the installed torch (Mosaic's package ``__init__`` imports its
-vision datasets), Mosaic's ``streaming.base`` is imported without that ``__init__``:
+that does not match the installed torch, or none (Mosaic's package ``__init__`` imports
+its vision datasets), Mosaic's ``streaming.base`` is imported without that ``__init__``:
 the reader measured is the same.
 """
 
@@ -45,7 +45,7 @@ def import_mosaic() -> Any:
     """Mosaic's ``streaming.base`` (the readers and writers)."""
     try:
         import streaming.base
-    except RuntimeError:  # its vision module's torchvision does not match torch
+    except (RuntimeError, ImportError):  # its vision module's torchvision: absent, or not torch's
         spec = importlib.util.find_spec("streaming")
         if spec is None or spec.submodule_search_locations is None:
             raise

@@ -331,11 +331,11 @@ async def get_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     return await _get_range(fs, path, start, end, etag, url)
 
 
-async def get_range_direct(client: S3Direct, request: DirectRequest) -> SpanBytes:
+def get_range_direct(client: S3Direct, request: DirectRequest) -> Awaitable[SpanBytes]:
     """One attempt at a :data:`DirectRequest` through the direct S3 client, as
     :func:`get_ranges_direct` reads each, not retried, its body as it was received
     (:func:`_direct_body`). Await it on fsspec's loop."""
-    return await _direct_body(client, *request)
+    return _direct_body(client, *request)
 
 
 async def head_direct(client: S3Direct, bucket: str, key: str, url: str) -> RemoteStat:

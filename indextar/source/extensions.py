@@ -1,4 +1,5 @@
-"""The source room's C extensions: copies out of shard maps, one-pass gunzip.
+"""The source room's C extensions: copies out of shard maps, one-pass gunzip, the
+direct S3 client's answer heads.
 
 Each is ``None`` where it did not build or ``INDEXTAR_PURE_PYTHON`` is set
 (:mod:`indextar.native`); the callers then use their Python references.
@@ -19,7 +20,12 @@ try:
 except ImportError:  # pragma: no cover - only where the extension did not compile
     _gunzip = None  # type: ignore[assignment]
 
-__all__ = ["mapread", "gunzip"]
+try:
+    from . import _http11
+except ImportError:  # pragma: no cover - only where the extension did not compile
+    _http11 = None  # type: ignore[assignment]
+
+__all__ = ["gunzip", "http11", "mapread"]
 
 
 def mapread() -> ModuleType | None:
@@ -31,3 +37,9 @@ def gunzip() -> ModuleType | None:
     """The one-pass gzip decompression with seek points (``_gunzip.c``), or ``None``
     for zlib's pass and then indexed_gzip's."""
     return use(_gunzip)
+
+
+def http11() -> ModuleType | None:
+    """An answer's head parsed, and a body's buffer made unzeroed (``_http11.c``), or
+    ``None`` for :mod:`.http11`'s Python parsing and ``bytearray(n)``."""
+    return use(_http11)

@@ -1,12 +1,11 @@
 """Remote shards through fsspec: ranged reads with retries, one shard or many at once.
 
 Any fsspec protocol works (``http(s)://``, ``s3://``, ``gs://``, ...), through
-:func:`~indextar.source.filesystems.filesystem`. Credentials and endpoints come from
-where fsspec and the protocol's package look for them (environment,
-``~/.config/fsspec``, ``~/.aws``), or from ``storage_options``; indextar never logs
-them. Every read is conditional on the version the shard's index recorded
-(:mod:`~indextar.source.conditional`); :class:`~indextar.source.stream.RemoteStream`
-reads an object front to back.
+:func:`~indextar.source.filesystems.filesystem`. Credentials and endpoints come from where
+fsspec and the protocol's package look for them (environment, ``~/.config/fsspec``,
+``~/.aws``), or from ``storage_options``; indextar never logs them. Every read is
+conditional on the version the shard's index recorded (:mod:`~indextar.source.conditional`);
+:class:`~indextar.source.stream.RemoteStream` reads an object front to back.
 
 Transient failures (connection resets, 5xx, timeouts, truncated bodies, answers with
 another range than the one asked for) are retried with bounded exponential backoff
@@ -224,6 +223,11 @@ class RangeSource(ByteSource):
         reader's thread, never on the loop: the first call may check the object first."""
         self._ready()
         etag, url, direct = self.etag, self.url, self._direct
+        hooks = (type(self).held, type(self).keep, type(self).fetch_length)
+        plain = hooks == (RangeSource.held, RangeSource.keep, RangeSource.fetch_length)
+        if direct is not None and plain:  # the read-ahead's common case: no closure
+            request = (self._bucket, self._key, offset, offset + length, etag, url)
+            return functools.partial(get_range_direct, direct, request)
         if direct is not None:
             bucket, key = self._bucket, self._key
 
@@ -237,8 +241,7 @@ class RangeSource(ByteSource):
             def get(start: int, end: int) -> Awaitable[SpanBytes]:
                 return get_range(fs, path, start, end, etag, url)
 
-        hooks = (type(self).held, type(self).keep, type(self).fetch_length)
-        if hooks == (RangeSource.held, RangeSource.keep, RangeSource.fetch_length):
+        if plain:
             return functools.partial(get, offset, offset + length)
         return functools.partial(self._through_hooks, get, offset, length)
 

@@ -30,7 +30,7 @@ import ipaddress
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,16 +140,18 @@ class S3Direct:
         headers = self._signed(method, host, path, "", self._conditions(start, end, etag))
         return f"{self.endpoint.scheme}://{netloc}{path}", headers
 
-    async def get(self, bucket: str, key: str, start: int, end: int, etag: str) -> Answer:
+    def get(self, bucket: str, key: str, start: int, end: int, etag: str) -> Awaitable[Answer]:
         """The answer to a GET of bytes ``start .. end`` of ``bucket/key``, conditional
         on ``etag`` where it is not empty: sent by :mod:`.http11` on this event loop's
-        keep-alive connections (through aiohttp's session where a proxy is set)."""
+        keep-alive connections (through aiohttp's session where a proxy is set). Call
+        it on the loop: it signs at once, and its awaitable sends (no coroutine of its
+        own a request)."""
         netloc, host, path = self._where(bucket, key)
         headers = self._signed("GET", host, path, "", self._conditions(start, end, etag))
         url = f"{self.endpoint.scheme}://{netloc}{path}"
         if self.proxy is not None:
-            return await self._get_by_session(url, headers)
-        return await self._pool(netloc).get(url, request_head(path, host, headers))
+            return self._get_by_session(url, headers)
+        return self._pool(netloc).get(url, request_head(path, host, headers))
 
     def _where(self, bucket: str, key: str) -> tuple[str, str, str]:
         """``(netloc, Host header, encoded path)`` of ``bucket/key`` (kept: a shard is

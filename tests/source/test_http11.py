@@ -10,9 +10,21 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from indextar import native
+from indextar.source import extensions
 from indextar.source.http11 import Answer, Http11Pool, request_head
 
 BODY = bytes(range(256)) * 400  # 102,400 bytes
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def head_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here with _http11.c's parsing, and again with the Python reference."""
+    if request.param == "python":
+        monkeypatch.setenv(native.PURE_PYTHON_ENV, "1")
+    else:
+        assert extensions.http11() is not None, "indextar/source/_http11.c did not build"
+    return str(request.param)
 
 
 async def _answer(path: str, writer: asyncio.StreamWriter) -> bool:

@@ -1,0 +1,6 @@
+"""Type stub for the direct S3 client's answer parsing (indextar/source/_http11.c)."""
+
+def parse_head(
+    buffer: bytes | bytearray | memoryview, end: int, /
+) -> tuple[str, int, str, dict[str, str]] | None: ...
+def unfilled(size: int, /) -> bytearray: ...
