@@ -3,7 +3,7 @@
 A batch from :class:`~indextar.order.readahead.ReadAheadBatches` carries the indices of
 the next batches. :meth:`ReadAhead.announce` hands this process's share of them to a
 :class:`~indextar.source.prefetch.Prefetcher`, which keeps their spans in flight while
-batches are built; a batch then :meth:`~ReadAhead.take` s each remote sample's span
+batches are built; a batch then :meth:`~ReadAhead.take_many` s its remote samples' spans
 from it and fetches the others itself. The bytes a read takes go through the same
 checks as a direct fetch's (``OpenShard.read(local, span)``: the span's own headers).
 
@@ -156,10 +156,11 @@ class ReadAhead:
             prefetcher.want(list(plan(indices)), number)  # shards opened unlocked
             self._announced = number
 
-    def take(self, key: SampleKey) -> SpanBytes | None:
-        """Sample ``key``'s span if it was fetched ahead (waiting if in flight), else ``None``."""
+    def take_many(self, keys: list[SampleKey]) -> list[SpanBytes | None]:
+        """Each sample's span if it was fetched ahead (waiting if in flight), else
+        ``None``: a batch's, under one hold of the prefetcher's lock."""
         prefetcher = self._current()
-        return None if prefetcher is None else prefetcher.take(key)
+        return [None] * len(keys) if prefetcher is None else prefetcher.take_many(keys)
 
     def stats(self) -> PrefetchStats | None:
         """This process's read-ahead figures; ``None`` before its first hinted batch."""

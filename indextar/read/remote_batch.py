@@ -95,13 +95,14 @@ class RemoteBatches:
         ``None`` for local ones."""
         spans: list[SpanBytes | None] = [None] * len(shard_nos)
         wanted: dict[int, tuple[list[int], list[int]]] = {}  # shard_no: (ats, locals) to fetch
-        for at, (n, local) in enumerate(zip(shard_nos, locals_)):
-            if n in self._ranged:
-                spans[at] = self._ahead.take((n, local))
-                if spans[at] is None:
-                    group = wanted.setdefault(n, ([], []))
-                    group[0].append(at)
-                    group[1].append(local)
+        ranged = [at for at, n in enumerate(shard_nos) if n in self._ranged]
+        taken = self._ahead.take_many([(shard_nos[at], locals_[at]) for at in ranged])
+        for at, span in zip(ranged, taken):
+            spans[at] = span
+            if span is None:
+                group = wanted.setdefault(shard_nos[at], ([], []))
+                group[0].append(at)
+                group[1].append(locals_[at])
         if not wanted:
             return spans
         leases: dict[int, Lease[OpenShard]] = {}  # one a shard, for the fetch

@@ -5,7 +5,7 @@ needed (:meth:`~Prefetcher.want`), and fetches them in the background, in chunks
 few spans through a :data:`SpanFetch` (by default
 :func:`~indextar.read.remote_options.fetch_spans`: retries, ETag conditions, frames of
 compressed shards), several chunks at once. What it holds plus what it has in flight
-never exceeds ``budget`` bytes. A read then :meth:`~Prefetcher.take` s its span: held,
+never exceeds ``budget`` bytes. A read then :meth:`~Prefetcher.take_many` s its span: held,
 it is handed over; in flight, the read waits for it; not yet started, it is dropped
 from the queue and the reader fetches it itself, so no span is fetched twice. A fetch
 that fails is forgotten: the reader's own fetch retries it and raises what is wrong.
@@ -193,33 +193,37 @@ class Prefetcher(Generic[K]):
                 self._work.notify(-(-len(self._queue) // self._chunk))
             self._wake()
 
-    def take(self, key: K) -> SpanBytes | None:
-        """The span wanted as ``key``, once fetched; ``None`` if the caller must fetch it."""
+    def take_many(self, keys: Iterable[K]) -> list[SpanBytes | None]:
+        """The span wanted as each key, once fetched (waiting for those in flight);
+        ``None`` for those the caller must fetch. One hold of the lock for a batch's."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry.state == _FLIGHT:
-                self._counts["waited"] += 1
-                entry.waited = True
-                while entry.state == _FLIGHT and self._entries.get(key) is entry:
-                    self._done.wait()
-            if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
-                if entry is not None and self._entries.get(key) is entry:
-                    del self._entries[key]  # queued: the caller fetches it instead
-                self._counts["missed"] += 1
-                return None
-            self._counts["taken"] += 1
-            data = entry.data
-            if entry.dues:
-                first = min(entry.dues)
-                entry.dues.remove(first)
-                left = self._due_counts.get(first, 0) - 1
-                if left > 0:
-                    self._due_counts[first] = left
-                else:
-                    self._due_counts.pop(first, None)
-            if not entry.dues:
-                self._drop(key, entry)
-            return data
+            return [self._take(key) for key in keys]
+
+    def _take(self, key: K) -> SpanBytes | None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.state == _FLIGHT:
+            self._counts["waited"] += 1
+            entry.waited = True
+            while entry.state == _FLIGHT and self._entries.get(key) is entry:
+                self._done.wait()
+        if entry is None or entry.state != _HELD or self._entries.get(key) is not entry:
+            if entry is not None and self._entries.get(key) is entry:
+                del self._entries[key]  # queued: the caller fetches it instead
+            self._counts["missed"] += 1
+            return None
+        self._counts["taken"] += 1
+        data = entry.data
+        if entry.dues:
+            first = min(entry.dues)
+            entry.dues.remove(first)
+            left = self._due_counts.get(first, 0) - 1
+            if left > 0:
+                self._due_counts[first] = left
+            else:
+                self._due_counts.pop(first, None)
+        if not entry.dues:
+            self._drop(key, entry)
+        return data
 
     def forget_before(self, due: int) -> None:
         """Stop holding (or fetching) spans only batches before ``due`` wanted."""
