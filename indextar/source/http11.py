@@ -333,31 +333,31 @@ class Http11Pool:
 
     async def get(self, url: str, head: bytes) -> Answer:
         """The answer to the request ``head`` (:func:`request_head`) of ``url``."""
-        # One coroutine a request, the exchange written out twice: a read-ahead worker
-        # makes thousands of requests a second, and each coroutine frame costs.
-        while self._idle:
-            connection = self._idle.pop()
-            if connection.closed:
-                continue
+        # One coroutine a request: a read-ahead worker makes thousands a second, and
+        # each coroutine frame costs.
+        connection = self._idle_connection()
+        while True:
+            kept = connection is not None
+            if connection is None:
+                connection = await self._connect()
             try:
                 answer = await connection.send(url, head)
             except BaseException as e:
                 connection.abort()  # an answer cut short, or cancelled: never reused
-                if not isinstance(e, ConnectionError) or connection._received:
-                    raise
-                break  # closed by the server while idle: once on a new connection
+                if kept and isinstance(e, ConnectionError) and not connection._received:
+                    connection = None  # closed by the server while idle: once on a new one
+                    continue
+                raise
             if connection.reusable and not connection.closed:
                 self._idle.append(connection)
             return answer
-        connection = await self._connect()
-        try:
-            answer = await connection.send(url, head)
-        except BaseException:
-            connection.abort()
-            raise
-        if connection.reusable and not connection.closed:
-            self._idle.append(connection)
-        return answer
+
+    def _idle_connection(self) -> _Connection | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed:
+                return connection
+        return None
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
