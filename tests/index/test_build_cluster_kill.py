@@ -16,9 +16,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import sample_members, tar_bytes
@@ -62,16 +64,20 @@ def test_a_killed_worker_leaves_no_half_index_and_no_shard_twice(
         shards.append(str(shard))
     idx, failures = tmp_path / "idx", tmp_path / "failed.json"
 
-    def index(*extra: str) -> subprocess.Popen[str]:
+    def index(*extra: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "indextar", "index", *shards, "--index-dir", str(idx),
              "--dask", cluster.scheduler_address, "--json-lines", "--failed-file",
              str(failures), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
         )  # fmt: skip
 
-    with distributed.Client(cluster) as client:
-        run = index()
+    # Its first line is read before the kill, the rest from the same file object after:
+    # communicate() reads the pipe's descriptor and would lose the lines that readline()
+    # had already buffered (two shards "not reported" when the CLI printed three at once).
+    # Its errors go to a file, so that reading its output to the end cannot block on them.
+    with distributed.Client(cluster) as client, open(tmp_path / "stderr", "w+") as errors:
+        run = index(stderr=errors)
         assert run.stdout is not None
         lines = [json.loads(run.stdout.readline())]
         killed = None
@@ -84,7 +90,14 @@ def test_a_killed_worker_leaves_no_half_index_and_no_shard_twice(
                 os.kill(killed, signal.SIGKILL)
             else:
                 time.sleep(0.01)
-        out, err = run.communicate(timeout=180)
+        watchdog = threading.Timer(180, run.kill)  # read() has no timeout of its own
+        watchdog.start()
+        with run.stdout:
+            out = run.stdout.read()
+        watchdog.cancel()
+        run.wait(timeout=10)
+        errors.seek(0)
+        err = errors.read()
     assert killed is not None, "no worker was running a build to kill"
     lines += [json.loads(line) for line in out.splitlines()]
     assert run.returncode == 1, err
