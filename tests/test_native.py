@@ -302,7 +302,7 @@ def heads(draw: st.DrawFn) -> bytes:
     return "\r\n".join(lines).encode("latin-1")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(heads(), st.integers(0, 64))
 def test_the_c_head_parser_gives_what_the_reference_gives_or_hands_it_over(
     head: bytes, padding: int
