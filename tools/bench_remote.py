@@ -284,9 +284,10 @@ def measure_repeated(case: str, store: Store, read: Reader, repeat: int) -> Row:
     (the target a single 3-second row on a shared 2-core machine misses or meets by
     its noise), its note giving every run's spread."""
     runs = [measure(case, store, read) for _ in range(repeat)]
-    done = sorted((r for r in runs if r.samples), key=lambda r: r.cpu / r.samples)
-    if repeat == 1 or len(done) < len(runs):
-        return runs[0] if len(done) < len(runs) else done[0]
+    failed = [r for r in runs if not r.samples]
+    if repeat == 1 or failed:
+        return failed[0] if failed else runs[0]  # a failed run's note says why
+    done = sorted(runs, key=lambda r: r.cpu / r.samples)
     rates = [r.samples / r.seconds for r in done]
     cpus = [r.cpu / r.samples * 1e3 for r in done]
     note = (

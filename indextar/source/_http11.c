@@ -2,7 +2,7 @@
  *
  * parse_head(buffer, end): an HTTP/1.x response head, bytes 0 .. end of buffer (the
  * status line and its header lines, without the blank line), as
- * (version, status, reason, headers): what http11._parse_head_py gives, built without
+ * (version, status, reason, headers): what http11.parse_head_py gives, built without
  * the dozens of str objects its split, partition, strip and lower make. Only the
  * common case: an ASCII head whose status code is 1-9 digits. Anything else (a byte
  * of 0x80 or more, whose latin-1 strip and lower are Unicode's; a code with signs,
