@@ -232,7 +232,11 @@ async def serve(upstream: str, port: int, control: int, delay_ms: float) -> None
     host, up_port = url.hostname or "127.0.0.1", url.port or 80
     loop = asyncio.get_running_loop()
     delay = delay_ms / 1000
-    proxy = await loop.create_server(lambda: _Client(host, up_port, delay), "127.0.0.1", port)
+    # a backlog of 4096, as nginx_store's: at asyncio's 100, the 256 connections a
+    # read-ahead row opens at once overflowed it, and a dropped SYN is retried after 1 s
+    proxy = await loop.create_server(
+        lambda: _Client(host, up_port, delay), "127.0.0.1", port, backlog=4096
+    )
     stats = await loop.create_server(_Control, "127.0.0.1", control)
     parent = os.getppid()
     async with proxy, stats:

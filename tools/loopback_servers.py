@@ -594,7 +594,7 @@ def _serve_http(root: Path, port: int, delay_ms: float, upstream: str = "") -> N
     )
     if upstream:
         app.add_routes([web.route("*", "/{tail:.*}", faulty)])
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
 
 
 def _serve_proxy(upstream: str, port: int, delay_ms: float) -> None:
@@ -654,7 +654,7 @@ def _serve_proxy(upstream: str, port: int, delay_ms: float) -> None:
     app.cleanup_ctx.append(_exit_with_parent(os.getppid()))
     app.cleanup_ctx.append(client)
     app.router.add_route("*", "/{tail:.*}", forward)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
 
 
 def main() -> None:
