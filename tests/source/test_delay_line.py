@@ -4,6 +4,10 @@ arrives the delay late, bytes pass unchanged, and the counts are of bodies only.
 from __future__ import annotations
 
 import http.client
+import os
+import select
+import signal
+import socket
 import time
 from pathlib import Path
 
@@ -66,3 +70,39 @@ def test_many_requests_on_one_connection_come_back_in_order(served: tuple[Path, 
             assert answer.status == 206 and answer.read() == data[start : start + 5000]
         connection.close()
         assert proxy.stats() == {"requests": 10, "bytes": 50_000}
+
+
+@pytest.mark.parametrize("kind", ["tcp", "aiohttp"])
+def test_connections_opened_at_once_all_queue_while_the_proxy_is_busy(
+    served: tuple[Path, bytes], kind: str
+) -> None:
+    """A read-ahead row opens 256 connections at once. A listen backlog smaller than
+    that (asyncio's 100, aiohttp's 128) dropped the SYNs over it, each retried a second
+    later: a stall of the lab, not of the client. With the proxy stopped, the kernel's
+    accept queue alone must hold them all."""
+    folder, _ = served
+    with (
+        HttpServer(folder) as server,
+        DelayProxy(f"http://127.0.0.1:{server.port}", kind=kind) as proxy,
+    ):
+        sockets = []
+        os.kill(proxy.pid, signal.SIGSTOP)
+        try:
+            for _ in range(300):
+                s = socket.socket()
+                sockets.append(s)
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", proxy.port))
+            # a connection is writable once its handshake is done (queued for accept);
+            # one whose SYN was dropped is not, until a retry a second later
+            pending, deadline = list(sockets), time.monotonic() + 0.5
+            while pending and time.monotonic() < deadline:
+                _, done, _ = select.select([], pending, [], 0.05)
+                pending = [s for s in pending if s not in done]
+            assert len(pending) == 0, f"{len(pending)} of 300 connections not accepted"
+            assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in sockets)
+        finally:
+            os.kill(proxy.pid, signal.SIGCONT)
+            for s in sockets:
+                s.close()
+        assert proxy.stats() == {"requests": 0, "bytes": 0}  # it still answers
