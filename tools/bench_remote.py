@@ -8,7 +8,10 @@ store's is to its client; ``--store http``: an aiohttp file server), behind a pr
 tools/delay_line.py, ``--proxy aiohttp`` the older aiohttp one) that delays every
 response ``--delay-ms`` (default: 0 and 20, one table each) and counts the bytes of
 the bodies it returns.
-Each row reads every sample once, on the same server:
+With ``--tls`` the clients reach the proxy through HTTPS (tools/nginx_store.py's
+``NginxTlsFront``: nginx with its own certificate, forwarding over kept-alive plain
+connections), so each pays for TLS as against a real store, and the proxy still
+counts the answers' bodies. Each row reads every sample once, on the same server:
 
 * indextar i.i.d.: ``IndexedTarDataset(remote="ranges")`` + ``ResumableSampler`` +
   ``DataLoader(batch_size=64)`` with 0 and 2 workers, and the same with read-ahead
@@ -37,6 +40,7 @@ Run::
     python tools/bench_remote.py --small --no-write      # a quick run, prints only
     python tools/bench_remote.py                          # the docs table
     python tools/bench_remote.py --store nginx            # its nginx table
+    python tools/bench_remote.py --store nginx --tls      # the same, the clients on HTTPS
     python tools/bench_remote.py --delay-ms 20 --store http --only indextar
     python tools/bench_remote.py --small --no-write --only Streaming "webdataset streaming"
     python tools/bench_remote.py --loopback               # the older loopback table
@@ -63,6 +67,7 @@ docs/benchmarks-remote.md between the ``bench_remote`` markers (``--no-write`` t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import logging
@@ -129,28 +134,43 @@ class Store:
     index_dir: Path
     work: Path
     stats: list[Any]  # per shard, its RemoteStat (size, ETag), as an index records it
+    tls: Any = None  # ``--tls``: the NginxTlsFront the clients reach the proxy through
+
+    @property
+    def endpoint(self) -> str:
+        """Where clients send their requests: the proxy, or the TLS front before it."""
+        return self.tls.endpoint if self.tls is not None else self.proxy.endpoint
 
     @property
     def urls(self) -> list[str]:
         if self.kind == "s3":
             return [f"s3://{BUCKET}/{name}" for name in self.names]
-        return [f"{self.proxy.endpoint}/files/{name}" for name in self.names]
+        return [f"{self.endpoint}/files/{name}" for name in self.names]
 
     def http_url(self, name: str) -> str:
         """The plain URL of an object (S3: path style, unsigned; the gateway runs without auth)."""
         prefix = BUCKET if self.kind == "s3" else "files"
-        return f"{self.proxy.endpoint}/{prefix}/{name}"
+        return f"{self.endpoint}/{prefix}/{name}"
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
         if self.kind != "s3":
-            return None
+            return None  # --tls is for the S3 stores
+        client: dict[str, Any] = {"region_name": "us-east-1"}
+        if self.tls is not None:
+            client["verify"] = str(self.tls.ca)
         return {
             "key": "indextar-test",
             "secret": "indextar-test",
-            "endpoint_url": self.proxy.endpoint,
-            "client_kwargs": {"region_name": "us-east-1"},
+            "endpoint_url": self.endpoint,
+            "client_kwargs": client,
         }
+
+    def ssl_context(self) -> Any:
+        """The TLS context that trusts the front's certificate (None without ``--tls``)."""
+        import ssl
+
+        return None if self.tls is None else ssl.create_default_context(cafile=str(self.tls.ca))
 
     def order(self) -> list[tuple[int, int]]:
         """Every sample once, as ``(shard, sample)``, in ``ResumableSampler``'s order."""
@@ -205,7 +225,8 @@ def measure(case: str, store: Store, read: Reader) -> Row:
     first: list[float] = []
 
     def server() -> float:
-        return process_tree_cpu(store.server_pid) + process_tree_cpu(store.proxy.pid)
+        front = process_tree_cpu(store.tls.pid) if store.tls is not None else 0.0
+        return process_tree_cpu(store.server_pid) + process_tree_cpu(store.proxy.pid) + front
 
     cpu, served, start = cpu_seconds(), server(), time.perf_counter()
 
@@ -271,7 +292,8 @@ def indextar_streaming(store: Store, mark: Callable[[], None]) -> int:
 def webdataset_streaming(store: Store, mark: Callable[[], None]) -> int:
     import webdataset as wds
 
-    urls = [f"pipe:curl -s --fail {store.http_url(name)}" for name in store.names]
+    ca = f" --cacert {store.tls.ca}" if store.tls is not None else ""
+    urls = [f"pipe:curl -s --fail{ca} {store.http_url(name)}" for name in store.names]
     done = 0
     for _ in wds.WebDataset(urls, shardshuffle=False):
         mark()
@@ -397,6 +419,11 @@ def main() -> None:
         "--proxy", choices=["tcp", "aiohttp"], default="tcp",
         help="the delaying proxy: a TCP delay line (tools/delay_line.py) or the older aiohttp one",
     )  # fmt: skip
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="the clients reach the proxy through HTTPS (nginx in front, its own certificate;"
+        " S3 stores only)",
+    )  # fmt: skip
     parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
     parser.add_argument(
         "--only", nargs="+", default=[], help="only the rows whose name contains one of these"
@@ -416,6 +443,8 @@ def main() -> None:
         return loopback()
     if args.small:
         args.per_shard = 100
+    if args.tls and args.store == "http":
+        parser.error("--tls is for the S3 stores (--store s3 or nginx)")
     # torch, imported by the first row that needs it, took 7-13 s of that row's first
     # sample at load 14: import it once before any row
     import torch.utils.data  # noqa: F401
@@ -445,10 +474,18 @@ def main() -> None:
                 origin = f"http://127.0.0.1:{upstream.port}"
             stats: list[Any] = []
             for delay in args.delay_ms:
-                with DelayProxy(origin, delay_ms=delay, kind=args.proxy) as proxy:
+                with contextlib.ExitStack() as stack:
+                    proxy = stack.enter_context(DelayProxy(origin, delay_ms=delay, kind=args.proxy))
+                    tls = None
+                    if args.tls:
+                        from nginx_store import NginxTlsFront
+
+                        tls = stack.enter_context(
+                            NginxTlsFront(folder / f"tls-{delay:g}", f"127.0.0.1:{proxy.port}")
+                        )
                     store = Store(
                         kind, proxy, upstream.pid, [p.name for p in paths], spans,
-                        folder / f"index-{args.store}", folder, stats,
+                        folder / f"index-{args.store}", folder, stats, tls,
                     )  # fmt: skip
                     if delay == args.delay_ms[0]:  # build the indexes once, outside the rows
                         from bench_remote_chunked import stats_of
@@ -479,16 +516,20 @@ def main() -> None:
         "nginx": "S3's read API served by nginx",
         "http": "an aiohttp file server",
     }[args.store]
-    proxy = "a TCP delay line" if args.proxy == "tcp" else "an aiohttp proxy"
+    line = "a TCP delay line" if args.proxy == "tcp" else "an aiohttp proxy"
+    if args.tls:
+        line += ", reached through HTTPS (nginx's TLS front, tools/nginx_store.py)"
     text = (
         f"Measured by `tools/bench_remote.py{' --small' if args.small else ''}"
-        f"{' --store ' + args.store if args.store != 's3' else ''}`"
+        f"{' --store ' + args.store if args.store != 's3' else ''}"
+        f"{' --tls' if args.tls else ''}`"
         f" ({args.shards} shards x {args.per_shard:,} samples"
-        f" of {args.size:,} + 1 bytes; {server} on 127.0.0.1 behind {proxy};"
+        f" of {args.size:,} + 1 bytes; {server} on 127.0.0.1 behind {line};"
         f" {machine}; {time.strftime('%Y-%m-%d')}).\n\n" + "\n\n".join(sections)
     )
     if not args.no_write:
-        write_doc(text, "bench_remote" if args.store == "s3" else f"bench_remote_{args.store}")
+        marker = "bench_remote" if args.store == "s3" else f"bench_remote_{args.store}"
+        write_doc(text, marker + ("_tls" if args.tls else ""))
 
 
 if __name__ == "__main__":

@@ -111,7 +111,9 @@ def prepare_peers(folder: Path, paths: list[Path], seaweed: Any) -> None:
 
 def mosaic_streaming(store: Any, mark: Callable[[], None]) -> int:
     mosaic = import_mosaic()
-    os.environ.update(KEYS, S3_ENDPOINT_URL=store.proxy.endpoint)
+    os.environ.update(KEYS, S3_ENDPOINT_URL=store.endpoint)
+    if store.tls is not None:  # --tls: boto3 trusts the front's certificate
+        os.environ["AWS_CA_BUNDLE"] = str(store.tls.ca)
     mosaic.util.clean_stale_shared_memory()
     with tempfile.TemporaryDirectory(dir=store.work) as local:
         ds = mosaic.StreamingDataset(
@@ -131,9 +133,12 @@ def litdata_streaming(store: Any, mark: Callable[[], None]) -> int:
 
     # its obstore chunk downloads take their client options from this table only
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[index]
+    if store.tls is not None:  # --tls: the front's certificate is its own CA
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_invalid_certificates"] = "true"
+        os.environ["AWS_CA_BUNDLE"] = str(store.tls.ca)
 
     options = {
-        "endpoint_url": store.proxy.endpoint,
+        "endpoint_url": store.endpoint,
         "aws_access_key_id": KEYS["AWS_ACCESS_KEY_ID"],
         "aws_secret_access_key": KEYS["AWS_SECRET_ACCESS_KEY"],
         "region_name": "us-east-1",

@@ -125,3 +125,92 @@ class NginxStore(ChildServer):
 
     # s3fs options for this endpoint, as SeaweedServer's (the keys are sent, not checked)
     storage_options = SeaweedServer.storage_options
+
+
+TLS_FRONT = """\
+worker_processes 1;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log warn;
+daemon off;
+user root;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    proxy_temp_path {folder}/tmp;
+    client_body_temp_path {folder}/tmp;
+    upstream behind {{
+        server {upstream};
+        keepalive 1024;
+    }}
+    server {{
+        listen 127.0.0.1:{port} ssl backlog=4096;
+        ssl_certificate {folder}/cert.pem;
+        ssl_certificate_key {folder}/key.pem;
+        keepalive_requests 10000000;
+        keepalive_timeout 300s;
+        location / {{
+            proxy_pass http://behind;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+class NginxTlsFront(ChildServer):
+    """HTTPS on a free port of 127.0.0.1, forwarded as plain HTTP over kept-alive
+    connections to ``upstream`` (``host:port``, the delay line): clients pay for TLS
+    as against a real store, while the delay line still reads the answers it counts.
+    Its certificate, made here by the ``openssl`` command for 127.0.0.1, is
+    :attr:`ca` (its own CA). nginx's CPU for TLS is the server's, as a store's is."""
+
+    def __init__(self, folder: str | os.PathLike[str], upstream: str):
+        self.folder = Path(folder).resolve()
+        self.upstream = upstream
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ca(self) -> Path:
+        return self.folder / "cert.pem"
+
+    @property
+    def endpoint(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> NginxTlsFront:
+        nginx, openssl = NginxStore.binary(), shutil.which("openssl")
+        if nginx is None or openssl is None:
+            raise RuntimeError("needs nginx (apt-get install nginx-light) and openssl")
+        (self.folder / "tmp").mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                "-keyout", str(self.folder / "key.pem"), "-out", str(self.ca),
+                "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            ],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.port = free_ports(1)[0]
+        config = self.folder / "nginx.conf"
+        config.write_text(
+            TLS_FRONT.format(folder=self.folder, port=self.port, upstream=self.upstream)
+        )
+        self._process = subprocess.Popen(
+            [nginx, "-c", str(config), "-p", str(self.folder)], start_new_session=True
+        )
+        _wait_until(self._ready, self._process, "nginx's TLS front")
+        return self
+
+    def _ready(self) -> bool:
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.ca))
+        try:
+            urllib.request.urlopen(f"{self.endpoint}/", timeout=2, context=context).close()
+        except urllib.error.HTTPError:
+            pass  # an answer
+        return True
