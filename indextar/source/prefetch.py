@@ -17,8 +17,9 @@ true), so that the budget never fills with spans nobody will read.
 Spans whose source can be read on an event loop (``start(source, offset, length)``
 gives a coroutine function, :meth:`~indextar.source.remote.RangeSource.range_coroutine`)
 are fetched there instead, one request each, ``in_flight`` of them at once across
-batches: no thread per chunk, no chunk waiting on its slowest span. The threads serve
-the others (a compressed shard's frames, a blocking filesystem).
+batches (fewer while the store answers "slow down": :mod:`.throttle`): no thread per
+chunk, no chunk waiting on its slowest span. The threads serve the others (a
+compressed shard's frames, a blocking filesystem).
 
 The fetching threads are daemons and are started lazily; a forked child must make its
 own :class:`Prefetcher` (its parent's threads and loop do not exist there).
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .base import ByteSource, SpanBytes
+from .retry import status_of
+from .throttle import THROTTLED, InFlightLimit
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -99,6 +102,12 @@ class PrefetchStats:
         or failed.
     wasted
         Spans it fetched that no read took.
+    throttled
+        Requests on its event loop the store answered 503 or 429 (slow down).
+    in_flight_limit
+        Requests it keeps in flight on its event loop now: its ``in_flight``, halved
+        by throttled answers and grown back by successful ones
+        (:class:`~indextar.source.throttle.InFlightLimit`).
     """
 
     budget: int
@@ -110,6 +119,8 @@ class PrefetchStats:
     waited: int
     missed: int
     wasted: int
+    throttled: int
+    in_flight_limit: int
 
 
 class Prefetcher(Generic[K]):
@@ -157,7 +168,7 @@ class Prefetcher(Generic[K]):
         self._start = start if loop is not None else None
         self._loop_of = loop
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._in_flight = in_flight
+        self._limit = InFlightLimit(in_flight)  # the store's rate: AIMD on throttling
         self._aqueue: deque[tuple[K, _Entry]] = deque()
         self._aflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -169,7 +180,8 @@ class Prefetcher(Generic[K]):
         self._started: list[threading.Thread] = []
         self._closed = False
         self._held = self._flight = self._peak = 0
-        self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0}
+        self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0,
+                        "throttled": 0}  # fmt: skip
 
     def want(self, spans: Iterable[tuple[K, ByteSource, int, int]], due: int) -> None:
         """Fetch each ``(key, source, offset, length)`` span, which batch ``due`` will
@@ -259,7 +271,10 @@ class Prefetcher(Generic[K]):
     def stats(self) -> PrefetchStats:
         """Its figures now."""
         with self._lock:
-            return PrefetchStats(self.budget, self._held, self._flight, self._peak, **self._counts)
+            return PrefetchStats(
+                self.budget, self._held, self._flight, self._peak, **self._counts,
+                in_flight_limit=self._limit.limit,
+            )  # fmt: skip
 
     def close(self) -> None:
         """Stop the threads (after the chunks in flight) and drop what is held."""
@@ -316,10 +331,11 @@ class Prefetcher(Generic[K]):
 
     def _fill(self) -> None:
         """On the loop, under the lock: a task for each queued span that fits, up to
-        ``in_flight`` requests."""
+        ``in_flight`` requests (fewer while the store throttles)."""
         assert self._loop is not None
         queue = self._aqueue
-        while queue and self._aflight < self._in_flight and not self._closed:
+        limit = self._limit.limit
+        while queue and self._aflight < limit and not self._closed:
             key, entry = queue[0]
             if entry.state != _QUEUED or self._entries.get(key) is not entry:
                 queue.popleft()  # taken or forgotten while queued
@@ -338,15 +354,22 @@ class Prefetcher(Generic[K]):
     async def _fetch_one(self, key: K, entry: _Entry) -> None:
         start, entry.start = entry.start, None
         data: SpanBytes | None = None
+        status: int | None = None
+        assert self._loop is not None
+        sent = self._loop.time()
         try:
             assert start is not None
             data = await start()
             if len(data) != entry.length:
                 data = None  # the reader's own fetch says what is wrong
         except Exception as e:  # the reader's own fetch raises it, or succeeds
+            status = status_of(e)
             log.debug("read-ahead of %s failed: %s: %s", key, type(e).__name__, e)
         with self._lock:
             self._aflight -= 1
+            self._limit.answered(sent, self._loop.time(), ok=data is not None, status=status)
+            if status in THROTTLED:
+                self._counts["throttled"] += 1
             self._landed(key, entry, data)
             self._fill()
             if entry.waited:  # a wake-up costs the reader's thread a switch: only its span's

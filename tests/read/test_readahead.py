@@ -273,6 +273,29 @@ def test_a_server_failing_part_of_the_requests_still_gives_the_right_samples(
     assert len(faults) > 10 and stats[-1].taken > 0
 
 
+def test_a_store_that_says_slow_down_gets_fewer_requests_in_flight(
+    http: HttpServer, tmp_path: Path
+) -> None:
+    """503 SlowDown answers halve what the read-ahead keeps in flight (the samples are
+    right all the same: each refused span is fetched by its batch, with its retries)."""
+    ds = dataset(urls(http, mode="faulty"), tmp_path)
+    expected = [ds[i] for i in range(len(ds))]
+    http.set_faults(FaultPlan(busy=0.3, retry_after="0", per_range=1, seed=7))
+    try:
+        got, stats = read_all(ds, ReadAheadBatches(ResumableSampler(ds, seed=7), BATCH), 0)
+        busy = [fault for *_, fault in http.faults() if fault == "busy"]
+    finally:
+        http.set_faults(FaultPlan())
+    order = list(ReadAheadBatches(ResumableSampler(ds, seed=7), BATCH))
+    assert got == [expected[i] for batch in order for i in batch]
+    assert busy and 0 < stats[-1].throttled <= len(busy)
+    assert min(s.in_flight_limit for s in stats) < 128  # halved at least once
+    # a clean pass: no request is refused, and the limit only grows
+    _, clean = read_all(ds, ReadAheadBatches(ResumableSampler(ds, seed=8), BATCH), 0)
+    assert clean[-1].throttled == stats[-1].throttled
+    assert clean[-1].in_flight_limit >= stats[-1].in_flight_limit
+
+
 def test_memory_stays_within_the_budget(http: HttpServer, tmp_path: Path) -> None:
     budget = 4 * 2400  # four samples of the largest size, about
     ds = dataset(urls(http), tmp_path, prefetch_bytes=budget)

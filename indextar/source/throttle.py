@@ -1,0 +1,57 @@
+"""How many requests the read-ahead keeps in flight against a store that throttles it.
+
+A store asked faster than it will serve says so: S3 answers ``503 SlowDown``, others
+``429 Too Many Requests``. Each such answer is retried later by the reading batch
+(:mod:`.retry`), but a prefetcher that kept its 128 requests in flight regardless
+would go on asking at the rate the store refused, and most of what it sent would be
+refused again. :class:`InFlightLimit` sizes what the prefetcher sends as TCP sizes
+its window (additive increase, multiplicative decrease): a throttled answer halves
+the limit, once a round (only an answer to a request sent after the last cut cuts it
+again: the requests already out were sent at the old rate), and each ``limit``
+answers that succeed raise it by one, up to the most it was given. Other failures
+(a reset, a 500, a wrong range) are not the store's rate, and leave it alone.
+"""
+
+from __future__ import annotations
+
+__all__ = ["THROTTLED", "InFlightLimit"]
+
+THROTTLED = frozenset({429, 503})
+"""The statuses of a store that asks its client to slow down."""
+
+
+class InFlightLimit:
+    """Requests to keep in flight: ``maximum`` until the store throttles, then AIMD.
+
+    Parameters
+    ----------
+    maximum
+        The most in flight (the prefetcher's ``in_flight``).
+    minimum
+        The fewest it falls to (never below 1).
+    """
+
+    def __init__(self, maximum: int, minimum: int = 2) -> None:
+        if maximum < 1:
+            raise ValueError(f"maximum must be at least 1, got {maximum}")
+        self.maximum = maximum
+        self.minimum = max(1, min(minimum, maximum))
+        self.limit = maximum
+        self.cuts = 0  # how often a throttled answer halved it
+        self._last_cut = float("-inf")
+        self._good = 0  # answers that succeeded since the limit last moved
+
+    def answered(self, sent: float, now: float, *, ok: bool, status: int | None) -> None:
+        """A request sent at ``sent`` was answered at ``now``: ``ok``, or failed with
+        ``status`` (``None``: no HTTP answer)."""
+        if ok:
+            if self.limit < self.maximum:
+                self._good += 1
+                if self._good >= self.limit:
+                    self.limit += 1
+                    self._good = 0
+        elif status in THROTTLED and sent >= self._last_cut:
+            self.limit = max(self.minimum, self.limit // 2)
+            self._last_cut = now
+            self._good = 0
+            self.cuts += 1
