@@ -199,6 +199,7 @@ class Row:
     fetched: int
     server_cpu: float = 0.0  # the store's and the proxy's
     note: str = ""
+    requests: int = 0  # answered, as counted at the proxy (refusals included)
 
     def cells(self, span_bytes: int) -> list[str]:
         if not self.samples:
@@ -211,8 +212,14 @@ class Row:
             f"{self.server_cpu / self.samples * 1e3:.2f} ms",
             f"{self.first:.2f} s",
             f"{per_sample / 1e3:,.1f} kB ({self.fetched / span_bytes:.2f}x)",
-            self.note,
+            "; ".join(filter(None, [self.note, self.refused()])),
         ]
+
+    def refused(self) -> str:
+        """Requests a sample where more were answered than samples read (a store's
+        refusals and their retries: ``--rate-limit``)."""
+        per_sample = self.requests / self.samples
+        return f"{per_sample:.2f} requests a sample" if per_sample > 1.01 else ""
 
 
 Reader = Callable[[Store, Callable[[], None]], int]
@@ -240,8 +247,11 @@ def measure(case: str, store: Store, read: Reader) -> Row:
         log.exception("%s failed", case)
         return Row(case, 0, 0, 0, 0, 0, note=f"failed: {type(e).__name__}: {str(e)[:80]}")
     seconds, cpu, served = time.perf_counter() - start, cpu_seconds() - cpu, server() - served
-    fetched = store.proxy.stats()["bytes"]
-    return Row(case, count, seconds, cpu, first[0] if first else seconds, fetched, served)
+    stats = store.proxy.stats()
+    first_at = first[0] if first else seconds
+    return Row(
+        case, count, seconds, cpu, first_at, stats["bytes"], served, requests=stats["requests"]
+    )
 
 
 # -- the rows ---------------------------------------------------------------------
@@ -424,6 +434,16 @@ def main() -> None:
         help="the clients reach the proxy through HTTPS (nginx in front, its own certificate;"
         " S3 stores only)",
     )  # fmt: skip
+    parser.add_argument(
+        "--rate-limit", type=int, default=None,
+        help="--store nginx serves this many GETs a second and refuses the rest with 503,"
+        " as S3 a prefix asked too fast",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-aimd", action="store_true",
+        help="the read-ahead keeps its requests in flight whatever the store answers"
+        " (as before source/throttle.py), to compare",
+    )  # fmt: skip
     parser.add_argument("--in-flight", type=int, default=256, help="the raw clients' requests")
     parser.add_argument(
         "--only", nargs="+", default=[], help="only the rows whose name contains one of these"
@@ -445,6 +465,12 @@ def main() -> None:
         args.per_shard = 100
     if args.tls and args.store == "http":
         parser.error("--tls is for the S3 stores (--store s3 or nginx)")
+    if args.rate_limit is not None and args.store != "nginx":
+        parser.error("--rate-limit is for --store nginx")
+    if args.no_aimd:  # forked DataLoader workers inherit it
+        from indextar.source.throttle import InFlightLimit
+
+        InFlightLimit.answered = lambda *args, **kwargs: None  # type: ignore[method-assign]
     # torch, imported by the first row that needs it, took 7-13 s of that row's first
     # sample at load 14: import it once before any row
     import torch.utils.data  # noqa: F401
@@ -460,7 +486,7 @@ def main() -> None:
         elif args.store == "nginx":
             from nginx_store import NginxStore
 
-            upstream_cm = NginxStore(folder / "nginx")
+            upstream_cm = NginxStore(folder / "nginx", rate_limit=args.rate_limit)
         else:
             upstream_cm = HttpServer(folder)
         kind = "http" if args.store == "http" else "s3"

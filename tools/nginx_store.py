@@ -12,6 +12,8 @@ It answers what the readers here send: path-style ``GET``/``HEAD /bucket/key``
 with ``Range`` (206 and ``Content-Range``), ``ETag``, ``If-Match`` (412). It checks
 no signature and every listing is empty, so a reader must be given its objects' URLs. Objects
 are the files under ``<folder>/root/<bucket>/``, hard-linked there by :meth:`upload`.
+With ``rate_limit=N`` it serves N requests a second (a burst of 64 more), and answers
+the rest at once with 503, as S3 answers a prefix asked too fast (SlowDown).
 
 Needs the ``nginx`` binary (Debian: ``apt-get install nginx-light``).
 """
@@ -39,7 +41,7 @@ user root;
 events {{ worker_connections 8192; }}
 http {{
     access_log off;
-    sendfile on;
+{limit_zone}    sendfile on;
     # not tcp_nopush: with it, a 100 KB answer's last segment waited for the
     # client's delayed ACK, 40 ms, on most keep-alive requests (one ranged GET took
     # 61-64 ms through the 20 ms delay line, 1 MB ones 22 ms): every per-request row
@@ -53,7 +55,7 @@ http {{
         listen 127.0.0.1:{port} backlog=4096;
         root {folder}/root;
         location / {{
-            # a listing (ListObjectsV2) is always empty: readers are given their URLs
+{limit}            # a listing (ListObjectsV2) is always empty: readers are given their URLs
             if ($args ~ "list-type=") {{
                 add_header Content-Type application/xml;
                 return 200 '{empty_listing}';
@@ -73,8 +75,9 @@ EMPTY_LISTING = (
 class NginxStore(ChildServer):
     """``nginx`` on a free port of 127.0.0.1, serving ``<folder>/root`` path-style."""
 
-    def __init__(self, folder: str | os.PathLike[str]):
+    def __init__(self, folder: str | os.PathLike[str], *, rate_limit: int | None = None):
         self.folder = Path(folder).resolve()
+        self.rate_limit = rate_limit  # GETs a second, the rest answered 503 as S3's SlowDown
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -93,7 +96,22 @@ class NginxStore(ChildServer):
         (self.folder / "tmp").mkdir(exist_ok=True)
         config = self.folder / "nginx.conf"
         config.write_text(
-            CONFIG.format(folder=self.folder, port=self.port, empty_listing=EMPTY_LISTING)
+            CONFIG.format(
+                folder=self.folder,
+                port=self.port,
+                empty_listing=EMPTY_LISTING,
+                limit_zone=""
+                if self.rate_limit is None
+                else (
+                    f"    limit_req_zone $server_addr zone=store:1m rate={self.rate_limit}r/s;\n"
+                ),
+                limit=""
+                if self.rate_limit is None
+                else (
+                    "            limit_req zone=store burst=64 nodelay;\n"
+                    "            limit_req_status 503;\n"
+                ),
+            )  # fmt: skip
         )
         self._process = subprocess.Popen(
             [nginx, "-c", str(config), "-p", str(self.folder)], start_new_session=True
