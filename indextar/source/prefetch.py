@@ -105,7 +105,7 @@ class PrefetchStats:
     throttled
         Requests on its event loop the store answered 503 or 429 (slow down).
     in_flight_limit
-        Requests it keeps in flight on its event loop now: its ``in_flight``, halved
+        Requests it keeps in flight on its event loop now: its ``in_flight``, cut
         by throttled answers and grown back by successful ones
         (:class:`~indextar.source.throttle.InFlightLimit`).
     """

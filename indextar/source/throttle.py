@@ -5,19 +5,24 @@ A store asked faster than it will serve says so: S3 answers ``503 SlowDown``, ot
 (:mod:`.retry`), but a prefetcher that kept its 128 requests in flight regardless
 would go on asking at the rate the store refused, and most of what it sent would be
 refused again. :class:`InFlightLimit` sizes what the prefetcher sends as TCP sizes
-its window (additive increase, multiplicative decrease): a throttled answer halves
-the limit, once a round (only an answer to a request sent after the last cut cuts it
-again: the requests already out were sent at the old rate), and each ``limit``
-answers that succeed raise it by one, up to the most it was given. Other failures
+its window (additive increase, multiplicative decrease): a throttled answer cuts the
+limit to :data:`DECREASE` of itself (CUBIC's factor), once a round (only an answer to
+a request sent after the last cut cuts it again: the requests already out were sent
+at the old rate), and each ``limit`` answers that succeed raise it by one, up to the
+most it was given. Against nginx refusing what passed 3,000 GETs a second (2
+workers), cutting to 0.7 read 2,649-2,736 samples/s at 1.06 requests a sample,
+halving 2,185-2,480 at 1.03 (docs/benchmarks-remote.md). Other failures
 (a reset, a 500, a wrong range) are not the store's rate, and leave it alone.
 """
 
 from __future__ import annotations
 
-__all__ = ["THROTTLED", "InFlightLimit"]
+__all__ = ["DECREASE", "THROTTLED", "InFlightLimit"]
 
 THROTTLED = frozenset({429, 503})
 """The statuses of a store that asks its client to slow down."""
+DECREASE = 0.7
+"""What a throttled answer leaves of the limit."""
 
 
 class InFlightLimit:
@@ -37,7 +42,7 @@ class InFlightLimit:
         self.maximum = maximum
         self.minimum = max(1, min(minimum, maximum))
         self.limit = maximum
-        self.cuts = 0  # how often a throttled answer halved it
+        self.cuts = 0  # how often a throttled answer cut it
         self._last_cut = float("-inf")
         self._good = 0  # answers that succeeded since the limit last moved
 
@@ -51,7 +56,7 @@ class InFlightLimit:
                     self.limit += 1
                     self._good = 0
         elif status in THROTTLED and sent >= self._last_cut:
-            self.limit = max(self.minimum, self.limit // 2)
+            self.limit = max(self.minimum, int(self.limit * DECREASE))
             self._last_cut = now
             self._good = 0
             self.cuts += 1

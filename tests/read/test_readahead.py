@@ -276,7 +276,7 @@ def test_a_server_failing_part_of_the_requests_still_gives_the_right_samples(
 def test_a_store_that_says_slow_down_gets_fewer_requests_in_flight(
     http: HttpServer, tmp_path: Path
 ) -> None:
-    """503 SlowDown answers halve what the read-ahead keeps in flight (the samples are
+    """503 SlowDown answers cut what the read-ahead keeps in flight (the samples are
     right all the same: each refused span is fetched by its batch, with its retries)."""
     ds = dataset(urls(http, mode="faulty"), tmp_path)
     expected = [ds[i] for i in range(len(ds))]
@@ -289,7 +289,7 @@ def test_a_store_that_says_slow_down_gets_fewer_requests_in_flight(
     order = list(ReadAheadBatches(ResumableSampler(ds, seed=7), BATCH))
     assert got == [expected[i] for batch in order for i in batch]
     assert busy and 0 < stats[-1].throttled <= len(busy)
-    assert min(s.in_flight_limit for s in stats) < 128  # halved at least once
+    assert min(s.in_flight_limit for s in stats) < 128  # cut at least once
     # a clean pass: no request is refused, and the limit only grows
     _, clean = read_all(ds, ReadAheadBatches(ResumableSampler(ds, seed=8), BATCH), 0)
     assert clean[-1].throttled == stats[-1].throttled

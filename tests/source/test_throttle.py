@@ -7,16 +7,16 @@ import pytest
 from indextar.source.throttle import InFlightLimit
 
 
-def test_a_throttled_answer_halves_the_limit_once_a_round() -> None:
+def test_a_throttled_answer_cuts_the_limit_once_a_round() -> None:
     limit = InFlightLimit(128)
     limit.answered(sent=0.0, now=1.0, ok=False, status=503)
-    assert limit.limit == 64 and limit.cuts == 1
+    assert limit.limit == 89 and limit.cuts == 1  # 0.7 of 128
     # requests sent before that cut were sent at the old rate: they cut nothing more
     for _ in range(50):
         limit.answered(sent=0.5, now=1.1, ok=False, status=503)
-    assert limit.limit == 64
+    assert limit.limit == 89
     limit.answered(sent=1.2, now=1.3, ok=False, status=429)  # sent after it: again
-    assert limit.limit == 32 and limit.cuts == 2
+    assert limit.limit == 62 and limit.cuts == 2
 
 
 def test_only_slow_down_answers_cut_it() -> None:
