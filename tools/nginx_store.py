@@ -26,19 +26,24 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loopback_servers import ChildServer, SeaweedServer, _wait_until, free_ports  # noqa: E402
 
-CONFIG = """\
+PREAMBLE = """\
 worker_processes 1;
 pid {folder}/nginx.pid;
 error_log {folder}/error.log warn;
 daemon off;
 user root;
 events {{ worker_connections 8192; }}
+"""
+
+CONFIG = (
+    PREAMBLE
+    + """\
 http {{
     access_log off;
 {limit_zone}    sendfile on;
@@ -64,12 +69,24 @@ http {{
     }}
 }}
 """
+)
 
 
 EMPTY_LISTING = (
     '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><KeyCount>0</KeyCount>'
     "<IsTruncated>false</IsTruncated></ListBucketResult>"
 )
+
+
+def _run_nginx(
+    nginx: str, config: Path, ready: Callable[[], bool], what: str
+) -> subprocess.Popen[bytes]:
+    """nginx on ``config`` (its folder the prefix), in a session of its own, once ready."""
+    process = subprocess.Popen(
+        [nginx, "-c", str(config), "-p", str(config.parent)], start_new_session=True
+    )
+    _wait_until(ready, process, what)
+    return process
 
 
 class NginxStore(ChildServer):
@@ -113,10 +130,7 @@ class NginxStore(ChildServer):
                 ),
             )  # fmt: skip
         )
-        self._process = subprocess.Popen(
-            [nginx, "-c", str(config), "-p", str(self.folder)], start_new_session=True
-        )
-        _wait_until(self._ready, self._process, "nginx")
+        self._process = _run_nginx(nginx, config, self._ready, "nginx")
         return self
 
     def _ready(self) -> bool:
@@ -145,13 +159,9 @@ class NginxStore(ChildServer):
     storage_options = SeaweedServer.storage_options
 
 
-TLS_FRONT = """\
-worker_processes 1;
-pid {folder}/nginx.pid;
-error_log {folder}/error.log warn;
-daemon off;
-user root;
-events {{ worker_connections 8192; }}
+TLS_FRONT = (
+    PREAMBLE
+    + """\
 http {{
     access_log off;
     proxy_temp_path {folder}/tmp;
@@ -176,6 +186,7 @@ http {{
     }}
 }}
 """
+)
 
 
 class NginxTlsFront(ChildServer):
@@ -217,10 +228,7 @@ class NginxTlsFront(ChildServer):
         config.write_text(
             TLS_FRONT.format(folder=self.folder, port=self.port, upstream=self.upstream)
         )
-        self._process = subprocess.Popen(
-            [nginx, "-c", str(config), "-p", str(self.folder)], start_new_session=True
-        )
-        _wait_until(self._ready, self._process, "nginx's TLS front")
+        self._process = _run_nginx(nginx, config, self._ready, "nginx's TLS front")
         return self
 
     def _ready(self) -> bool:
