@@ -7,8 +7,23 @@ import pytest
 from indextar.source.throttle import InFlightLimit
 
 
+def test_it_starts_low_and_doubles_a_round_until_the_first_cut() -> None:
+    limit = InFlightLimit(128, initial=16)
+    assert limit.limit == 16 and InFlightLimit(128).limit == 64  # the default: half
+    for _ in range(16):  # a round: every request of it succeeds
+        limit.answered(sent=0.0, now=0.1, ok=True, status=None)
+    assert limit.limit == 32
+    for _ in range(200):
+        limit.answered(sent=0.2, now=0.3, ok=True, status=None)
+    assert limit.limit == 128  # and no further
+    limit.answered(sent=0.4, now=0.5, ok=False, status=503)
+    for _ in range(60):  # after a cut: one more a round of successes, not one each
+        limit.answered(sent=0.6, now=0.7, ok=True, status=None)
+    assert limit.limit == 89
+
+
 def test_a_throttled_answer_cuts_the_limit_once_a_round() -> None:
-    limit = InFlightLimit(128)
+    limit = InFlightLimit(128, initial=128)
     limit.answered(sent=0.0, now=1.0, ok=False, status=503)
     assert limit.limit == 89 and limit.cuts == 1  # 0.7 of 128
     # requests sent before that cut were sent at the old rate: they cut nothing more
