@@ -470,7 +470,9 @@ def main() -> None:
     if args.no_aimd:  # forked DataLoader workers inherit it
         from indextar.source.throttle import InFlightLimit
 
+        # the limit never moves, and starts at the prefetcher's in_flight (no slow start)
         InFlightLimit.answered = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        InFlightLimit.__init__.__defaults__ = (2, 1 << 30)  # minimum, initial
     # torch, imported by the first row that needs it, took 7-13 s of that row's first
     # sample at load 14: import it once before any row
     import torch.utils.data  # noqa: F401
