@@ -112,22 +112,20 @@ class NginxStore(ChildServer):
         (self.folder / "root").mkdir(parents=True, exist_ok=True)
         (self.folder / "tmp").mkdir(exist_ok=True)
         config = self.folder / "nginx.conf"
+        zone = limit = ""
+        if self.rate_limit is not None:  # beyond the rate and a burst of 64: 503 at once
+            zone = f"    limit_req_zone $server_addr zone=store:1m rate={self.rate_limit}r/s;\n"
+            limit = (
+                "            limit_req zone=store burst=64 nodelay;\n"
+                "            limit_req_status 503;\n"
+            )
         config.write_text(
             CONFIG.format(
                 folder=self.folder,
                 port=self.port,
                 empty_listing=EMPTY_LISTING,
-                limit_zone=""
-                if self.rate_limit is None
-                else (
-                    f"    limit_req_zone $server_addr zone=store:1m rate={self.rate_limit}r/s;\n"
-                ),
-                limit=""
-                if self.rate_limit is None
-                else (
-                    "            limit_req zone=store burst=64 nodelay;\n"
-                    "            limit_req_status 503;\n"
-                ),
+                limit_zone=zone,
+                limit=limit,
             )  # fmt: skip
         )
         self._process = _run_nginx(nginx, config, self._ready, "nginx")
