@@ -24,13 +24,14 @@ def raw_aiohttp(in_flight: int) -> Reader:
 
         async def run() -> int:
             limit = asyncio.Semaphore(in_flight)
-            connector = aiohttp.TCPConnector(limit=in_flight)
+            # --tls: one context for the row (the connector's, so that its connections
+            # are kept alive: aiohttp pools connections by their request's ssl object)
+            connector = aiohttp.TCPConnector(limit=in_flight, ssl=store.ssl_context() or True)
             async with aiohttp.ClientSession(connector=connector) as session:
 
                 async def one(name: str, offset: int, length: int) -> int:
                     headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
-                    url, ssl = store.http_url(name), store.ssl_context() or True
-                    async with limit, session.get(url, headers=headers, ssl=ssl) as r:
+                    async with limit, session.get(store.http_url(name), headers=headers) as r:
                         r.raise_for_status()
                         data = await r.read()
                     mark()
