@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from .base import ByteSource, SpanBytes
 from .retry import status_of
-from .throttle import THROTTLED, InFlightLimit
+from .throttle import InFlightLimit
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -180,8 +180,7 @@ class Prefetcher(Generic[K]):
         self._started: list[threading.Thread] = []
         self._closed = False
         self._held = self._flight = self._peak = 0
-        self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0,
-                        "throttled": 0}  # fmt: skip
+        self._counts = {"fetched": 0, "taken": 0, "waited": 0, "missed": 0, "wasted": 0}
 
     def want(self, spans: Iterable[tuple[K, ByteSource, int, int]], due: int) -> None:
         """Fetch each ``(key, source, offset, length)`` span, which batch ``due`` will
@@ -273,7 +272,7 @@ class Prefetcher(Generic[K]):
         with self._lock:
             return PrefetchStats(
                 self.budget, self._held, self._flight, self._peak, **self._counts,
-                in_flight_limit=self._limit.limit,
+                throttled=self._limit.throttled, in_flight_limit=self._limit.limit,
             )  # fmt: skip
 
     def close(self) -> None:
@@ -368,8 +367,6 @@ class Prefetcher(Generic[K]):
         with self._lock:
             self._aflight -= 1
             self._limit.answered(sent, self._loop.time(), ok=data is not None, status=status)
-            if status in THROTTLED:
-                self._counts["throttled"] += 1
             self._landed(key, entry, data)
             self._fill()
             if entry.waited:  # a wake-up costs the reader's thread a switch: only its span's

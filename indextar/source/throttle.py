@@ -56,7 +56,8 @@ class InFlightLimit:
         self.maximum = maximum
         self.minimum = max(1, min(minimum, maximum))
         self.limit = max(self.minimum, min(initial, maximum))
-        self.cuts = 0  # how often a throttled answer cut it
+        self.throttled = 0  # answers that said slow down
+        self.cuts = 0  # how often one of them cut the limit
         self._last_cut = float("-inf")
         self._good = 0  # answers that succeeded since the limit last moved
 
@@ -69,8 +70,10 @@ class InFlightLimit:
                 if not self.cuts or self._good >= self.limit:  # slow start, then one a round
                     self.limit += 1
                     self._good = 0
-        elif status in THROTTLED and sent >= self._last_cut:
-            self.limit = max(self.minimum, int(self.limit * DECREASE))
-            self._last_cut = now
-            self._good = 0
-            self.cuts += 1
+        elif status in THROTTLED:
+            self.throttled += 1
+            if sent >= self._last_cut:
+                self.limit = max(self.minimum, int(self.limit * DECREASE))
+                self._last_cut = now
+                self._good = 0
+                self.cuts += 1

@@ -31,14 +31,14 @@ def test_a_throttled_answer_cuts_the_limit_once_a_round() -> None:
         limit.answered(sent=0.5, now=1.1, ok=False, status=503)
     assert limit.limit == 89
     limit.answered(sent=1.2, now=1.3, ok=False, status=429)  # sent after it: again
-    assert limit.limit == 62 and limit.cuts == 2
+    assert limit.limit == 62 and limit.cuts == 2 and limit.throttled == 52
 
 
 def test_only_slow_down_answers_cut_it() -> None:
     limit = InFlightLimit(16)
     for status in (None, 500, 502, 404, 416):  # no answer, a fault, a wrong range...
         limit.answered(sent=1.0, now=2.0, ok=False, status=status)
-    assert limit.limit == 16 and limit.cuts == 0
+    assert limit.limit == 16 and limit.cuts == 0 and limit.throttled == 0
 
 
 def test_successes_grow_it_back_by_one_a_round_up_to_the_maximum() -> None:
