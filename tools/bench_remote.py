@@ -468,11 +468,19 @@ def main() -> None:
     if args.rate_limit is not None and args.store != "nginx":
         parser.error("--rate-limit is for --store nginx")
     if args.no_aimd:  # forked DataLoader workers inherit it
+        from indextar.source import prefetch
         from indextar.source.throttle import InFlightLimit
 
-        # the limit never moves, and starts at the prefetcher's in_flight (no slow start)
-        InFlightLimit.answered = lambda *args, **kwargs: None  # type: ignore[method-assign]
-        InFlightLimit.__init__.__defaults__ = (2, 1 << 30)  # minimum, initial
+        class Fixed(InFlightLimit):
+            """The prefetcher's ``in_flight`` from the start (no slow start), never moved."""
+
+            def __init__(self, maximum: int) -> None:
+                super().__init__(maximum, initial=maximum)
+
+            def answered(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        prefetch.InFlightLimit = Fixed  # type: ignore[misc]
     # torch, imported by the first row that needs it, took 7-13 s of that row's first
     # sample at load 14: import it once before any row
     import torch.utils.data  # noqa: F401
