@@ -99,6 +99,24 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 3) -> None:
         process.wait()
 
 
+def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
+    """A certificate for 127.0.0.1, its own CA, and its key (``cert.pem``, ``key.pem``
+    in ``folder``), made by the ``openssl`` command; None where there is none."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
 class ChildServer:
     """A server in a child process of its own session: ``pid``, and stopped on exit."""
 

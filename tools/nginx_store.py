@@ -30,7 +30,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loopback_servers import ChildServer, SeaweedServer, _wait_until, free_ports  # noqa: E402
+from loopback_servers import (  # noqa: E402
+    ChildServer,
+    SeaweedServer,
+    _wait_until,
+    free_ports,
+    self_signed_certificate,
+)
 
 PREAMBLE = """\
 worker_processes 1;
@@ -209,18 +215,10 @@ class NginxTlsFront(ChildServer):
         return f"https://127.0.0.1:{self.port}"
 
     def __enter__(self) -> NginxTlsFront:
-        nginx, openssl = NginxStore.binary(), shutil.which("openssl")
-        if nginx is None or openssl is None:
-            raise RuntimeError("needs nginx (apt-get install nginx-light) and openssl")
+        nginx = NginxStore.binary()
         (self.folder / "tmp").mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                "-keyout", str(self.folder / "key.pem"), "-out", str(self.ca),
-                "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-            ],
-            check=True, capture_output=True,
-        )  # fmt: skip
+        if nginx is None or self_signed_certificate(self.folder) is None:
+            raise RuntimeError("needs nginx (apt-get install nginx-light) and openssl")
         self.port = free_ports(1)[0]
         config = self.folder / "nginx.conf"
         config.write_text(

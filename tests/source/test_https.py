@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
-import shutil
 import socketserver
 import ssl
-import subprocess
 import threading
 import warnings
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback_servers import self_signed_certificate
 
 from indextar.errors import RemoteReadError
 from indextar.source.conditional import RemoteStat
@@ -33,20 +32,10 @@ ETAG = "0123abcd"
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
+    made = self_signed_certificate(tmp_path_factory.mktemp("tls"))
+    if made is None:
         pytest.skip("no openssl command to make a certificate with")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+    return made
 
 
 class _Ranges(socketserver.BaseRequestHandler):
