@@ -2,6 +2,7 @@
 # Issue 28 on a lent GPU machine, in one call (no internet there; Python 3.12 with
 # torch and torchvision; our wheels come in .whl/, see the report of branch gpu):
 #   run(command="bash tools/device_gpu.sh", carry=[".whl"], timeout_s=420)
+# (PROBE=1 first runs tools/probe_gpu.py: where a batch's time goes)
 # Installs the missing pure-Python packages (and simplejpeg, PyYAML) into /tmp/site,
 # builds the C extensions for this Python (the pure-Python references if that fails),
 # runs the CUDA tests, then tools/bench_gpu.py. Every step has its own time limit, so
@@ -50,9 +51,16 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -rP \
     -W "ignore::DeprecationWarning" -W "ignore::UserWarning" --timeout 120 \
     tests/read/test_image_gpu.py tests/read/test_gpu_stage.py tests/read/test_shmblocks.py 2>&1 | tee "$OUT/pytest.txt" | tail -40
 
-# 5. the benchmark; it rewrites its outputs after each row, so a cut run keeps them
-timeout 220 python3 tools/bench_gpu.py $BENCH_ARGS --json-out "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" \
-    > "$OUT/bench_stdout.txt" 2> "$OUT/bench_log.txt"
+# 5. where a batch's time goes, in memory (PROBE=1): tools/probe_gpu.py
+if [ "${PROBE:-0}" = 1 ]; then
+  timeout 150 python3 tools/probe_gpu.py > /dev/null 2> "$OUT/probe_log.txt"
+  echo "probe exit $?"
+  grep -E "^\[" "$OUT/probe_log.txt" | cut -c1-400
+fi
+
+# 6. the benchmark; it rewrites its outputs after each row, so a cut run keeps them
+timeout 240 python3 tools/bench_gpu.py $BENCH_ARGS --json-out "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" \
+    > /dev/null 2> "$OUT/bench_log.txt"
 echo "bench exit $?"
 tail -30 "$OUT/bench_log.txt"
 cat "$OUT/bench_gpu.md"

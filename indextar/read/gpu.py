@@ -19,6 +19,7 @@ torchvision (and DALI) are imported only here, and only when a GPU backend is us
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -33,6 +34,8 @@ from .shmblocks import map_leaves
 
 if TYPE_CHECKING:
     import torch
+
+    from .staging import PinnedStaging
 
 __all__ = ["ImageStage", "StageBackend", "STAGE_BACKENDS"]
 
@@ -93,7 +96,8 @@ class ImageStage:
         (``"png"``, ``"webp"``, ``"cmyk"``, ``"orientation"``, ``"decoder"``, ...)."""
         self._logged: set[str] = set()
         self._gpu: DecodeMany | None = None
-        self._staging: Any = None
+        self._pinned = False
+        self._local = threading.local()  # each decoding thread's own pinned buffers
         if backend == "reference":
             check_filter(resample)
             self._gpu = _reference(self.device)
@@ -106,10 +110,7 @@ class ImageStage:
                 )
             check_filter(resample)
             self._gpu = _nvjpeg(self.device) if backend == "nvjpeg" else _dali(self.device)
-            if pin_memory:
-                from .staging import PinnedStaging
-
-                self._staging = PinnedStaging()
+            self._pinned = pin_memory
 
     @property
     def size(self) -> int | tuple[int, int] | None:
@@ -140,12 +141,13 @@ class ImageStage:
             on_cpu = list(batch.refusals)
             refused = {i for i, _ in on_cpu}
             todo = [i for i in range(count) if i not in refused]
-            if self._staging is not None:  # pinned: the decoder's copies to the device are DMA
-                pinned = self._staging.take(batch.data[first:last])
-                blobs = pinned.split(sizes)
+            staging = self._staging() if self._pinned else None
+            if staging is not None:  # pinned: the decoder's copies to the device are DMA
+                pinned = staging.take(batch.data[first:last])
+                blobs = pinned.split(sizes)  # type: ignore[no-untyped-call]
             decoded = self._gpu([blobs[i] for i in todo]) if todo else []
-            if self._staging is not None:
-                self._staging.used()
+            if staging is not None:
+                staging.used()
             good = [(i, image) for i, image in zip(todo, decoded) if image is not None]
             on_cpu += [(i, "decoder") for i, image in zip(todo, decoded) if image is None]
             resized = resize_groups(
@@ -161,6 +163,14 @@ class ImageStage:
             image = self._decode_cpu(blobs[i], i, count)
             groups.append(([i], image.unsqueeze(0)))
         return _assemble(count, groups, self.device)
+
+    def _staging(self) -> PinnedStaging:
+        staging: PinnedStaging | None = getattr(self._local, "staging", None)
+        if staging is None:
+            from .staging import PinnedStaging
+
+            staging = self._local.staging = PinnedStaging()
+        return staging
 
     def _decode_cpu(self, blob: torch.Tensor, position: int, count: int) -> torch.Tensor:
         import numpy as np

@@ -10,6 +10,7 @@ Imported only when ``on_gpu(backend="dali")`` is asked for.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeSpecError
@@ -37,6 +38,7 @@ class DaliDecoder:
         self.device_id = 0 if device.index is None else device.index
         self._pipe: Any = None
         self._capacity = 0
+        self._lock = threading.Lock()  # one pipeline, fed and run by one thread at a time
 
     def _pipeline(self, count: int) -> Any:
         if self._pipe is not None and count <= self._capacity:
@@ -66,19 +68,20 @@ class DaliDecoder:
         import torch
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        pipe = self._pipeline(len(blobs))
-        try:
-            pipe.feed_input("jpegs", [blob.numpy() for blob in blobs])
-            (decoded,) = pipe.run()
-        except Exception:  # noqa: BLE001 - the CPU path decodes them, or names the error
-            return [None] * len(blobs)
-        stream = torch.cuda.current_stream(self.device_id)
-        out: list[torch.Tensor | None] = []
-        for i in range(len(blobs)):
-            image = decoded[i]
-            pixels = torch.empty(
-                tuple(image.shape()), dtype=torch.uint8, device=f"cuda:{self.device_id}"
-            )
-            feed_ndarray(image, pixels, cuda_stream=stream)
-            out.append(pixels.permute(2, 0, 1))
+        with self._lock:  # the pipeline's outputs are reused by its next run
+            pipe = self._pipeline(len(blobs))
+            try:
+                pipe.feed_input("jpegs", [blob.numpy() for blob in blobs])
+                (decoded,) = pipe.run()
+            except Exception:  # noqa: BLE001 - the CPU path decodes them, or names the error
+                return [None] * len(blobs)
+            stream = torch.cuda.current_stream(self.device_id)
+            out: list[torch.Tensor | None] = []
+            for i in range(len(blobs)):
+                image = decoded[i]
+                pixels = torch.empty(
+                    tuple(image.shape()), dtype=torch.uint8, device=f"cuda:{self.device_id}"
+                )
+                feed_ndarray(image, pixels, cuda_stream=stream)
+                out.append(pixels.permute(2, 0, 1))
         return out

@@ -262,3 +262,52 @@ def test_timings_say_the_loader_holds_the_decoder_back() -> None:
     # the decoder waited for all but what it decoded; the caller waited for the decoder
     assert timings.starved_s >= 0.15 and timings.waited_s >= 0.15
     assert timings.decode_s > 0
+
+
+@pytest.mark.parametrize("decoders", [2, 3])
+def test_several_decoding_threads_keep_the_loaders_order(shard: Path, decoders: int) -> None:
+    """Batches go to the decoding threads in turn and come back in the loader's order,
+    over workers and for two passes; each thread decodes as the one thread does."""
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=encoded_collate())
+    staged = on_gpu(loader, (40, 48), device="cpu", decoders=decoders)
+    one = on_gpu(loader, (40, 48), device="cpu")
+    for _ in range(2):
+        got = [(images, labels.tolist()) for images, labels in staged]
+        want = [(images, labels.tolist()) for images, labels in one]
+        assert [labels for _, labels in got] == [labels for _, labels in want]
+        assert [labels for _, labels in got] == [
+            list(range(i, min(i + 3, 16))) for i in range(0, 16, 3)
+        ]
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, want))
+        assert staged.timings.batches == 6
+    names = {t.name for t in threading.enumerate()}
+    assert not {f"indextar-on-gpu-{k}" for k in range(decoders)} & names
+
+
+@pytest.mark.parametrize("decoders", [1, 2, 3])
+@pytest.mark.parametrize("fail_at", [0, 1, 4])
+def test_a_failure_reaches_the_caller_in_its_place(decoders: int, fail_at: int) -> None:
+    """What the loader raises at batch k comes after the k batches before it, whichever
+    decoding thread would have had it."""
+
+    def batches():
+        for i in range(6):
+            if i == fail_at:
+                raise RuntimeError(f"worker died at {i}")
+            yield encoded_collate()([(encode(photo(20, 20, i)), i)])
+
+    staged = on_gpu(batches(), 16, device="cpu", decoders=decoders)  # type: ignore[arg-type]
+    seen = []
+    with pytest.raises(RuntimeError, match=f"worker died at {fail_at}"):
+        for _, labels in staged:
+            seen += labels.tolist()
+    assert seen == list(range(fail_at))
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 5])
+def test_every_batch_count_ends_cleanly_with_two_decoders(count: int) -> None:
+    batches = [encoded_collate()([(encode(photo(20, 20, i)), i)]) for i in range(count)]
+    staged = on_gpu(batches, 16, device="cpu", decoders=2)
+    assert [labels.item() for _, labels in staged] == list(range(count))
+    assert staged.timings.batches == count

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,8 @@ def test_refused_images_fall_back_on_the_device() -> None:
         assert psnr(got.permute(1, 2, 0).cpu().numpy(), want(".jpg", blob)) >= 30
 
 
-def test_on_gpu_through_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoders", [1, 2])
+def test_on_gpu_through_workers(tmp_path: Path, decoders: int) -> None:
     jpegs = photos(24)
     path = tmp_path / "gpu-000000.tar"
     with tarfile.open(path, "w") as tar:
@@ -82,7 +84,7 @@ def test_on_gpu_through_workers(tmp_path: Path) -> None:
                 tar.addfile(info, io.BytesIO(data))
     ds = IndexedTarDataset(str(path), keys=("jpg", "cls"), decode=[])
     loader = DataLoader(ds, batch_size=5, num_workers=2, collate_fn=encoded_collate(), shuffle=True)
-    staged = on_gpu(loader, (128, 160))
+    staged = on_gpu(loader, (128, 160), decoders=decoders)
     assert staged.stage.backend == "nvjpeg"
     got = []
     for images, labels in staged:
@@ -94,9 +96,11 @@ def test_on_gpu_through_workers(tmp_path: Path) -> None:
     for labels, total, images in got:
         again = synchronous.decode(encoded_collate()([jpegs[i] for i in labels]))
         assert torch.equal(images, again) and total == again.float().sum().item()
-    # a break part-way stops the thread and the workers
+    assert staged.timings.batches == 5
+    # a break part-way stops the threads and the workers
     for _ in staged:
         break
+    assert not [t for t in threading.enumerate() if t.name.startswith("indextar-on-gpu")]
 
 
 def test_psnr_over_a_batch_is_reported() -> None:
