@@ -95,6 +95,7 @@ class ImageStage:
         """Images decoded on the CPU because the GPU decoder refused them, by reason
         (``"png"``, ``"webp"``, ``"cmyk"``, ``"orientation"``, ``"decoder"``, ...)."""
         self._logged: set[str] = set()
+        self._count_lock = threading.Lock()
         self._gpu: DecodeMany | None = None
         self._pinned = False
         self._local = threading.local()  # each decoding thread's own pinned buffers
@@ -187,9 +188,11 @@ class ImageStage:
         return pixels.to(self.device) if self.device.type != "cpu" else pixels
 
     def _count(self, reason: str) -> None:
-        self.fallbacks[reason] += 1
-        if reason not in self._logged:
+        with self._count_lock:  # on_gpu's decoding threads share the stage
+            self.fallbacks[reason] += 1
+            first = reason not in self._logged
             self._logged.add(reason)
+        if first:
             log.warning(
                 "on_gpu: an image the %s decoder does not take (%s) is decoded on the CPU; "
                 "such images are counted in ImageStage.fallbacks and not logged again",

@@ -1,10 +1,11 @@
 """``on_gpu``: a loader's batches decoded on the device while the caller trains.
 
-A thread takes batch N+2 from the loader while two others run the :class:`ImageStage`
-on batches N+1 and N+2 in turn, each on a CUDA stream of its own, and the caller's
-stream trains on batch N: the DataLoader's hand-off, the decoder's host work (nvJPEG
-parses each image and drives the hardware JPEG engines, one batch at a time) and the
-resize of the batch before overlap with training and with each other. Each batch comes
+A thread takes batches from the loader while two others run the :class:`ImageStage`
+on the next ones in turn, each on a CUDA stream of its own, and the caller's stream
+trains on batch N. So the DataLoader's hand-off, the decoder's host work (nvJPEG
+parsing each image and driving the hardware JPEG engines, one batch at a time) and
+the resizing of the batch decoded before all overlap, with training and with each
+other. Each batch comes
 with a CUDA event; the caller's stream waits for it before the batch is handed out, and
 its tensors are recorded on the caller's stream, so the allocator does not give their
 memory back while the caller still reads them.
@@ -21,6 +22,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import DecodeSpecError
 from .encoded import EncodedBatch
 from .gpu import ImageStage, StageBackend
 from .image import Backend as JpegBackend
@@ -79,8 +81,10 @@ class StagedLoader:
     ):
         self.loader = loader
         self.stage = stage
+        if decoders < 1:
+            raise DecodeSpecError(f"on_gpu decoders= must be at least 1; got {decoders}")
         self.prefetch = max(1, prefetch)
-        self.decoders = max(1, decoders)
+        self.decoders = decoders
         self.timings = StageTimings()
         self._timings_lock = threading.Lock()
 
@@ -136,10 +140,11 @@ class StagedLoader:
                 yield batch
         finally:
             stop.set()
+            queues = [*ready, *fetched]
             while any(thread.is_alive() for thread in threads):  # unblock waiting puts
-                for waiting in (*ready, *fetched):
+                for waiting in queues:
                     try:
-                        waiting.get(timeout=_POLL_S / len(ready + fetched))
+                        waiting.get(timeout=_POLL_S / len(queues))
                     except queue.Empty:
                         pass
 
@@ -289,15 +294,15 @@ def on_gpu(
     decoders
         Threads decoding batches, in turn (the caller gets them in the loader's order).
         With two, one resizes its batch while the other is in the GPU decoder, which
-        decodes one batch at a time: on an H200 with 4 workers, 7,642-7,685 images/s
-        against 6,304-7,111 with one (``tools/bench_gpu.py``). On the CPU backend each
-        thread decodes on a core of its own.
+        decodes one batch at a time: on an H100 with 4 workers, 6,816 and 7,314 images/s
+        (medians of two runs) against 5,883 and 6,083 with one (``tools/bench_gpu.py``).
+        On the CPU backend each thread decodes on a core of its own.
 
     Raises
     ------
     DecodeSpecError
-        For an unknown ``backend``, a GPU backend without CUDA or its library, or an
-        argument ``image_decoder`` refuses.
+        For an unknown ``backend``, a GPU backend without CUDA or its library,
+        ``decoders`` under 1, or an argument ``image_decoder`` refuses.
     """
     stage = ImageStage(
         size,

@@ -183,7 +183,7 @@ def test_reference_backend_routes_refusals(shard: Path, caplog: pytest.LogCaptur
     assert len(caplog.records) == 4  # once per reason, over two epochs
     for _ in staged:
         break  # leaving part-way stops the thread
-    assert not [t for t in threading.enumerate() if t.name == "indextar-on-gpu"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("indextar-on-gpu")]
 
 
 def test_mixed_aspects_with_an_int_size_give_a_list() -> None:
@@ -229,6 +229,8 @@ def test_stage_errors() -> None:
         ImageStage(resample="lanczos", backend="reference", device="cpu")
     with pytest.raises(DecodeSpecError, match="size= must be"):
         ImageStage(size=0)
+    with pytest.raises(DecodeSpecError, match="decoders= must be at least 1; got 0"):
+        on_gpu([], 16, device="cpu", decoders=0)
     broken = encoded_collate()([b"\xff\xd8" + struct.pack(">HH", 0xFFC0, 4) + b"\0" * 8])
     with pytest.raises(DecodeError, match="image 0 of a batch of 1"):
         ImageStage(backend="cpu", device="cpu")(broken)
