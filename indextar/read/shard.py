@@ -46,7 +46,7 @@ import numpy.typing as npt
 from ..errors import IndexFormatError, RemoteReadError, StaleIndexError
 from ..index.checksums import hasher, mismatch_error
 from ..index.opener import OpenedEntry
-from ..source.base import ByteSource, Span, SpanBytes, split_members
+from ..source.base import ByteSource, Span, SpanBytes, checked_key, split_members
 
 log = logging.getLogger(__name__)
 
@@ -146,28 +146,23 @@ class OpenShard:
         start, end, first, count, key_start, key_end = self.samples[local].tolist()
         names = self.ext_names
         key = self.key_blob[key_start:key_end]
-        checked = key if self.check_names else b""  # b"": the checksums only
         try:
             if span is not None:  # a failed check reads it again: the source tells a
                 # changed shard from a wrong answer
                 try:
                     members = split_members(
-                        span, self.members, first, count, names, checked,
-                        shard=self.shard, offset=start,
+                        span, self.members, first, count, names,
+                        checked_key(key, self.check_names), shard=self.shard, offset=start,
                     )  # fmt: skip
                     return key.decode("utf-8", "surrogateescape"), members
                 except StaleIndexError:
                     pass
             members = self.source.read_members(
-                start, end - start, self.members, first, count, names, checked
-            )
+                start, end - start, self.members, first, count, names, key,
+                check_names=self.check_names,
+            )  # fmt: skip
         except RemoteReadError as e:
             raise e.for_sample(key.decode("utf-8", "surrogateescape")) from e
-        except StaleIndexError as e:
-            if checked:  # its message names the sample already
-                raise
-            name = key.decode("utf-8", "surrogateescape")
-            raise StaleIndexError(f"sample {name!r}: {e}") from e
         return key.decode("utf-8", "surrogateescape"), members
 
     def key(self, local: int) -> str:
@@ -188,16 +183,10 @@ class OpenShard:
             return self._read_many_checked(local)
         key_blob = self.key_blob
         rows = self.samples[local].tolist()
-        if not self.check_names:  # b"": the checksums only
-            keys = [key_blob[row[4] : row[5]] for row in rows]
-            spans: list[Span] = [(s, e - s, f, c, b"") for s, e, f, c, _, _ in rows]
-            try:
-                read = self.source.read_members_many(spans, self.members, self.ext_names)
-            except StaleIndexError:  # it cannot name the sample: one by one, which do
-                return [self.read(n) for n in local]
-            return [(k.decode("utf-8", "surrogateescape"), m) for k, m in zip(keys, read)]
-        spans = [(s, e - s, f, c, key_blob[ks:ke]) for s, e, f, c, ks, ke in rows]
-        read = self.source.read_members_many(spans, self.members, self.ext_names)
+        spans: list[Span] = [(s, e - s, f, c, key_blob[ks:ke]) for s, e, f, c, ks, ke in rows]
+        read = self.source.read_members_many(
+            spans, self.members, self.ext_names, check_names=self.check_names
+        )
         return [
             (span[4].decode("utf-8", "surrogateescape"), members)  # type: ignore[union-attr]
             for span, members in zip(spans, read)
@@ -220,7 +209,7 @@ class OpenShard:
             span = self.source.read(start, end - start)
         span = self._verified(local, start, span, key)
         members = split_members(
-            span, self.members, first, count, self.ext_names, key if self.check_names else b"",
+            span, self.members, first, count, self.ext_names, checked_key(key, self.check_names),
             shard=self.shard, offset=start, name=key,
         )  # fmt: skip
         return key.decode("utf-8", "surrogateescape"), members

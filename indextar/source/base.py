@@ -29,6 +29,7 @@ from .extensions import mapread
 __all__ = [
     "ByteSource",
     "Span",
+    "checked_key",
     "SpanBytes",
     "SpanT",
     "fork_generation",
@@ -82,19 +83,23 @@ class ByteSource(abc.ABC):
         count: int,
         ext_names: tuple[str, ...],
         key: bytes | None = None,
+        *,
+        check_names: bool = True,
     ) -> list[tuple[str, bytes]]:
         """A sample's ``(extension, data)`` members, from one read of its span.
 
         ``offset`` and ``length`` are the sample's span; ``member_rows[first : first +
         count]`` its members as ``(span_offset, size, ext_code)`` rows (the index's
         packed ``members`` array). With ``key`` (the sample's key as raw bytes), the
-        span's headers are checked first (:mod:`indextar.tar.spancheck`). Sources that can
-        copy members straight out of their storage (a memory map) override this to
-        skip the span's copy.
+        span's headers are checked first (:mod:`indextar.tar.spancheck`): their names
+        and checksums, or with ``check_names=False`` (a shard whose global PAX header
+        names its members) their checksums only; an error names the sample by ``key``
+        either way. Sources that can copy members straight out of their storage (a
+        memory map) override this to skip the span's copy.
         """
         return split_members(
             self.read(offset, length), member_rows, first, count, ext_names,
-            key, shard=self.url, offset=offset,
+            checked_key(key, check_names), shard=self.url, offset=offset, name=key,
         )  # fmt: skip
 
     def read_members_many(
@@ -102,14 +107,24 @@ class ByteSource(abc.ABC):
         spans: Sequence[Span],
         member_rows: npt.NDArray[np.int64],
         ext_names: tuple[str, ...],
+        *,
+        check_names: bool = True,
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` for several samples, ``(offset, length, first, count,
         key)`` each, with one :meth:`read_many` of their spans."""
         datas = self.read_many([span[0] for span in spans], [span[1] for span in spans])
         return [
             split_members(
-                data, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-            )
+                data,
+                member_rows,
+                first,
+                count,
+                ext_names,
+                checked_key(key, check_names),
+                shard=self.url,
+                offset=offset,
+                name=key,
+            )  # fmt: skip
             for (offset, _, first, count, key), data in zip(spans, datas)
         ]
 
@@ -148,6 +163,12 @@ Span = tuple[int, int, int, int, "bytes | None"]
 
 
 _MAPREAD = mapread()
+
+
+def checked_key(key: bytes | None, check_names: bool) -> bytes | None:
+    """What :func:`split_members` checks a span's headers against: ``key``, or ``b""``
+    (their checksums only) where names are not checked; ``None``: nothing."""
+    return key if check_names or key is None else b""
 
 
 def split_members(

@@ -26,6 +26,7 @@ from .base import (
     ByteSource,
     Span,
     SpanBytes,
+    checked_key,
     corrupt_layout_error,
     outside_error,
     split_members,
@@ -152,19 +153,23 @@ class FramedSource(ByteSource):
         count: int,
         ext_names: tuple[str, ...],
         key: bytes | None = None,
+        *,
+        check_names: bool = True,
     ) -> list[tuple[str, bytes]]:
         """The members of the decompressed span, copied and its headers checked by
         ``_mapread`` where it is built (the reference, :func:`split_members`, in Python
         costs more than a small frame's decompression)."""
         if self._whole is not None:
             return self._whole.read_members(
-                offset, length, member_rows, first, count, ext_names, key
-            )
+                offset, length, member_rows, first, count, ext_names, key,
+                check_names=check_names,
+            )  # fmt: skip
         span = self.read(offset, length)
         try:
             return split_members(
-                span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-            )
+                span, member_rows, first, count, ext_names, checked_key(key, check_names),
+                shard=self.url, offset=offset, name=key,
+            )  # fmt: skip
         except StaleIndexError as e:
             where = f"the sample at uncompressed byte offset {offset}"
             raise corrupt_layout_error(self.raw, self.url, "frames", where) from e
@@ -174,14 +179,18 @@ class FramedSource(ByteSource):
         spans: Sequence[Span],
         member_rows: npt.NDArray[np.int64],
         ext_names: tuple[str, ...],
+        *,
+        check_names: bool = True,
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` for each sample: a frame is read and decompressed on its own
         either way."""
         if self._whole is not None:
-            return self._whole.read_members_many(spans, member_rows, ext_names)
+            return self._whole.read_members_many(
+                spans, member_rows, ext_names, check_names=check_names
+            )
         read = self.read_members
         return [
-            read(offset, length, member_rows, first, count, ext_names, key)
+            read(offset, length, member_rows, first, count, ext_names, key, check_names=check_names)
             for offset, length, first, count, key in spans
         ]
 

@@ -172,18 +172,28 @@ class GzipSeekSource(ByteSource):
         count: int,
         ext_names: tuple[str, ...],
         key: bytes | None = None,
+        *,
+        check_names: bool = True,
     ) -> list[tuple[str, bytes]]:
         try:
-            return super().read_members(offset, length, member_rows, first, count, ext_names, key)
+            return super().read_members(
+                offset, length, member_rows, first, count, ext_names, key,
+                check_names=check_names,
+            )  # fmt: skip
         except StaleIndexError as e:
             where = f"the sample at uncompressed byte offset {offset}"
             raise corrupt_layout_error(self.raw, self.url, "seek points", where) from e
 
     def read_members_many(
-        self, spans: Sequence[Span], member_rows: npt.NDArray[np.int64], ext_names: tuple[str, ...]
+        self,
+        spans: Sequence[Span],
+        member_rows: npt.NDArray[np.int64],
+        ext_names: tuple[str, ...],
+        *,
+        check_names: bool = True,
     ) -> list[list[tuple[str, bytes]]]:
         try:
-            return super().read_members_many(spans, member_rows, ext_names)
+            return super().read_members_many(spans, member_rows, ext_names, check_names=check_names)
         except StaleIndexError as e:
             where = f"one of {len(spans)} samples read together"
             raise corrupt_layout_error(self.raw, self.url, "seek points", where) from e

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..errors import IndextarError, ShardNotFoundError, StaleIndexError, TruncatedShardError
 from ..tar.spancheck import FILE_CHANGED, stale_error
 from . import base
-from .base import ByteSource, Span
+from .base import ByteSource, Span, checked_key
 from .extensions import mapread
 
 # The guarded copy out of maps; chosen once, at import (INDEXTAR_PURE_PYTHON=1: none).
@@ -152,19 +152,24 @@ class LocalFileSource(ByteSource):
         count: int,
         ext_names: tuple[str, ...],
         key: bytes | None = None,
+        *,
+        check_names: bool = True,
     ) -> list[tuple[str, bytes]]:
         """The members copied straight out of the map by ``_mapread``, which also makes
         the ``fstat`` and header checks: no copy of the whole span."""
         if self._generation != base._fork_generation:
             self._open()
         if self._map is None or _MAPREAD is None or count > _MAX_C_MEMBERS:
-            return super().read_members(offset, length, member_rows, first, count, ext_names, key)
+            return super().read_members(
+                offset, length, member_rows, first, count, ext_names, key,
+                check_names=check_names,
+            )  # fmt: skip
         if offset < 0 or offset + length > self._size:
             self._checked_map(offset, length)  # raises, naming the range
         _, ino, size, mtime_ns = self._identity  # type: ignore[misc]
         got = _MAPREAD.members(
-            self._map, offset, member_rows, first, count, ext_names, key, self._fd, ino,
-            size, mtime_ns,
+            self._map, offset, member_rows, first, count, ext_names,
+            checked_key(key, check_names), self._fd, ino, size, mtime_ns,
         )  # fmt: skip
         if type(got) is list:
             return got
@@ -175,10 +180,12 @@ class LocalFileSource(ByteSource):
         spans: Sequence[Span],
         member_rows: npt.NDArray[np.int64],
         ext_names: tuple[str, ...],
+        *,
+        check_names: bool = True,
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` for several samples, with one ``fstat`` for all."""
         if not spans or _MAPREAD is None:
-            return super().read_members_many(spans, member_rows, ext_names)
+            return super().read_members_many(spans, member_rows, ext_names, check_names=check_names)
         start = min(span[0] for span in spans)
         end = max(span[0] + span[1] for span in spans)
         try:
@@ -186,11 +193,12 @@ class LocalFileSource(ByteSource):
         except TruncatedShardError:
             mapped = None  # the range-by-range path says which sample it was
         if mapped is None or max(span[3] for span in spans) > _MAX_C_MEMBERS:
-            return super().read_members_many(spans, member_rows, ext_names)
+            return super().read_members_many(spans, member_rows, ext_names, check_names=check_names)
         members = _MAPREAD.members
         result: list[list[tuple[str, bytes]]] = []
         for offset, length, first, count, key in spans:
-            got = members(mapped, offset, member_rows, first, count, ext_names, key)
+            checked = key if check_names or key is None else b""  # checked_key, inlined
+            got = members(mapped, offset, member_rows, first, count, ext_names, checked)
             if type(got) is not list:
                 raise self._copy_error(got, offset, length, member_rows, first, key)
             result.append(got)

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import StaleIndexError, WrongRangeError
-from .base import ByteSource, Span, SpanBytes, fork_generation, split_members
+from .base import ByteSource, Span, SpanBytes, checked_key, fork_generation, split_members
 from .conditional import (
     RemoteStat,
     check_version,
@@ -275,18 +275,22 @@ class RangeSource(ByteSource):
         count: int,
         ext_names: tuple[str, ...],
         key: bytes | None = None,
+        *,
+        check_names: bool = True,
     ) -> list[tuple[str, bytes]]:
         """A sample's members, read and checked in one loop of retries: a span whose
         headers are not the sample's, from an object whose ETag is unchanged, was a
         wrong answer (:meth:`wrong_or_stale`) and is read again."""
         self._ready()
+        checked = checked_key(key, check_names)
 
         def call() -> list[tuple[str, bytes]]:
             span = self._read_once(offset, length)
             try:
                 return split_members(
-                    span, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-                )
+                    span, member_rows, first, count, ext_names, checked, shard=self.url,
+                    offset=offset, name=key,
+                )  # fmt: skip
             except StaleIndexError as e:
                 raise self.wrong_or_stale(e, offset, length) from e
 
@@ -298,6 +302,8 @@ class RangeSource(ByteSource):
         spans: Sequence[Span],
         member_rows: npt.NDArray[np.int64],
         ext_names: tuple[str, ...],
+        *,
+        check_names: bool = True,
     ) -> list[list[tuple[str, bytes]]]:
         """:meth:`read_members` of each span, all fetched at once; a span whose headers
         are not its sample's is read again alone, by :meth:`read_members`."""
@@ -308,12 +314,14 @@ class RangeSource(ByteSource):
         for (offset, length, first, count, key), data in zip(spans, datas):
             try:
                 members = split_members(
-                    data, member_rows, first, count, ext_names, key, shard=self.url, offset=offset
-                )
+                    data, member_rows, first, count, ext_names, checked_key(key, check_names),
+                    shard=self.url, offset=offset, name=key,
+                )  # fmt: skip
             except StaleIndexError:
                 members = self.read_members(
-                    offset, length, member_rows, first, count, ext_names, key
-                )
+                    offset, length, member_rows, first, count, ext_names, key,
+                    check_names=check_names,
+                )  # fmt: skip
             out.append(members)
         return out
 

@@ -254,3 +254,40 @@ class ByteSourceConformance:
         source.read(0, 1)
         source.close()
         assert source.read(100, 400) == expected[100:500]
+
+    # -- members ---------------------------------------------------------------------------
+
+    def test_headers_that_fail_their_checksums_name_the_sample(
+        self, source: ByteSource, expected: bytes
+    ) -> None:
+        """A span whose first block is not a valid header is refused by read_members and
+        read_members_many, names and checksums checked or checksums only (a shard whose
+        global PAX header names its members), and the error names the sample by its key
+        (for a compressed source, the error it chains), never as sample ''."""
+        import io
+        import tarfile
+
+        import numpy as np
+
+        with tarfile.open(fileobj=io.BytesIO(expected)) as tar:
+            info = tar.getmember("s000007.jpg")
+        offset = info.offset_data  # a member's data where its header should be
+        rows = np.array([[512, 4, 0]], dtype=np.int64)
+        for check_names in (True, False):
+            reads = (
+                lambda: source.read_members(
+                    offset, 516, rows, 0, 1, ("jpg",), b"s000007", check_names=check_names
+                ),
+                lambda: source.read_members_many(
+                    [(offset, 516, 0, 1, b"s000007")], rows, ("jpg",), check_names=check_names
+                ),
+            )
+            for read in reads:
+                with pytest.raises(IndextarError) as caught:
+                    read()
+                chain, error = [], caught.value
+                while error is not None:
+                    chain.append(str(error))
+                    error = error.__cause__
+                assert any("'s000007'" in message for message in chain), chain
+                assert not any("sample ''" in message for message in chain), chain
