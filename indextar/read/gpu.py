@@ -131,6 +131,12 @@ class ImageStage:
         """The batch's images as one uint8 NCHW tensor on the device; a list of CHW
         tensors instead where their shapes differ (an int ``size`` and images of
         different aspect ratios)."""
+        if not isinstance(batch, EncodedBatch):
+            raise DecodeSpecError(
+                f"on_gpu and ImageStage take the batches encoded_collate() makes (an "
+                f"EncodedBatch); got a {type(batch).__name__}: give the DataLoader "
+                f"collate_fn=encoded_collate()"
+            )
         count = len(batch)
         sizes = batch.offsets.diff().tolist()
         first, last = int(batch.offsets[0]), int(batch.offsets[-1])

@@ -231,6 +231,9 @@ def test_stage_errors() -> None:
         ImageStage(size=0)
     with pytest.raises(DecodeSpecError, match="decoders= must be at least 1; got 0"):
         on_gpu([], 16, device="cpu", decoders=0)
+    plain = DataLoader([(encode(photo(20, 20)), 0)] * 2, batch_size=2)  # default_collate
+    with pytest.raises(DecodeSpecError, match="got a list: give the DataLoader collate_fn="):
+        next(iter(on_gpu(plain, 16, device="cpu")))
     broken = encoded_collate()([b"\xff\xd8" + struct.pack(">HH", 0xFFC0, 4) + b"\0" * 8])
     with pytest.raises(DecodeError, match="image 0 of a batch of 1"):
         ImageStage(backend="cpu", device="cpu")(broken)

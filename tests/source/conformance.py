@@ -275,11 +275,11 @@ class ByteSourceConformance:
         rows = np.array([[512, 4, 0]], dtype=np.int64)
         for check_names in (True, False):
             reads = (
-                lambda: source.read_members(
-                    offset, 516, rows, 0, 1, ("jpg",), b"s000007", check_names=check_names
+                lambda names=check_names: source.read_members(
+                    offset, 516, rows, 0, 1, ("jpg",), b"s000007", check_names=names
                 ),
-                lambda: source.read_members_many(
-                    [(offset, 516, 0, 1, b"s000007")], rows, ("jpg",), check_names=check_names
+                lambda names=check_names: source.read_members_many(
+                    [(offset, 516, 0, 1, b"s000007")], rows, ("jpg",), check_names=names
                 ),
             )
             for read in reads:
