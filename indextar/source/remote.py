@@ -44,13 +44,7 @@ from .fsspec_internals import default_loop, run_on_default_loop
 from .retry import DEFAULT_RETRY, Failed, RetryPolicy, retrying, with_retries
 from .s3direct import S3Direct, direct_client_for
 
-__all__ = [
-    "DEFAULT_RETRY",
-    "RetryPolicy",
-    "RangeSource",
-    "fetch_ranges",
-    "with_retries",
-]
+__all__ = ["DEFAULT_RETRY", "RetryPolicy", "RangeSource", "fetch_ranges", "with_retries"]
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +273,8 @@ class RangeSource(ByteSource):
         check_names: bool = True,
     ) -> list[tuple[str, bytes]]:
         """A sample's members, read and checked in one loop of retries: a span whose
-        headers are not the sample's, from an object whose ETag is unchanged, was a
-        wrong answer (:meth:`wrong_or_stale`) and is read again."""
+        headers are not the sample's, from an object whose ETag is unchanged, was a wrong
+        answer (:func:`~indextar.source.conditional.wrong_or_stale`) and is read again."""
         self._ready()
         checked = checked_key(key, check_names)
 
@@ -292,7 +286,12 @@ class RangeSource(ByteSource):
                     offset=offset, name=key,
                 )  # fmt: skip
             except StaleIndexError as e:
-                raise self.wrong_or_stale(e, offset, length) from e
+                if self.expected is None or not self.expected.etag:
+                    raise  # no version to tell a changed object from a wrong answer
+                where, expected = self._filesystem(), self.expected
+                raise wrong_or_stale(
+                    self.url, expected, where, self.retry, e, offset, length
+                ) from e
 
         name = None if not key else key.decode("utf-8", "surrogateescape")
         return with_retries(call, self.retry, url=self.url, offset=offset, length=length, key=name)
@@ -324,15 +323,6 @@ class RangeSource(ByteSource):
                 )  # fmt: skip
             out.append(members)
         return out
-
-    def wrong_or_stale(self, error: StaleIndexError, offset: int, length: int) -> Exception:
-        """What a failed header check of bytes read from this object means: a
-        transient wrong answer, a changed object, or ``error`` (:func:`~indextar.
-        source.conditional.wrong_or_stale`)."""
-        if self.expected is None or not self.expected.etag:
-            return error
-        where = self._filesystem()
-        return wrong_or_stale(self.url, self.expected, where, self.retry, error, offset, length)
 
     def read_many(self, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         """All ranges, up to ``max_in_flight`` requests at once; failed ones are retried."""
