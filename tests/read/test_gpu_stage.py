@@ -316,3 +316,26 @@ def test_every_batch_count_ends_cleanly_with_two_decoders(count: int) -> None:
     staged = on_gpu(batches, 16, device="cpu", decoders=2)
     assert [labels.item() for _, labels in staged] == list(range(count))
     assert staged.timings.batches == count
+
+
+def test_persistent_workers_over_epochs(shard: Path) -> None:
+    """Workers that outlive a pass (persistent_workers=True) keep their reused blocks
+    from epoch to epoch: each epoch's batches are right, in the loader's order, with two
+    decoding threads and the batches of the epoch before still held."""
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    loader = DataLoader(
+        ds, batch_size=3, num_workers=2, collate_fn=encoded_collate(), persistent_workers=True
+    )
+    staged = on_gpu(loader, (40, 48), device="cpu")
+    reference = image_decoder("rgb8", (40, 48))
+    want = [torch.from_numpy(reference(".jpg", ds[i][0])).permute(2, 0, 1) for i in range(16)]
+    held = []
+    for _ in range(3):
+        epoch = [(images, labels.tolist()) for images, labels in staged]
+        assert [i for _, labels in epoch for i in labels] == list(range(16))
+        for images, labels in epoch:
+            assert all(torch.equal(image, want[i]) for image, i in zip(images, labels))
+        held.append(epoch)
+    for epoch in held:  # what was handed out is still each batch's own
+        for images, labels in epoch:
+            assert all(torch.equal(image, want[i]) for image, i in zip(images, labels))
