@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..errors import IndextarError, ShardNotFoundError, StaleIndexError, TruncatedShardError
 from ..tar.spancheck import FILE_CHANGED, stale_error
 from . import base
-from .base import ByteSource, Span, checked_key
+from .base import ByteSource, Span
 from .extensions import mapread
 
 # The guarded copy out of maps; chosen once, at import (INDEXTAR_PURE_PYTHON=1: none).
@@ -167,9 +167,10 @@ class LocalFileSource(ByteSource):
         if offset < 0 or offset + length > self._size:
             self._checked_map(offset, length)  # raises, naming the range
         _, ino, size, mtime_ns = self._identity  # type: ignore[misc]
-        got = _MAPREAD.members(
-            self._map, offset, member_rows, first, count, ext_names,
-            checked_key(key, check_names), self._fd, ino, size, mtime_ns,
+        checked = key if check_names or key is None else b""  # checked_key, inlined: a read
+        got = _MAPREAD.members(  # of one sample pays for each call
+            self._map, offset, member_rows, first, count, ext_names, checked, self._fd, ino,
+            size, mtime_ns,
         )  # fmt: skip
         if type(got) is list:
             return got
