@@ -324,6 +324,11 @@ def _collate_int32(packs: list[Any]) -> dict[str, Any]:
     return indextar.collate_packs(packs, dtype=torch.int32)
 
 
+def _collate_fresh(packs: list[Any]) -> dict[str, Any]:
+    """``collate_packs(reuse=False)``: one new shared-memory block a batch."""
+    return indextar.collate_packs(packs, reuse=False)
+
+
 def _collate_apart(packs: list[Any]) -> dict[str, Any]:
     """``collate_packs`` as it was before 346bfc1: each tensor in its own block of memory
     (a worker shares each one apart)."""
@@ -365,6 +370,11 @@ def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> 
             loader(packed, per_batch, _collate_int32),
             lambda b: int((b["input_ids"] != 0).sum()),
             "packed, `collate_packs(dtype=torch.int32)`",
+        ),
+        "fresh": (
+            loader(packed, per_batch, _collate_fresh),
+            lambda b: int((b["input_ids"] != 0).sum()),
+            "packed, a new block a batch (`collate_packs(reuse=False)`)",
         ),
         "apart": (
             loader(packed, per_batch, _collate_apart),

@@ -35,6 +35,7 @@ from .packcache import (
     plan_key,
     save_plan,
 )
+from .shmblocks import PooledBlock, mark_views, rebuild, shared_bytes, worker_pool
 
 if TYPE_CHECKING:
     import torch
@@ -287,6 +288,7 @@ def collate_packs(
     pad_id: int = 0,
     ignore_index: int = -100,
     dtype: torch.dtype | None = None,
+    reuse: bool = True,
 ) -> dict[str, Any]:
     """A batch of packs as torch tensors, for variable-length attention.
 
@@ -307,9 +309,14 @@ def collate_packs(
     ``torch.nn.functional.cross_entropy`` takes as targets, and so every trainer's loss
     over ``labels``) or ``torch.int32`` (half the bytes; embeddings and indexing take
     it, the loss wants ``labels.long()``). All four tensors are views of one buffer, so
-    a DataLoader worker hands the batch over in one shared-memory block, not four.
+    a DataLoader worker hands the batch over in one shared-memory block, not four; with
+    ``reuse`` (the default), one of a few blocks the worker fills again once the
+    training process has let go of every tensor of an earlier batch in it
+    (:mod:`~indextar.read.shmblocks`), so that a batch crosses as a block's name, not a
+    new block's descriptor, mapping and pages.
     """
     import torch
+    from torch.utils.data import get_worker_info
 
     if not packs:
         raise ValueError("collate_packs needs at least one pack")
@@ -333,7 +340,38 @@ def collate_packs(
             raise ValueError(f"a pack of {filled} tokens in packs of {width}")
     segments = np.asarray(sizes, np.int64)
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    buffer = torch.empty(3 * cells * itemsize + 4 * (len(segments) + 1), dtype=torch.uint8)
+    nbytes = 3 * cells * itemsize + 4 * (len(segments) + 1)
+    taken = None
+    if get_worker_info() is None:
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+    elif reuse and (taken := worker_pool().take(nbytes)) is not None:
+        buffer = taken.tensor
+    else:  # shared now, as default_collate does in a worker
+        buffer = shared_bytes(nbytes)
+    try:
+        batch = _fill_packs(packs, buffer, used, segments, dtype, pad_id, ignore_index)
+    except BaseException:
+        if taken is not None:
+            worker_pool().give_back(taken)
+        raise
+    return batch if taken is None else PackBatch(batch, block=taken)
+
+
+def _fill_packs(
+    packs: Sequence[Pack],
+    buffer: torch.Tensor,
+    used: npt.NDArray[np.int64],
+    segments: npt.NDArray[np.int64],
+    dtype: torch.dtype,
+    pad_id: int,
+    ignore_index: int,
+) -> dict[str, Any]:
+    """:func:`collate_packs`'s tensors, written into ``buffer``."""
+    import torch
+
+    rows, width = len(packs), packs[0].max_length
+    cells = rows * width
+    itemsize = torch.empty(0, dtype=dtype).element_size()
     grid = buffer[: 3 * cells * itemsize].view(dtype).view(3, rows, width)
     cu_seqlens = buffer[3 * cells * itemsize :].view(torch.int32)
     input_ids, labels, positions = grid.numpy()
@@ -366,3 +404,25 @@ def collate_packs(
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(segments.max()),
     }
+
+
+class PackBatch(dict[str, Any]):
+    """:func:`collate_packs`'s batch as a DataLoader worker makes it, in one of the
+    worker's reused blocks: pickled, the block's name crosses, not its memory, and the
+    training process gets a plain ``dict`` of views of the block."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, batch: dict[str, Any], *, block: PooledBlock) -> None:
+        super().__init__(batch)
+        self._block = block
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # the tensors as they are now (a collate_fn around this one may have changed them)
+        return _packs_in_block, (self._block, mark_views(dict(self), self._block.tensor))
+
+
+def _packs_in_block(whole: torch.Tensor, template: dict[str, Any]) -> dict[str, Any]:
+    """A pooled batch in the training process: views of the block ``whole``."""
+    rebuilt: dict[str, Any] = rebuild(whole, template)
+    return rebuilt

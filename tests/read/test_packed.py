@@ -4,6 +4,7 @@ packed, ``collate_packs`` driving variable-length attention."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from packcorpus import as_uint16, dataset, write_corpus
+from procstats import mapping_of
 from torch.utils.data import DataLoader
 
 import indextar
@@ -130,8 +132,41 @@ def test_collated_batch_crosses_from_a_worker_in_one_block(corpus: str) -> None:
     for batch, _ in zip(loader, range(3)):
         tensors = [batch[f] for f in ("input_ids", "labels", "position_ids", "cu_seqlens")]
         blocks = {t.untyped_storage().data_ptr() for t in tensors}
-        assert len(blocks) == 1 and tensors[0].is_shared()
+        assert len(blocks) == 1 and "/dev/shm/" in mapping_of(tensors[0].data_ptr())
         assert batch["input_ids"].is_contiguous() and batch["cu_seqlens"].dtype == torch.int32
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_collated_batches_reuse_a_workers_blocks(corpus: str, method: str) -> None:
+    """Through real workers, each batch is what collate_packs makes in-process; the
+    workers fill a few reused blocks (a batch crosses as its block's name), never one
+    a batch, and a batch kept past later ones stays its own."""
+    packed = PackedDataset(dataset(corpus), max_length=64, lengths="num_tokens")
+    order = list(ResumableSampler(packed, seed=1))
+    want = [collate_packs(packed.__getitems__(order[i : i + 4])) for i in range(0, len(order), 4)]
+    loader = DataLoader(
+        packed, batch_size=4, sampler=order, num_workers=2, collate_fn=collate_packs,
+        multiprocessing_context=method,
+    )  # fmt: skip
+    kept, blocks = [], set()
+    for n, (batch, expected) in enumerate(zip(loader, want, strict=True)):
+        assert type(batch) is dict and batch["max_seqlen"] == expected["max_seqlen"]
+        for name in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert torch.equal(batch[name], expected[name]), (n, name)
+        blocks.add(mapping_of(batch["input_ids"].untyped_storage().data_ptr()))
+        if n == 0:
+            kept.append((batch, expected))  # held: its block is not filled again
+    # a few a worker (in flight, held, grown), not one a batch
+    assert len(want) >= 16 and 2 <= len(blocks) <= len(want) // 2, blocks
+    batch, expected = kept[0]
+    assert all(torch.equal(batch[k], expected[k]) for k in ("input_ids", "labels", "cu_seqlens"))
+    kept.clear()
+    fresh = DataLoader(
+        packed, batch_size=4, sampler=order, num_workers=2, multiprocessing_context=method,
+        collate_fn=functools.partial(collate_packs, reuse=False),
+    )  # fmt: skip
+    apart = {mapping_of(b["input_ids"].untyped_storage().data_ptr()) for b in fresh}
+    assert len(apart) == len(want)  # reuse=False: a new block a batch, as before
 
 
 class TinyLM(torch.nn.Module):
