@@ -3,7 +3,7 @@
 The whole file is decompressed and checked (each gzip member's CRC and length, each
 zstd frame's checksum where it has one): a truncated stream or a corrupt block is an
 error naming the shard and the compressed byte offset, never a shorter index. What
-random access will need is recorded on the way (:class:`~.layout.CompressedLayout`):
+random access will need is recorded on the way (:class:`~.arrays.CompressedLayout`):
 
 * a file of several gzip members or zstd frames, none larger than ``4 * seek_spacing``
   uncompressed (per-sample shards, ``.tar.zst`` from ``zstd --seekable``-style writers):
@@ -39,8 +39,8 @@ from ..source.local import mapped_file
 from ..source.seekpoints import MIN_SPACING, SeekPoints, build_seek_points
 from ..tar.compress import zstd_frame_spans
 from ..tar.scan import TarScan, scan_tar
+from .arrays import CompressedLayout
 from .checksums import span_checksums
-from .layout import CompressedLayout
 from .meta import fingerprint
 from .naming import Grouping, group_members
 from .spans import spans_name_their_keys

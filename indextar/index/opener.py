@@ -28,8 +28,14 @@ from ..errors import MissingIndexError, ShardNotFoundError, StaleIndexError
 from ..source.base import ByteSource
 from ..source.cache import ShardCache
 from ..source.location import ShardLocation, SourceOptions
-from .arrays import ShardArrays, arrays_from
-from .layout import CompressedLayout, decompressed, layout_from, read_layout
+from .arrays import (
+    CompressedLayout,
+    ShardArrays,
+    arrays_from,
+    decompressed,
+    layout_from,
+    read_layout,
+)
 from .manifest import ManifestShard
 from .meta import IndexMeta, check_fresh, meta_from, reading_index
 from .remote import default_index_dir, open_remote_index

@@ -32,8 +32,8 @@ from ..source.conditional import RemoteStat
 from ..source.local import mapped_file
 from ..source.remote import RangeSource
 from ..tar.compress import zstd_frame_spans
+from .arrays import CompressedLayout
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan, scan_compressed
-from .layout import CompressedLayout
 from .localscan import scan_shard_file
 from .meta import fingerprint
 

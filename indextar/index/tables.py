@@ -25,11 +25,10 @@ import numpy.typing as npt
 from ..atomic import atomic_path, rewrite_lock
 from ..errors import IndextarError, IndexWriteError
 from ..tar.scan import BLOCK, TarScan
-from .arrays import ShardArrays, write_arrays
+from .arrays import CompressedLayout, ShardArrays, write_arrays
 from .attributes import AttributeTable, write_attributes
 from .extensions import sqlitebulk
 from .keyblob import write_key_lengths
-from .layout import CompressedLayout
 from .meta import IndexMeta
 from .naming import Grouping, raw_name, sql_text
 

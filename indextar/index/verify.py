@@ -14,11 +14,10 @@ import numpy as np
 from ..errors import IndexFormatError
 from ..source.location import SourceOptions
 from ..tar.scan import TarScan
-from .arrays import ShardArrays, read_arrays
+from .arrays import CompressedLayout, ShardArrays, read_arrays, read_layout
 from .checksums import hasher
 from .decompress import DEFAULT_SEEK_SPACING, CompressedScan
 from .keyblob import read_keys
-from .layout import CompressedLayout, read_layout
 from .localscan import scan_local_shard
 from .meta import IndexMeta, connect_readonly
 from .naming import Grouping, from_sql, sql_text

@@ -22,9 +22,9 @@ import numpy.typing as npt
 
 from ..atomic import create_temp
 from ..errors import WriterError
+from ..index.arrays import CompressedLayout
 from ..index.attribute_json import AttributeBuilder, OnError, attributes_member
 from ..index.checksums import ChecksumsArg, checksum_algorithm, hash_parts
-from ..index.layout import CompressedLayout
 from ..index.meta import IndexMeta, file_fingerprint
 from ..index.naming import Grouping, group_members, split_name
 from ..index.shard import PathLike, ShardIndex, index_path

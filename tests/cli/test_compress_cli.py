@@ -14,7 +14,7 @@ from tarcraft import GNU_TAR
 
 import indextar
 from indextar.cli.commands import main
-from indextar.index.layout import read_layout
+from indextar.index.arrays import read_layout
 
 
 def samples(path: Path) -> list[tuple[str, bytes, bytes]]:

@@ -20,7 +20,7 @@ from readers import wds_samples
 from tarcraft import GNU_TAR, write_tree
 
 import indextar
-from indextar.index.layout import read_layout
+from indextar.index.arrays import read_layout
 from indextar.index.verify import verify_index
 from indextar.source.seekpoints import SeekPoints
 from indextar.tar.compress import zstd_frame_spans

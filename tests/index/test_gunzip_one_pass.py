@@ -18,8 +18,8 @@ from test_compressed import gnu_targz, members
 
 import indextar
 from indextar import native
+from indextar.index.arrays import CompressedLayout
 from indextar.index.decompress import decompress_shard
-from indextar.index.layout import CompressedLayout
 
 assert native.built()["_gunzip"], "indextar/source/_gunzip.c did not build"
 

@@ -175,8 +175,8 @@ def test_a_remote_tar_gz_is_indexed_at_the_seek_spacing_asked(
     # `indextar index URL --seek-spacing N` is a BuildOptions field: the remote build takes it.
     import gzip
 
+    from indextar.index.arrays import read_layout
     from indextar.index.jobs import BuildOptions, build_shard
-    from indextar.index.layout import read_layout
 
     root, server = served
     rng = np.random.default_rng(0)

@@ -14,7 +14,7 @@ from loopback_servers import HttpServer
 from tarcraft import GNU_TAR, write_tree
 
 import indextar
-from indextar.index.layout import read_layout
+from indextar.index.arrays import read_layout
 
 N = 60
 

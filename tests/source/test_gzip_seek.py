@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 import indextar
 from indextar import native
 from indextar.errors import ShardFormatError, TruncatedShardError
-from indextar.index.layout import read_layout
+from indextar.index.arrays import read_layout
 from indextar.index.verify import verify_index
 from indextar.source import spancache
 from indextar.source.gzipped import GzipSeekSource

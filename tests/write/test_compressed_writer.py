@@ -15,7 +15,7 @@ from readers import wds_samples
 from tarcraft import GNU_TAR
 
 import indextar
-from indextar.index.layout import read_layout
+from indextar.index.arrays import read_layout
 from indextar.source.base import ByteSource
 from indextar.source.frames import FramedSource
 

@@ -16,7 +16,7 @@ from conftest import tar_bytes
 from tarcraft import GNU_TAR, gnu_tar, write_tree
 
 import indextar
-from indextar.index.layout import read_layout
+from indextar.index.arrays import read_layout
 from indextar.write.recompress import recompress
 
 ENV = {**os.environ, "LC_ALL": "C.UTF-8", "TZ": "UTC"}
