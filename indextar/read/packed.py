@@ -313,7 +313,10 @@ def collate_packs(
     ``reuse`` (the default), one of a few blocks the worker fills again once the
     training process has let go of every tensor of an earlier batch in it
     (:mod:`~indextar.read.shmblocks`), so that a batch crosses as a block's name, not a
-    new block's descriptor, mapping and pages.
+    new block's descriptor, mapping and pages. A ``collate_fn`` around this one that
+    returns new tensors in place of these (a cast, a copy) should pass ``reuse=False``:
+    a block whose batch is never sent stays taken, and once all are, the worker makes a
+    new block a batch, as with ``reuse=False``.
     """
     import torch
     from torch.utils.data import get_worker_info
