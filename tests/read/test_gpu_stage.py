@@ -339,3 +339,39 @@ def test_persistent_workers_over_epochs(shard: Path) -> None:
     for epoch in held:  # what was handed out is still each batch's own
         for images, labels in epoch:
             assert all(torch.equal(image, want[i]) for image, i in zip(images, labels))
+
+
+class _DiesAt(torch.utils.data.Dataset[tuple[bytes, int]]):
+    """Samples ``(jpeg, i)``; the worker that reads sample ``at`` is killed."""
+
+    def __init__(self, count: int, at: int) -> None:
+        self.blob, self.count, self.at = encode(photo(20, 20)), count, at
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        if i == self.at:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.blob, i
+
+
+def test_a_killed_worker_is_an_error_not_a_hang() -> None:
+    """A DataLoader worker killed mid-epoch reaches the caller as the DataLoader's
+    error, after the batches before it, and every thread of the stage ends."""
+    loader = DataLoader(
+        _DiesAt(40, at=22), batch_size=4, num_workers=2, collate_fn=encoded_collate()
+    )
+    staged = on_gpu(loader, 16, device="cpu")  # two decoding threads
+    seen: list[int] = []
+    with pytest.raises(
+        RuntimeError, match="DataLoader worker .* exited unexpectedly|killed by signal"
+    ):
+        for _, labels in staged:
+            seen += labels.tolist()
+    assert seen == list(range(len(seen))) and len(seen) <= 20  # in order, none past the kill
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith(("indextar-on-gpu", "indextar-fetch"))]
