@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DecodeSpecError
 from .shmblocks import (
     PooledBlock,
+    batch_buffer,
     fill,
     lay_out,
     mark_views,
     rebuild,
-    shared_bytes,
     worker_pool,
 )
 from .sniff import gpu_refusal
@@ -101,7 +101,7 @@ class EncodedCollate:
 
     def __call__(self, samples: Sequence[Any]) -> EncodedBatch:
         import torch
-        from torch.utils.data import default_collate, get_worker_info
+        from torch.utils.data import default_collate
 
         if not samples:
             raise DecodeSpecError("encoded_collate got an empty batch")
@@ -141,14 +141,7 @@ class EncodedCollate:
         # One block a batch: the offsets, the other fields' tensors, then the images.
         head = torch.tensor(bounds, dtype=torch.int64), rest
         template, parts, data_at = lay_out(head)
-        nbytes = data_at + bounds[-1]
-        taken = None
-        if get_worker_info() is None:
-            whole = torch.empty(nbytes, dtype=torch.uint8)
-        elif self.reuse and (taken := worker_pool().take(nbytes)) is not None:
-            whole = taken.tensor
-        else:  # shared now, as default_collate does in a worker
-            whole = shared_bytes(nbytes)
+        whole, taken = batch_buffer(data_at + bounds[-1], self.reuse)
         try:
             fill(whole, parts)
             view = memoryview(whole[data_at:].numpy()).cast("B")  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from .packcache import (
     plan_key,
     save_plan,
 )
-from .shmblocks import PooledBlock, mark_views, rebuild, shared_bytes, worker_pool
+from .shmblocks import PooledBlock, batch_buffer, mark_views, rebuild, worker_pool
 
 if TYPE_CHECKING:
     import torch
@@ -319,7 +319,6 @@ def collate_packs(
     new block a batch, as with ``reuse=False``.
     """
     import torch
-    from torch.utils.data import get_worker_info
 
     if not packs:
         raise ValueError("collate_packs needs at least one pack")
@@ -343,16 +342,9 @@ def collate_packs(
             raise ValueError(f"a pack of {filled} tokens in packs of {width}")
     segments = np.asarray(sizes, np.int64)
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    nbytes = 3 * cells * itemsize + 4 * (len(segments) + 1)
-    taken = None
-    if get_worker_info() is None:
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
-    elif reuse and (taken := worker_pool().take(nbytes)) is not None:
-        buffer = taken.tensor
-    else:  # shared now, as default_collate does in a worker
-        buffer = shared_bytes(nbytes)
+    buffer, taken = batch_buffer(3 * cells * itemsize + 4 * (len(segments) + 1), reuse)
     try:
-        batch = _fill_packs(packs, buffer, used, segments, dtype, pad_id, ignore_index)
+        batch = _fill_packs(packs, buffer, used, segments, dtype, itemsize, pad_id, ignore_index)
     except BaseException:
         if taken is not None:
             worker_pool().give_back(taken)
@@ -366,6 +358,7 @@ def _fill_packs(
     used: npt.NDArray[np.int64],
     segments: npt.NDArray[np.int64],
     dtype: torch.dtype,
+    itemsize: int,
     pad_id: int,
     ignore_index: int,
 ) -> dict[str, Any]:
@@ -374,7 +367,6 @@ def _fill_packs(
 
     rows, width = len(packs), packs[0].max_length
     cells = rows * width
-    itemsize = torch.empty(0, dtype=dtype).element_size()
     grid = buffer[: 3 * cells * itemsize].view(dtype).view(3, rows, width)
     cu_seqlens = buffer[3 * cells * itemsize :].view(torch.int32)
     input_ids, labels, positions = grid.numpy()

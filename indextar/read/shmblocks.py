@@ -40,6 +40,7 @@ __all__ = [
     "BlockPool",
     "PooledBlock",
     "attach",
+    "batch_buffer",
     "fill",
     "lay_out",
     "map_leaves",
@@ -233,6 +234,22 @@ class BlockPool:
             self._sent[taken.slot] = False
         if taken.flags is not None:
             self._flags_sent = False
+
+
+def batch_buffer(nbytes: int, reuse: bool = True) -> tuple[torch.Tensor, PooledBlock | None]:
+    """A uint8 buffer of ``nbytes`` for a collated batch, and its pooled block if it is
+    one: in a DataLoader worker, a block of the worker's pool (``reuse``, where one is
+    free), else new shared memory, as ``default_collate`` makes there; elsewhere, plain
+    memory. A caller that fails before the batch is returned gives the block back
+    (:meth:`BlockPool.give_back`)."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None:
+        return torch.empty(nbytes, dtype=torch.uint8), None
+    if reuse and (taken := worker_pool().take(nbytes)) is not None:
+        return taken.tensor, taken
+    return shared_bytes(nbytes), None
 
 
 _worker_pool: BlockPool | None = None
