@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -71,6 +71,8 @@ class ImageStage:
         backend: StageBackend = "auto",
         jpeg_backend: JpegBackend = "auto",
         pin_memory: bool = False,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         import torch
 
@@ -112,6 +114,9 @@ class ImageStage:
             check_filter(resample)
             self._gpu = _nvjpeg(self.device) if backend == "nvjpeg" else _dali(self.device)
             self._pinned = pin_memory
+        self.dtype, self._affine = _normalizing(normalize, dtype)
+        """The images' dtype: ``torch.uint8``, or the float ``dtype`` of ``normalize``."""
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def size(self) -> int | tuple[int, int] | None:
@@ -169,7 +174,26 @@ class ImageStage:
                 self._count(reason)
             image = self._decode_cpu(blobs[i], i, count)
             groups.append(([i], image.unsqueeze(0)))
-        return _assemble(count, groups, self.device)
+        images = _assemble(count, groups, self.device)
+        if self._affine is None:
+            return images
+        if isinstance(images, list):
+            return [self._normalized(image[None])[0] for image in images]
+        return self._normalized(images)
+
+    def _normalized(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW ``images`` as ``(images / 255 - mean) / std``, in ``self.dtype``
+        (computed in float32)."""
+        import torch
+
+        affine = self._on_device.get(images.device)
+        if affine is None:  # once a device: a copy from pageable memory waits for the stream
+            assert self._affine is not None
+            offset, scale = (v.to(images.device) for v in self._affine)
+            affine = self._on_device[images.device] = offset, scale
+        offset, scale = affine
+        out = images.to(torch.float32).sub_(offset).mul_(scale)
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
 
     def _staging(self) -> PinnedStaging:
         staging: PinnedStaging | None = getattr(self._local, "staging", None)
@@ -205,6 +229,39 @@ class ImageStage:
                 self.backend,
                 reason,
             )
+
+
+def _normalizing(
+    normalize: tuple[Sequence[float], Sequence[float]] | None, dtype: torch.dtype | None
+) -> tuple[torch.dtype, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The output dtype, and the ``(offset, scale)`` per channel (shaped ``(1, 3, 1,
+    1)``, in units of the uint8 pixels) that ``normalize=(mean, std)`` asks for."""
+    import torch
+
+    if normalize is None:
+        if dtype not in (None, torch.uint8):
+            raise DecodeSpecError(
+                f"on_gpu dtype={dtype} needs normalize=(mean, std): without it images are "
+                f"uint8 (normalize=((0, 0, 0), (1, 1, 1)) gives floats in [0, 1])"
+            )
+        return torch.uint8, None
+    dtype = torch.float32 if dtype is None else dtype
+    try:
+        mean, std = (torch.tensor(list(v), dtype=torch.float64) for v in normalize)
+    except (TypeError, ValueError) as e:
+        raise DecodeSpecError(
+            f"on_gpu normalize= must be (mean, std), three numbers each; got {normalize!r}"
+        ) from e
+    if mean.shape != (3,) or std.shape != (3,) or not bool((std > 0).all()):
+        raise DecodeSpecError(
+            f"on_gpu normalize= must be (mean, std), three numbers each (R, G, B, as "
+            f"fractions of 255), every std above 0; got {normalize!r}"
+        )
+    if not dtype.is_floating_point:
+        raise DecodeSpecError(f"on_gpu dtype= must be a float dtype with normalize=; got {dtype}")
+    offset = (mean * 255).to(torch.float32).view(1, 3, 1, 1)
+    scale = (1 / (std * 255)).to(torch.float32).view(1, 3, 1, 1)
+    return dtype, (offset, scale)
 
 
 def _assemble(

@@ -17,7 +17,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -254,6 +254,8 @@ def on_gpu(
     backend: StageBackend = "auto",
     jpeg_backend: JpegBackend = "auto",
     pin_memory: bool = False,
+    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+    dtype: torch.dtype | None = None,
     prefetch: int = 1,
     decoders: int = 2,
 ) -> StagedLoader:
@@ -262,7 +264,8 @@ def on_gpu(
     ``loader`` is a DataLoader whose ``collate_fn`` is :func:`encoded_collate`: its
     workers only read each sample's encoded image. Each batch comes back shaped as its
     samples (a tuple, a dict, or the images alone) with a uint8 NCHW tensor on
-    ``device`` in the image's place and the other tensors moved there too::
+    ``device`` in the image's place (float, with ``normalize``) and the other tensors
+    moved there too::
 
         loader = DataLoader(ds, batch_size=64, num_workers=4, collate_fn=encoded_collate())
         for images, labels in on_gpu(loader, size=(224, 224)):
@@ -289,6 +292,12 @@ def on_gpu(
         by default: torchvision's decoder copies its input to the device itself, and on
         an H100 with 16 cores the pinned copy cost 4 times the CPU (10.6 cores against
         2.5 at 4 workers) for 0.71 of the rate (``tools/bench_gpu.py``).
+    normalize, dtype
+        ``normalize=(mean, std)``, three numbers each (R, G, B, as fractions of 255, as
+        torchvision's ``Normalize`` takes them after ``ToTensor``), gives the images as
+        ``(pixels / 255 - mean) / std`` in ``dtype`` (default ``torch.float32``; say
+        ``torch.bfloat16`` or ``torch.float16`` for half the bytes), on the decoding
+        thread's stream. Without it images are uint8.
     prefetch
         Decoded batches waiting for the caller (1: double buffering), per decoding thread.
     decoders
@@ -302,7 +311,8 @@ def on_gpu(
     ------
     DecodeSpecError
         For an unknown ``backend``, a GPU backend without CUDA or its library,
-        ``decoders`` under 1, or an argument ``image_decoder`` refuses.
+        ``decoders`` under 1, a ``normalize`` that is not three means and three stds
+        above 0 (or a ``dtype`` without it), or an argument ``image_decoder`` refuses.
     """
     stage = ImageStage(
         size,
@@ -313,5 +323,7 @@ def on_gpu(
         backend=backend,
         jpeg_backend=jpeg_backend,
         pin_memory=pin_memory,
+        normalize=normalize,
+        dtype=dtype,
     )
     return StagedLoader(loader, stage, prefetch=prefetch, decoders=decoders)

@@ -375,3 +375,54 @@ def test_a_killed_worker_is_an_error_not_a_hang() -> None:
     assert seen == list(range(len(seen))) and len(seen) <= 20  # in order, none past the kill
     names = [t.name for t in threading.enumerate()]
     assert not [n for n in names if n.startswith(("indextar-on-gpu", "indextar-fetch"))]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.bfloat16])
+def test_normalize_gives_floats_of_the_same_pixels(backend: str, dtype: torch.dtype | None) -> None:
+    """normalize=(mean, std) is (pixels / 255 - mean) / std of the uint8 images, per
+    channel, in dtype (float32 by default), for one-shape batches and lists alike."""
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    batch = encoded_collate()([encode(photo(80, 60, i)) for i in range(3)])
+    plain = ImageStage((30, 40), backend=backend, device="cpu")  # type: ignore[arg-type]
+    scaled = ImageStage(
+        (30, 40),
+        backend=backend,
+        device="cpu",
+        normalize=(mean, std),
+        dtype=dtype,  # type: ignore[arg-type]
+    )
+    pixels, got = plain.decode(batch), scaled.decode(batch)
+    assert isinstance(pixels, torch.Tensor) and isinstance(got, torch.Tensor)
+    assert got.dtype == (dtype or torch.float32) == scaled.dtype and got.shape == pixels.shape
+    want = (pixels.double() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
+    tolerance = 1e-5 if got.dtype == torch.float32 else 2e-2
+    assert torch.allclose(got.double(), want, atol=tolerance, rtol=tolerance)
+    mixed = encoded_collate()([encode(photo(80, 60, 0)), encode(photo(60, 80, 1))])
+    shapes = ImageStage(30, backend=backend, device="cpu", normalize=(mean, std))  # type: ignore[arg-type]
+    images = shapes.decode(mixed)
+    assert [tuple(i.shape) for i in images] == [(3, 30, 40), (3, 40, 30)]
+    assert all(i.dtype == torch.float32 for i in images)
+    labels = on_gpu(
+        [encoded_collate()([(encode(photo(20, 20)), 7)])], 16, device="cpu", normalize=(mean, std)
+    )
+    for images, label in labels:
+        assert images.dtype == torch.float32 and label.tolist() == [7]
+
+
+def test_normalize_errors() -> None:
+    with pytest.raises(DecodeSpecError, match="dtype=torch.float16 needs normalize="):
+        ImageStage(16, device="cpu", dtype=torch.float16)
+    for bad in [
+        ((0.5, 0.5), (1, 1, 1)),
+        ((0, 0, 0), (1, 0, 1)),
+        (0.5, 0.5),
+        ((0, 0, "x"), (1, 1, 1)),
+    ]:
+        with pytest.raises(DecodeSpecError, match="normalize= must be"):
+            ImageStage(16, device="cpu", normalize=bad)  # type: ignore[arg-type]
+    with pytest.raises(DecodeSpecError, match="must be a float dtype"):
+        ImageStage(16, device="cpu", normalize=((0, 0, 0), (1, 1, 1)), dtype=torch.int32)
+    assert ImageStage(16, device="cpu", dtype=torch.uint8).dtype == torch.uint8

@@ -114,3 +114,24 @@ def test_psnr_over_a_batch_is_reported() -> None:
     ]
     print(f"PSNR nvjpeg vs image_decoder: mean {np.mean(values):.1f} dB, min {min(values):.1f}")
     assert min(values) >= 30
+
+
+def test_normalize_on_the_device() -> None:
+    """normalize= on CUDA: the uint8 images' (pixels / 255 - mean) / std, per channel, in
+    bfloat16, on the device; through on_gpu's two decoding threads too."""
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    jpegs = photos(8)
+    batch = encoded_collate()(jpegs)
+    plain = ImageStage((64, 80), device="cuda").decode(batch)
+    stage = ImageStage((64, 80), device="cuda", normalize=(mean, std), dtype=torch.bfloat16)
+    scaled = stage.decode(batch)
+    assert isinstance(scaled, torch.Tensor) and scaled.is_cuda and scaled.dtype == torch.bfloat16
+    shape = (1, 3, 1, 1)
+    want = (plain.double() / 255 - torch.tensor(mean, device="cuda").view(shape)) / torch.tensor(
+        std, device="cuda"
+    ).view(shape)
+    assert torch.allclose(scaled.double(), want, atol=2e-2, rtol=2e-2)
+    staged = on_gpu([encoded_collate()(jpegs[:4]), encoded_collate()(jpegs[4:])], (64, 80),
+                    normalize=(mean, std))  # fmt: skip
+    got = torch.cat([images for images in staged])
+    assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-4)
