@@ -6,13 +6,14 @@ encoded images over as one uint8 tensor in shared memory. :class:`ImageStage` th
 decodes the batch in the training process, with nvJPEG
 (``torchvision.io.decode_jpeg(list, device="cuda")``) or DALI's mixed decoder,
 resizes it by shape with ``image_decoder``'s rules (``read/resize.py``) and returns
-uint8 NCHW on the device. Images a GPU decoder refuses (PNG, WebP, CMYK, EXIF-turned;
+uint8 NCHW on the device (or, with ``normalize=``, floats). Images a GPU decoder refuses (PNG, WebP, CMYK, EXIF-turned;
 see ``read/sniff.py``), or that it fails on, are decoded by ``image_decoder`` on the
 CPU instead: counted in :attr:`ImageStage.fallbacks` and logged once per reason.
 Without CUDA (``backend="cpu"``) every image takes that path, with the same shapes.
 
-:func:`on_gpu` wraps a loader: a thread takes batch N+1 from the loader and decodes it
-on a side CUDA stream while the caller trains on batch N (``read/staged.py``).
+:func:`on_gpu` wraps a loader: a thread takes batches from the loader and two decode
+them in turn, each on a side CUDA stream, while the caller trains on batch N
+(``read/staged.py``).
 torchvision (and DALI) are imported only here, and only when a GPU backend is used.
 """
 
@@ -47,13 +48,14 @@ DecodeMany = Callable[[list["torch.Tensor"]], list["torch.Tensor | None"]]
 
 
 class ImageStage:
-    """Decodes :class:`EncodedBatch` es to uint8 NCHW tensors on ``device``.
+    """Decodes :class:`EncodedBatch` es to NCHW tensors on ``device``: uint8, or with
+    ``normalize=(mean, std)`` floats in ``dtype``.
 
     Call it on a batch (``stage(batch)``) to get the batch back with the images decoded
     in the encoded ones' place, on the current CUDA stream; or use :func:`on_gpu`, which
     overlaps it with training. ``backend``: ``"nvjpeg"`` (torchvision's
-    ``decode_jpeg`` on the GPU), ``"dali"`` (DALI's mixed decoder: the H100's hardware
-    JPEG engines), ``"cpu"`` (``image_decoder``, the same shapes), or ``"auto"``:
+    ``decode_jpeg`` on the GPU: nvJPEG's hardware JPEG engines on an A100 or H100),
+    ``"dali"`` (DALI's mixed decoder), ``"cpu"`` (``image_decoder``, the same shapes), or ``"auto"``:
     nvjpeg where CUDA and torchvision are present, else cpu. ``"reference"`` does what
     the GPU backends do (full-size decode, refusals routed to the CPU path, torch's
     resize by shape) with Pillow on any device: the GPU path's twin, which the tests
@@ -133,9 +135,9 @@ class ImageStage:
         return replace(batch, rest=_to_device(batch.rest, self.device)).assemble(images)
 
     def decode(self, batch: EncodedBatch) -> torch.Tensor | list[torch.Tensor]:
-        """The batch's images as one uint8 NCHW tensor on the device; a list of CHW
-        tensors instead where their shapes differ (an int ``size`` and images of
-        different aspect ratios)."""
+        """The batch's images as one NCHW tensor on the device (uint8, or normalized in
+        :attr:`dtype`); a list of CHW tensors instead where their shapes differ (an int
+        ``size`` and images of different aspect ratios)."""
         if not isinstance(batch, EncodedBatch):
             raise DecodeSpecError(
                 f"on_gpu and ImageStage take the batches encoded_collate() makes (an "
