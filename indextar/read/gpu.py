@@ -6,9 +6,10 @@ encoded images over as one uint8 tensor in shared memory. :class:`ImageStage` th
 decodes the batch in the training process, with nvJPEG
 (``torchvision.io.decode_jpeg(list, device="cuda")``) or DALI's mixed decoder,
 resizes it by shape with ``image_decoder``'s rules (``read/resize.py``) and returns
-uint8 NCHW on the device (or, with ``normalize=``, floats). Images a GPU decoder refuses (PNG, WebP, CMYK, EXIF-turned;
-see ``read/sniff.py``), or that it fails on, are decoded by ``image_decoder`` on the
-CPU instead: counted in :attr:`ImageStage.fallbacks` and logged once per reason.
+uint8 NCHW on the device (or, with ``normalize=``, floats). Images a GPU decoder
+refuses (PNG, WebP, CMYK, EXIF-turned; see ``read/sniff.py``), or that it fails on,
+are decoded by ``image_decoder`` on the CPU instead: counted in
+:attr:`ImageStage.fallbacks` and logged once per reason.
 Without CUDA (``backend="cpu"``) every image takes that path, with the same shapes.
 
 :func:`on_gpu` wraps a loader: a thread takes batches from the loader and two decode
@@ -55,11 +56,11 @@ class ImageStage:
     in the encoded ones' place, on the current CUDA stream; or use :func:`on_gpu`, which
     overlaps it with training. ``backend``: ``"nvjpeg"`` (torchvision's
     ``decode_jpeg`` on the GPU: nvJPEG's hardware JPEG engines on an A100 or H100),
-    ``"dali"`` (DALI's mixed decoder), ``"cpu"`` (``image_decoder``, the same shapes), or ``"auto"``:
-    nvjpeg where CUDA and torchvision are present, else cpu. ``"reference"`` does what
-    the GPU backends do (full-size decode, refusals routed to the CPU path, torch's
-    resize by shape) with Pillow on any device: the GPU path's twin, which the tests
-    run where there is no GPU. Arguments as :func:`indextar.on_gpu`.
+    ``"dali"`` (DALI's mixed decoder), ``"cpu"`` (``image_decoder``, the same shapes),
+    or ``"auto"``: nvjpeg where CUDA and torchvision are present, else cpu.
+    ``"reference"`` does what the GPU backends do (full-size decode, refusals routed to
+    the CPU path, torch's resize by shape) with Pillow on any device: the GPU path's
+    twin, which the tests run where there is no GPU. Arguments as :func:`indextar.on_gpu`.
     """
 
     def __init__(
