@@ -32,7 +32,6 @@ the same order everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +41,7 @@ import numpy.typing as npt
 from .epoch import plain_order
 from .extensions import permute
 from .permutation import KeyedPermutation, derive_round_keys, permute_grouped
+from .windows import Array, Draws, PairTable, WindowTable, floor_product, runs
 
 __all__ = ["WINDOW", "MixtureOrder"]
 
@@ -55,7 +55,6 @@ _TAG_INTERLEAVE = 12
 _TAG_PASS = 13
 _TAG_PART = 14
 
-Array = npt.NDArray[np.int64]
 
 _CROSSING = np.iinfo(np.int64).min
 """``mixture_window``'s mark for a part whose draws in a window cross passes."""
@@ -145,7 +144,7 @@ class MixtureOrder:
             return result
         group = np.empty(ordered.size, dtype=np.int64)
         offset = np.empty_like(ordered)
-        pairs = _PairTable()
+        pairs = PairTable()
         for row in range(len(table.windows) - 1):
             begin, end = int(bounds[row]), int(bounds[row + 1])
             if begin < end:
@@ -159,7 +158,7 @@ class MixtureOrder:
 
     # -- windows ----------------------------------------------------------------
 
-    def _table(self, ordered: Array) -> _Table:
+    def _table(self, ordered: Array) -> WindowTable:
         """The windows that ``ordered`` (sorted) positions fall in, each with the next."""
         # T_k is within S of k * WINDOW: look a few windows either side.
         spread = -(-len(self.counts) // WINDOW) + 1
@@ -167,13 +166,13 @@ class MixtureOrder:
         if high - low <= ordered.size:  # dense (the sampler's chunks): every window between
             first, last = max(low - spread, 0), min(high + spread + 1, self._windows)
             wanted = np.arange(first, last + 1, dtype=np.int64)
-            return _Table(wanted, self._before(wanted))
+            return WindowTable(wanted, self._before(wanted))
         nominal = ordered // WINDOW
         runs = nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))]
         # (A set, not np.unique: that imports numpy.ma on first use, 15 ms of start-up.)
         near = (runs[:, None] + np.arange(-spread, spread + 2)).reshape(-1).tolist()
         wanted = np.array(sorted({k for k in near if 0 <= k <= self._windows}), dtype=np.int64)
-        return _Table(wanted, self._before(wanted))
+        return WindowTable(wanted, self._before(wanted))
 
     def _before(self, windows: Array) -> npt.NDArray[Any]:
         """``F_s(k)`` for each window ``k`` (rows) and part ``s`` (columns)."""
@@ -181,8 +180,8 @@ class MixtureOrder:
         counts = np.array(self.counts, dtype=object if length > 1 << 40 else np.int64)
         offsets = np.array(self._offsets, dtype=counts.dtype)
         bounds = np.minimum(windows * WINDOW, length).astype(counts.dtype)
-        if counts.dtype == np.int64:  # c_s * t overflows int64; _floor_product splits t
-            return _floor_product(counts, bounds, offsets, length)
+        if counts.dtype == np.int64:  # c_s * t overflows int64; floor_product splits t
+            return floor_product(counts, bounds, offsets, length)
         return np.array((counts[None, :] * bounds[:, None] + offsets[None, :]) // length)
 
     def _fused(self) -> Any:
@@ -191,7 +190,9 @@ class MixtureOrder:
             return None
         return getattr(permute(), "mixture_window", None)
 
-    def _window(self, fused: Any, table: _Table, row: int, positions: Array, out: Array) -> None:
+    def _window(
+        self, fused: Any, table: WindowTable, row: int, positions: Array, out: Array
+    ) -> None:
         """What :meth:`_interleave` and :meth:`_walk` give ``positions`` (in window ``row``),
         in one C call: the dataset indices, into ``out``. A part whose draws in the
         window cross passes is done here, as in :meth:`_interleave`."""
@@ -239,8 +240,8 @@ class MixtureOrder:
         return keys
 
     def _interleave(
-        self, table: _Table, row: int, positions: Array, group: Array, offset: Array,
-        pairs: _PairTable,
+        self, table: WindowTable, row: int, positions: Array, group: Array, offset: Array,
+        pairs: PairTable,
     ) -> None:  # fmt: skip
         """Group (part and pass) and offset in that pass of ``positions``, all in window
         ``row`` (a position past the window's last belongs to the next window)."""
@@ -262,14 +263,14 @@ class MixtureOrder:
                 here, offset[mine] = self._crossing_draws(draws, s, shuffle, slots[mine])
                 group[mine] = pairs.ids_of(s, here)
 
-    def _draws(self, table: _Table, row: int) -> _Draws:
+    def _draws(self, table: WindowTable, row: int) -> Draws:
         """Each part's draws in window ``row``."""
         first = table.before[row].astype(np.int64)
         counts = table.before[row + 1].astype(np.int64) - first
         composition = np.concatenate(([0], np.cumsum(counts)))
         stream = self._drawn + first  # each part's stream position at the window's first slot
         passes = stream // self._sizes
-        return _Draws(
+        return Draws(
             window=int(table.windows[row]),
             counts=counts,
             width=int(composition[-1]),
@@ -281,7 +282,7 @@ class MixtureOrder:
         )
 
     def _crossing_draws(
-        self, draws: _Draws, part: int, shuffle: KeyedPermutation | None, slots: Array
+        self, draws: Draws, part: int, shuffle: KeyedPermutation | None, slots: Array
     ) -> tuple[Array, Array]:
         """For ``part``'s ``slots`` (permuted), where its draws in the window cross
         passes: each draw's pass, and its offset in that pass."""
@@ -308,7 +309,7 @@ class MixtureOrder:
 
     # -- passes -----------------------------------------------------------------
 
-    def _walk(self, pairs: _PairTable, group: Array, offset: Array) -> Array:
+    def _walk(self, pairs: PairTable, group: Array, offset: Array) -> Array:
         """Dataset index of each offset in its group's pass: that pass's permutation."""
         parts = np.array([s for s, _ in pairs.pairs], dtype=np.int64)
         starts = self._starts[parts]
@@ -321,7 +322,7 @@ class MixtureOrder:
         order = np.argsort(group, kind="stable")
         result = np.empty_like(offset)
         grouped = group[order]
-        for g, begin, end in _runs(grouped):
+        for g, begin, end in runs(grouped):
             s, p = pairs.pairs[g]
             at = order[begin:end]
             result[at] = int(starts[g]) + self._block_order(s, p).indices(offset[at])
@@ -358,84 +359,3 @@ class MixtureOrder:
         if len(self._cache) >= 4096:  # bounded: a long iteration meets new windows and passes
             self._cache.clear()
         self._cache[key] = value
-
-
-@dataclass(frozen=True, slots=True)
-class _Draws:
-    """Each part's draws in one window: ``counts`` of them, in the slots
-    ``[composition[s], composition[s + 1])`` of the window's ``width``; the part's
-    ``stream`` position at the window's first slot, that position's pass (``passes``),
-    a slot's offset in that pass less the slot (``shift``), and whether the part's draws
-    run into the next pass (``crossing``)."""
-
-    window: int
-    counts: Array
-    width: int
-    composition: Array
-    stream: Array
-    passes: Array
-    shift: Array
-    crossing: npt.NDArray[np.bool_]
-
-
-@dataclass(frozen=True, slots=True)
-class _Table:
-    """Some windows (``windows``, sorted, each with its successor) and ``F_s`` at each."""
-
-    windows: Array
-    before: npt.NDArray[Any]  # (windows, parts)
-    starts: Array = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "starts", self.before.sum(axis=1).astype(np.int64))
-
-
-class _PairTable:
-    """Numbers for the ``(part, pass)`` pairs of one call, in order of first use."""
-
-    def __init__(self) -> None:
-        self.pairs: list[tuple[int, int]] = []
-        self._ids: dict[tuple[int, int], int] = {}
-        self._last: tuple[Array, Array] | None = None
-
-    def ids_of(self, part: int, passes: Array) -> Array:
-        """The numbers of ``(part, p)`` for each ``p`` of ``passes``."""
-        low = int(passes.min())  # a part's passes in one window: a few consecutive ones
-        numbers = [self._id(part, p) for p in range(low, int(passes.max()) + 1)]
-        return np.array(numbers, dtype=np.int64)[passes - low]
-
-    def ids(self, passes: Array) -> Array:
-        """The numbers of ``(s, passes[s])`` for every part ``s``."""
-        if self._last is not None and np.array_equal(self._last[0], passes):
-            return self._last[1]  # neighbouring windows: the same passes, nearly always
-        ids = np.array([self._id(s, p) for s, p in enumerate(passes.tolist())], dtype=np.int64)
-        self._last = (passes, ids)
-        return ids
-
-    def _id(self, part: int, pass_number: int) -> int:
-        key = (part, pass_number)
-        number = self._ids.get(key)
-        if number is None:
-            number = self._ids[key] = len(self.pairs)
-            self.pairs.append(key)
-        return number
-
-
-def _floor_product(counts: Array, bounds: Array, offsets: Array, length: int) -> Array:
-    """``(counts[s] * bounds[k] + offsets[s]) // length`` in int64 without overflow.
-
-    ``bounds[k] = q * 2**20 + r``: ``c * bounds = c * q * 2**20 + c * r``; each product
-    below ``2**60`` for ``length < 2**40``, and the floor division taken in two steps.
-    """
-    high, low = bounds >> 20, bounds & ((1 << 20) - 1)
-    product = counts[None, :] * high[:, None]  # < 2**40 * 2**20
-    whole, part = product // length, product % length  # c * high = whole * L + part
-    rest = (part << 20) + counts[None, :] * low[:, None] + offsets[None, :]  # < 2**62
-    return (whole << 20) + rest // length
-
-
-def _runs(values: Array) -> Iterator[tuple[int, int, int]]:
-    """``(value, begin, end)`` of each run of equal consecutive values."""
-    bounds = np.concatenate(([0], np.flatnonzero(np.diff(values)) + 1, [values.size]))
-    for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        yield int(values[begin]), begin, end
