@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import logging
 import os
 import re
@@ -33,14 +32,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import CacheFullError, IndextarError, ShardFormatError, TruncatedShardError
+from ..errors import CacheFullError, IndextarError, TruncatedShardError
 from ..tar.compress import split_compression_suffix
 from .base import ByteSource
-from .codecs import decompressed_stream
 from .conditional import RemoteStat
+from .download import download, download_decompressed
 from .local import LocalFileSource
 from .remote import DEFAULT_RETRY, RangeSource, RetryPolicy
-from .stream import RemoteStream
 
 __all__ = ["ShardCache", "CachedSource", "parse_size"]
 
@@ -48,8 +46,6 @@ log = logging.getLogger(__name__)
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)B?\s*$", re.I)
-_CHUNK = 8 << 20
-_CHUNKS_IN_FLIGHT = 8
 
 
 def parse_size(size: int | str) -> int:
@@ -183,9 +179,9 @@ class ShardCache:
             with open(part, "r+b") as f:
                 fd = f.fileno()
                 if codec is None:
-                    _fill(fd, source, expected.size)
+                    download(fd, source, expected.size)
                 else:
-                    _fill_decompressed(fd, source, codec, plain_size)
+                    download_decompressed(fd, source, codec, plain_size)
                 os.fsync(fd)
                 if os.fstat(fd).st_size != size:
                     raise TruncatedShardError(
@@ -342,46 +338,6 @@ def _lock_shared(fd: int) -> bool:
         return True
     os.close(fd)
     return False
-
-
-def _fill(fd: int, source: RangeSource, size: int) -> None:
-    """Write the object's ``size`` bytes into the file ``fd``, several ranges in flight."""
-    ranges = [(offset, min(_CHUNK, size - offset)) for offset in range(0, size, _CHUNK)]
-    for start in range(0, len(ranges), _CHUNKS_IN_FLIGHT):
-        batch = ranges[start : start + _CHUNKS_IN_FLIGHT]
-        datas = source.read_many([o for o, _ in batch], [n for _, n in batch])
-        for (offset, _), data in zip(batch, datas):
-            _pwrite_all(fd, data, offset)
-
-
-def _fill_decompressed(fd: int, source: RangeSource, codec: str, plain_size: int) -> None:
-    """Write the decompressed bytes of the ``codec`` object into the file ``fd``: exactly
-    ``plain_size`` of them, or an error naming the object."""
-    written = 0
-    with RemoteStream(source) as remote, decompressed_stream(
-        io.BufferedReader(remote, _CHUNK), codec, shard=source.url
-    ) as stream:  # fmt: skip
-        while chunk := stream.read(_CHUNK):
-            if written + len(chunk) > plain_size:
-                break
-            _pwrite_all(fd, chunk, written)
-            written += len(chunk)
-    if written != plain_size or chunk:
-        got = f"more than {plain_size}" if chunk else str(written)
-        raise ShardFormatError(
-            f"the {codec} stream decompresses to {got} bytes; its index recorded {plain_size}",
-            shard=source.url,
-        )
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """Write all of ``data`` at ``offset``: on a full disk ``pwrite`` may write only part of
-    it without an error (the file is pre-sized, so the rest would read as zeros); the
-    retry of the rest then raises ``ENOSPC``."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
 
 
 class CachedSource(LocalFileSource):

@@ -44,6 +44,7 @@ from typing import Any
 from .base import ByteSource, SpanBytes, fork_generation
 from .cache import CachedSource, ShardCache
 from .conditional import RemoteStat, check_version
+from .download import pwrite_all
 from .remote import RangeSource, fetch_ranges
 
 __all__ = ["FillingSource", "cache_source"]
@@ -185,10 +186,7 @@ class _Fill:
             try:
                 if not self._still_a_part():
                     return False
-                view, at = memoryview(data), offset
-                while view:
-                    written = os.pwrite(self.part_fd, view, at)
-                    view, at = view[written:], at + written
+                pwrite_all(self.part_fd, data, offset)
                 os.write(self.log_fd, _RECORD.pack(offset, len(data)))
             finally:
                 fcntl.flock(self.part_fd, fcntl.LOCK_UN)

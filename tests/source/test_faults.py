@@ -295,7 +295,7 @@ def test_short_writes_into_the_cache_are_finished_not_left_as_holes(
 ) -> None:
     # A nearly full disk makes pwrite write part of a chunk without an error; the
     # pre-sized file would keep zeros where the rest should be.
-    from indextar.source import cache
+    from indextar.source import download
 
     real_pwrite = os.pwrite
     calls = []
@@ -304,12 +304,12 @@ def test_short_writes_into_the_cache_are_finished_not_left_as_holes(
         calls.append(len(data))
         return real_pwrite(fd, bytes(data[: max(1, len(data) // 2)]), offset)
 
-    monkeypatch.setattr(cache.os, "pwrite", half_pwrite)
+    monkeypatch.setattr(download.os, "pwrite", half_pwrite)
     path = tmp_path / "part"
     payload = os.urandom(10_000)
     with open(path, "wb") as f:
         f.truncate(len(payload))
-        cache._pwrite_all(f.fileno(), payload, 0)
+        download.pwrite_all(f.fileno(), payload, 0)
     assert path.read_bytes() == payload and len(calls) > 10
 
 
