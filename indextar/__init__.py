@@ -54,6 +54,7 @@ from .read.image import image_decoder
 from .read.joined import JoinedDataset
 from .read.mixture import MixtureDataset
 from .read.packed import Pack, PackedDataset, collate_packs
+from .read.pooled import pooled_collate
 from .read.selection import bucket_ids
 from .read.staged import StagedLoader, StageTimings, on_gpu
 from .read.subset import KeySubset
@@ -101,6 +102,7 @@ __all__ = [
     "PackedDataset",
     "Pack",
     "collate_packs",
+    "pooled_collate",
     "plan_packs",
     "PackPlan",
     # sampling

@@ -524,6 +524,7 @@ SECTIONS = {
     "compressed": "Compressed shards",
     "checksums": "Checksums",
     "pack": "Sequence packing",
+    "collate": "Batches from workers",
     "convert": "Converting parquet",
     "grain": "Grain data source",
     "ray": "Ray Data",

@@ -35,7 +35,7 @@ from .packcache import (
     plan_key,
     save_plan,
 )
-from .shmblocks import PooledBlock, batch_buffer, mark_views, rebuild, worker_pool
+from .shmblocks import PooledDict, batch_buffer, worker_pool
 
 if TYPE_CHECKING:
     import torch
@@ -349,7 +349,7 @@ def collate_packs(
         if taken is not None:
             worker_pool().give_back(taken)
         raise
-    return batch if taken is None else PackBatch(batch, block=taken)
+    return batch if taken is None else PooledDict(batch, taken)
 
 
 def _fill_packs(
@@ -399,25 +399,3 @@ def _fill_packs(
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(segments.max()),
     }
-
-
-class PackBatch(dict[str, Any]):
-    """:func:`collate_packs`'s batch as a DataLoader worker makes it, in one of the
-    worker's reused blocks: pickled, the block's name crosses, not its memory, and the
-    training process gets a plain ``dict`` of views of the block."""
-
-    __slots__ = ("_block",)
-
-    def __init__(self, batch: dict[str, Any], *, block: PooledBlock) -> None:
-        super().__init__(batch)
-        self._block = block
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # the tensors as they are now (a collate_fn around this one may have changed them)
-        return _packs_in_block, (self._block, mark_views(dict(self), self._block.tensor))
-
-
-def _packs_in_block(whole: torch.Tensor, template: dict[str, Any]) -> dict[str, Any]:
-    """A pooled batch in the training process: views of the block ``whole``."""
-    rebuilt: dict[str, Any] = rebuild(whole, template)
-    return rebuilt

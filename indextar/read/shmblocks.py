@@ -39,12 +39,17 @@ if TYPE_CHECKING:
 __all__ = [
     "BlockPool",
     "PooledBlock",
+    "PooledDict",
+    "PooledList",
+    "Stacked",
     "attach",
     "batch_buffer",
     "fill",
     "lay_out",
     "map_leaves",
     "mark_views",
+    "pooled",
+    "rebuild_pooled",
     "rebuild",
     "shared_bytes",
     "worker_pool",
@@ -95,22 +100,38 @@ def map_leaves(function: Callable[[Any], Any], value: Any) -> Any:
     return function(value)
 
 
-def lay_out(value: Any, at: int = 0) -> tuple[Any, list[tuple[int, torch.Tensor]], int]:
-    """Place every CPU tensor in ``value`` (tuples, lists, dicts) in one block from
-    ``at``, each aligned to 64 bytes: ``value`` with each tensor replaced by where it
-    goes, the ``(start, tensor)`` copies to make (:func:`fill`), and the end."""
+@dataclass(frozen=True, slots=True)
+class Stacked:
+    """Tensors of one shape and dtype, to be stacked into a block (:func:`lay_out`)."""
+
+    tensors: list[torch.Tensor]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.tensors), *self.tensors[0].shape)
+
+
+def lay_out(value: Any, at: int = 0) -> tuple[Any, list[tuple[int, torch.Tensor | Stacked]], int]:
+    """Place every CPU tensor in ``value`` (tuples, lists, dicts), and the stack of each
+    :class:`Stacked`, in one block from ``at``, each aligned to 64 bytes: ``value`` with
+    each replaced by where it goes, the ``(start, tensor or Stacked)`` copies to make
+    (:func:`fill`), and the end."""
     import torch
 
-    parts: list[tuple[int, torch.Tensor]] = []
+    parts: list[tuple[int, torch.Tensor | Stacked]] = []
 
     def place(item: Any) -> Any:
         nonlocal at
-        if not isinstance(item, torch.Tensor) or item.device.type != "cpu":
+        if isinstance(item, Stacked):
+            dtype, shape = item.tensors[0].dtype, item.shape
+        elif isinstance(item, torch.Tensor) and item.device.type == "cpu":
+            dtype, shape = item.dtype, tuple(item.shape)
+        else:
             return item
         at = -(-at // _ALIGN) * _ALIGN
         parts.append((at, item))
-        where = _Slice(at, item.dtype, tuple(item.shape))
-        at += item.numel() * item.element_size()
+        where = _Slice(at, dtype, shape)
+        at += _nbytes(where)
         return where
 
     template = map_leaves(place, value)
@@ -138,12 +159,19 @@ def mark_views(value: Any, block: torch.Tensor) -> Any:
     return map_leaves(mark, value)
 
 
-def fill(block: torch.Tensor, parts: list[tuple[int, torch.Tensor]]) -> None:
-    """Copy each of :func:`lay_out`'s tensors into the uint8 ``block``."""
+def fill(block: torch.Tensor, parts: list[tuple[int, torch.Tensor | Stacked]]) -> None:
+    """Copy each of :func:`lay_out`'s tensors into the uint8 ``block``, and stack each
+    :class:`Stacked` there (``torch.stack`` raises, as ``default_collate``'s does, for
+    tensors of different shapes)."""
     import torch
 
     for start, tensor in parts:
-        if tensor.numel():
+        if isinstance(tensor, Stacked):
+            first = tensor.tensors[0]
+            size = math.prod(tensor.shape) * first.element_size()
+            out = block[start : start + size].view(first.dtype).view(tensor.shape)
+            torch.stack(tensor.tensors, out=out)
+        elif tensor.numel():
             flat = tensor.contiguous().view(-1).view(torch.uint8)
             block[start : start + flat.numel()].copy_(flat)
 
@@ -250,6 +278,46 @@ def batch_buffer(nbytes: int, reuse: bool = True) -> tuple[torch.Tensor, PooledB
     if reuse and (taken := worker_pool().take(nbytes)) is not None:
         return taken.tensor, taken
     return shared_bytes(nbytes), None
+
+
+class PooledList(list[Any]):
+    """A collated list batch in a worker's pooled block: pickled, the block's name
+    crosses, not its memory, and the training process gets a plain ``list`` of views
+    of the block (:func:`pooled`)."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, items: list[Any], block: PooledBlock) -> None:
+        super().__init__(items)
+        self._block = block
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # the items as they are now (a collate_fn around this one may have changed them)
+        return rebuild_pooled, (self._block, mark_views(list(self), self._block.tensor))
+
+
+class PooledDict(dict[str, Any]):
+    """:class:`PooledList` for a collated ``dict`` batch."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, items: dict[str, Any], block: PooledBlock) -> None:
+        super().__init__(items)
+        self._block = block
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return rebuild_pooled, (self._block, mark_views(dict(self), self._block.tensor))
+
+
+def pooled(value: list[Any] | dict[str, Any], block: PooledBlock) -> PooledList | PooledDict:
+    """``value``, a batch whose tensors lie in ``block``, as what crosses to the training
+    process by the block's name: a :class:`PooledList` or :class:`PooledDict`."""
+    return PooledList(value, block) if isinstance(value, list) else PooledDict(value, block)
+
+
+def rebuild_pooled(whole: torch.Tensor, template: Any) -> Any:
+    """A pooled batch in the training process: views of the block ``whole``."""
+    return rebuild(whole, template)
 
 
 _worker_pool: BlockPool | None = None
