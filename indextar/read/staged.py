@@ -140,13 +140,7 @@ class StagedLoader:
                 yield batch
         finally:
             stop.set()
-            queues = [*ready, *fetched]
-            while any(thread.is_alive() for thread in threads):  # unblock waiting puts
-                for waiting in queues:
-                    try:
-                        waiting.get(timeout=_POLL_S / len(queues))
-                    except queue.Empty:
-                        pass
+            _wait_for(threads, [*ready, *fetched])
 
     @staticmethod
     def _fetch(
@@ -214,6 +208,25 @@ class StagedLoader:
                     return
         except BaseException as e:  # handed to the caller's thread, raised there
             _put(ready, _Failure(e), stop)
+
+
+def _wait_for(threads: list[threading.Thread], queues: list[queue.Queue[Any]]) -> None:
+    """Wait until ``threads`` (told to stop) have ended, taking from ``queues`` what
+    they wait to put. An exception raised in this thread meanwhile (the DataLoader's
+    SIGCHLD handler raises one for a worker that died, wherever the main thread is)
+    does not cut the wait short: it is raised once they have ended."""
+    raised: BaseException | None = None
+    while any(thread.is_alive() for thread in threads):
+        try:
+            for waiting in queues:
+                try:
+                    waiting.get(timeout=_POLL_S / len(queues))
+                except queue.Empty:
+                    pass
+        except BaseException as e:  # noqa: BLE001 - raised below, once the threads end
+            raised = raised or e
+    if raised is not None:
+        raise raised
 
 
 def _put(into: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
