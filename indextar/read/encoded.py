@@ -24,10 +24,10 @@ from .shmblocks import (
     PooledBlock,
     batch_buffer,
     fill,
+    given_back_on_error,
     lay_out,
     mark_views,
     rebuild,
-    worker_pool,
 )
 from .sniff import gpu_refusal
 
@@ -142,15 +142,11 @@ class EncodedCollate:
         head = torch.tensor(bounds, dtype=torch.int64), rest
         template, parts, data_at = lay_out(head)
         whole, taken = batch_buffer(data_at + bounds[-1], self.reuse)
-        try:
+        with given_back_on_error(taken):
             fill(whole, parts)
             view = memoryview(whole[data_at:].numpy()).cast("B")  # type: ignore[arg-type]
             for blob, start, stop in zip(blobs, bounds, bounds[1:]):
                 view[start:stop] = blob
-        except BaseException:
-            if taken is not None:
-                worker_pool().give_back(taken)
-            raise
         offsets, rest = rebuild(whole, template)
         return EncodedBatch(whole[data_at:], offsets, refusals, rest, field, taken)
 

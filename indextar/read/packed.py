@@ -35,7 +35,7 @@ from .packcache import (
     plan_key,
     save_plan,
 )
-from .shmblocks import PooledDict, batch_buffer, worker_pool
+from .shmblocks import PooledDict, batch_buffer, given_back_on_error
 
 if TYPE_CHECKING:
     import torch
@@ -343,12 +343,8 @@ def collate_packs(
     segments = np.asarray(sizes, np.int64)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     buffer, taken = batch_buffer(3 * cells * itemsize + 4 * (len(segments) + 1), reuse)
-    try:
+    with given_back_on_error(taken):
         batch = _fill_packs(packs, buffer, used, segments, dtype, itemsize, pad_id, ignore_index)
-    except BaseException:
-        if taken is not None:
-            worker_pool().give_back(taken)
-        raise
     return batch if taken is None else PooledDict(batch, taken)
 
 

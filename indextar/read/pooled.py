@@ -19,16 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .shmblocks import (
-    PooledDict,
-    PooledList,
-    Stacked,
-    batch_buffer,
-    fill,
-    lay_out,
-    rebuild,
-    worker_pool,
-)
+from .shmblocks import Stacked, batch_buffer, fill, given_back_on_error, lay_out, pooled, rebuild
 
 if TYPE_CHECKING:
     import torch
@@ -63,21 +54,13 @@ def pooled_collate(samples: Sequence[Any], *, reuse: bool = True) -> Any:
     if not isinstance(planned, (list, dict)) or not _plain(planned):
         return default_collate(batch)
     template, parts, nbytes = lay_out(planned)
-    if not parts:
-        return default_collate(batch)
+    if not parts:  # no tensor: the plan is default_collate's batch already
+        return planned
     block, taken = batch_buffer(nbytes, reuse)
-    try:
+    with given_back_on_error(taken):
         fill(block, parts)
         collated = rebuild(block, template)
-    except BaseException:
-        if taken is not None:
-            worker_pool().give_back(taken)
-        raise
-    if taken is None:
-        return collated
-    if isinstance(collated, list):
-        return PooledList(collated, taken)
-    return PooledDict(collated, taken)
+    return collated if taken is None else pooled(collated, taken)
 
 
 def _planned(samples: Sequence[Any]) -> Any:

@@ -20,12 +20,13 @@ DataLoader would, so a caller that keeps batches never stalls a worker.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +46,11 @@ __all__ = [
     "attach",
     "batch_buffer",
     "fill",
+    "given_back_on_error",
     "lay_out",
     "map_leaves",
     "mark_views",
     "pooled",
-    "rebuild_pooled",
     "rebuild",
     "shared_bytes",
     "worker_pool",
@@ -269,7 +270,7 @@ def batch_buffer(nbytes: int, reuse: bool = True) -> tuple[torch.Tensor, PooledB
     one: in a DataLoader worker, a block of the worker's pool (``reuse``, where one is
     free), else new shared memory, as ``default_collate`` makes there; elsewhere, plain
     memory. A caller that fails before the batch is returned gives the block back
-    (:meth:`BlockPool.give_back`)."""
+    (:func:`given_back_on_error`)."""
     import torch
     from torch.utils.data import get_worker_info
 
@@ -278,6 +279,18 @@ def batch_buffer(nbytes: int, reuse: bool = True) -> tuple[torch.Tensor, PooledB
     if reuse and (taken := worker_pool().take(nbytes)) is not None:
         return taken.tensor, taken
     return shared_bytes(nbytes), None
+
+
+@contextlib.contextmanager
+def given_back_on_error(taken: PooledBlock | None) -> Iterator[None]:
+    """Around filling a batch into ``taken`` (:func:`batch_buffer`'s pooled block, if
+    any): a batch that fails is never sent, so its block goes back to the pool."""
+    try:
+        yield
+    except BaseException:
+        if taken is not None:
+            worker_pool().give_back(taken)
+        raise
 
 
 class PooledList(list[Any]):
@@ -293,7 +306,7 @@ class PooledList(list[Any]):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # the items as they are now (a collate_fn around this one may have changed them)
-        return rebuild_pooled, (self._block, mark_views(list(self), self._block.tensor))
+        return rebuild, (self._block, mark_views(list(self), self._block.tensor))
 
 
 class PooledDict(dict[str, Any]):
@@ -306,18 +319,13 @@ class PooledDict(dict[str, Any]):
         self._block = block
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return rebuild_pooled, (self._block, mark_views(dict(self), self._block.tensor))
+        return rebuild, (self._block, mark_views(dict(self), self._block.tensor))
 
 
 def pooled(value: list[Any] | dict[str, Any], block: PooledBlock) -> PooledList | PooledDict:
     """``value``, a batch whose tensors lie in ``block``, as what crosses to the training
     process by the block's name: a :class:`PooledList` or :class:`PooledDict`."""
     return PooledList(value, block) if isinstance(value, list) else PooledDict(value, block)
-
-
-def rebuild_pooled(whole: torch.Tensor, template: Any) -> Any:
-    """A pooled batch in the training process: views of the block ``whole``."""
-    return rebuild(whole, template)
 
 
 _worker_pool: BlockPool | None = None
