@@ -21,12 +21,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from procstats import own_and_children_cpu  # noqa: E402
 
 import indextar  # noqa: E402
 
@@ -54,11 +56,6 @@ def count_only(samples: list[Any]) -> int:
     return len(samples)
 
 
-def _cpu(who: int) -> float:
-    usage = getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[str, Any]:
     from torch.utils.data import DataLoader, default_collate
 
@@ -78,7 +75,7 @@ def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[st
         for _ in range(rounds):
             for name, collate in rows.items():
                 loader = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate)
-                start, main, workers = time.perf_counter(), _cpu(RUSAGE_SELF), _cpu(RUSAGE_CHILDREN)
+                start, (main, workers) = time.perf_counter(), own_and_children_cpu()
                 batches = 0
                 for batch in loader:
                     batches += 1
@@ -86,10 +83,11 @@ def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[st
                 del loader  # its workers are joined: their CPU is counted
                 rate = count / (time.perf_counter() - start)
                 best[name] = max(best.get(name, 0.0), rate)
+                own, children = own_and_children_cpu()
                 cpu[name].append(
                     (
-                        (_cpu(RUSAGE_SELF) - main) / batches * 1e3,
-                        (_cpu(RUSAGE_CHILDREN) - workers) / batches * 1e3,
+                        (own - main) / batches * 1e3,
+                        (children - workers) / batches * 1e3,
                     )
                 )
             load.append(os.getloadavg()[0])

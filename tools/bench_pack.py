@@ -38,7 +38,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage
 from typing import Any
 
 import numpy as np
@@ -47,6 +46,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import indextar  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tools"))
+from procstats import own_and_children_cpu  # noqa: E402
 
 MAX_LENGTH = 4096
 log = logging.getLogger("bench_pack")
@@ -305,11 +307,6 @@ def _padded(samples: list[np.ndarray]) -> dict[str, Any]:
     }
 
 
-def _cpu(who: int) -> float:
-    usage = getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _as_one_row(samples: list[np.ndarray]) -> dict[str, Any]:
     """The same tensors as ``collate_packs`` (ids, labels, positions, ``cu_seqlens``),
     for a batch of documents read unpacked: end to end in one row, no padding."""
@@ -403,14 +400,15 @@ def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> 
     cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
     for round_no in range(rounds):
         for name, (batches, count, _) in rows.items():
-            start, main, workers = time.perf_counter(), _cpu(RUSAGE_SELF), _cpu(RUSAGE_CHILDREN)
+            start, (main, workers) = time.perf_counter(), own_and_children_cpu()
             tokens = sum(count(b) for b in batches)  # the workers are joined at the end
             rate = tokens / (time.perf_counter() - start)
             best[name] = max(best.get(name, 0.0), rate)
+            own, children = own_and_children_cpu()
             cpu[name].append(
                 (
-                    (_cpu(RUSAGE_SELF) - main) / len(batches) * 1e3,
-                    (_cpu(RUSAGE_CHILDREN) - workers) / len(batches) * 1e3,
+                    (own - main) / len(batches) * 1e3,
+                    (children - workers) / len(batches) * 1e3,
                 )
             )
             log.info("round %d, %s: %.0f tokens/s, CPU ms a batch %s", round_no, name, rate,

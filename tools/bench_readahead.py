@@ -19,7 +19,6 @@ import argparse
 import io
 import os
 import random
-import resource
 import sys
 import tarfile
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loopback_servers import HttpServer, SeaweedServer  # noqa: E402
+from procstats import cpu_seconds  # noqa: E402
 
 from indextar.source import prefetch  # noqa: E402
 
@@ -46,12 +46,6 @@ def write_shards(folder: Path, shards: int, per_shard: int, size: int) -> list[P
                     tf.addfile(info, io.BytesIO(data))
         paths.append(path)
     return paths
-
-
-def cpu_seconds() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def one_run(

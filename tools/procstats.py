@@ -9,6 +9,7 @@ __all__ = [
     "bytes_read",
     "cpu_seconds",
     "mapping_of",
+    "own_and_children_cpu",
     "process_tree_cpu",
     "rss_bytes",
     "thread_cpu_seconds",
@@ -27,6 +28,13 @@ def cpu_seconds() -> float:
     they exit); children still running, such as servers, are not counted yet."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def own_and_children_cpu() -> tuple[float, float]:
+    """:func:`cpu_seconds` apart: this process's, and its reaped children's (DataLoader
+    workers once their loader shut them down)."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
 
 
 def mapping_of(address: int) -> str:
