@@ -65,6 +65,24 @@ class _Failure:
 _END = object()
 
 
+class _Stop:
+    """Set when the caller's pass ends; the threads poll it between batches. A plain
+    attribute, not a :class:`threading.Event`: setting an Event takes a lock, and an
+    exception raised in the caller's thread by a signal handler just after the lock is
+    taken leaves it taken, so the next set() waits for ever."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class StagedLoader:
     """An iterable over a loader's batches with their images decoded on the device;
     made by :func:`on_gpu`. ``stage`` is the :class:`ImageStage` (its ``fallbacks``
@@ -97,7 +115,7 @@ class StagedLoader:
         n = self.decoders
         fetched: list[queue.Queue[Any]] = [queue.Queue(self.prefetch + 1) for _ in range(n)]
         ready: list[queue.Queue[Any]] = [queue.Queue(self.prefetch) for _ in range(n)]
-        stop = threading.Event()
+        stop = _Stop()
         self.timings = timings = StageTimings()
         # The DataLoader forks its workers here, in the caller's thread: forking from a
         # second thread while the caller's runs could copy a lock that thread holds.
@@ -123,9 +141,9 @@ class StagedLoader:
             )
             for k in range(n)
         ]
-        for thread in threads:
-            thread.start()
         try:
+            for thread in threads:
+                thread.start()
             for turn in itertools.count():
                 since = time.perf_counter()
                 item = ready[turn % n].get()
@@ -139,14 +157,29 @@ class StagedLoader:
                     _hand_over(batch, event, self.stage.device)
                 yield batch
         finally:
-            stop.set()
-            _wait_for(threads, [*ready, *fetched])
+            # The DataLoader's SIGCHLD handler raises its "worker exited unexpectedly" in
+            # this thread wherever it is, and more than once (a signal each worker that
+            # ends). So stopping takes no lock a raise could leave taken (a flag; no
+            # join(), which, interrupted while the thread runs, marks it ended), is
+            # inside the try, and is taken again until every thread has ended; what was
+            # raised meanwhile is raised after.
+            raised: BaseException | None = None
+            while True:
+                try:
+                    stop.set()
+                    while any(thread.is_alive() for thread in threads):
+                        time.sleep(_POLL_S / 10)
+                    break
+                except BaseException as e:  # noqa: BLE001 - raised below, once they end
+                    raised = raised or e
+            if raised is not None:
+                raise raised
 
     @staticmethod
     def _fetch(
         batches: Iterator[EncodedBatch],
         fetched: list[queue.Queue[Any]],
-        stop: threading.Event,
+        stop: _Stop,
         timings: StageTimings,
     ) -> None:
         turn = 0
@@ -170,7 +203,7 @@ class StagedLoader:
         self,
         fetched: queue.Queue[Any],
         ready: queue.Queue[Any],
-        stop: threading.Event,
+        stop: _Stop,
         timings: StageTimings,
     ) -> None:
         import torch
@@ -210,26 +243,7 @@ class StagedLoader:
             _put(ready, _Failure(e), stop)
 
 
-def _wait_for(threads: list[threading.Thread], queues: list[queue.Queue[Any]]) -> None:
-    """Wait until ``threads`` (told to stop) have ended, taking from ``queues`` what
-    they wait to put. An exception raised in this thread meanwhile (the DataLoader's
-    SIGCHLD handler raises one for a worker that died, wherever the main thread is)
-    does not cut the wait short: it is raised once they have ended."""
-    raised: BaseException | None = None
-    while any(thread.is_alive() for thread in threads):
-        try:
-            for waiting in queues:
-                try:
-                    waiting.get(timeout=_POLL_S / len(queues))
-                except queue.Empty:
-                    pass
-        except BaseException as e:  # noqa: BLE001 - raised below, once the threads end
-            raised = raised or e
-    if raised is not None:
-        raise raised
-
-
-def _put(into: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+def _put(into: queue.Queue[Any], item: Any, stop: _Stop) -> bool:
     """Put ``item`` unless ``stop`` is set first; whether it was put."""
     while not stop.is_set():
         try:

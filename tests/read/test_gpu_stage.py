@@ -12,6 +12,7 @@ import logging
 import struct
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -251,7 +252,6 @@ def test_a_failure_in_the_loader_reaches_the_caller() -> None:
 
 
 def test_timings_say_the_loader_holds_the_decoder_back() -> None:
-    import time
 
     def slow_batches():  # a loader that takes 50 ms a batch, as too few workers would
         for _ in range(4):
@@ -373,6 +373,35 @@ def test_a_killed_worker_is_an_error_not_a_hang() -> None:
         for _, labels in staged:
             seen += labels.tolist()
     assert seen == list(range(len(seen))) and len(seen) <= 20  # in order, none past the kill
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith(("indextar-on-gpu", "indextar-fetch"))]
+
+
+@pytest.mark.parametrize("target", [(threading.Thread, "is_alive"), (time, "sleep")])
+def test_an_exception_while_stopping_still_ends_every_thread(
+    monkeypatch: pytest.MonkeyPatch, target: tuple[object, str]
+) -> None:
+    """The DataLoader's SIGCHLD handler raises in the caller's thread wherever it is, once
+    a worker that ends: raised twice at a step of stopping the stage's threads, the
+    threads still end, and what was raised reaches the caller after."""
+    owner, name = target
+    real = getattr(owner, name)
+    armed = [0]
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        if armed[0] and threading.current_thread() is threading.main_thread():
+            armed[0] -= 1
+            raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+    batches = [encoded_collate()([(encode(photo(20, 20, i)), i)]) for i in range(8)]
+    passes = iter(on_gpu(batches, 16, device="cpu", decoders=2))
+    next(passes)
+    armed[0] = 2
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        passes.close()  # as the caller's loop ends: the stage's threads are stopped
+    assert armed[0] == 0  # both raised while stopping
     names = [t.name for t in threading.enumerate()]
     assert not [n for n in names if n.startswith(("indextar-on-gpu", "indextar-fetch"))]
 
