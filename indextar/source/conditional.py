@@ -32,7 +32,7 @@ from .fsspec_internals import (
     s3_method_kwargs,
     s3_split_path,
 )
-from .retry import with_retries
+from .retry import retryable_status, status_of, with_retries
 from .s3direct import S3Direct
 
 __all__ = [
@@ -210,7 +210,7 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, etag: str, url: st
     except Exception as e:
         if precondition_failed(e):
             raise _stale(url, etag, _PRECONDITION_FAILED) from e
-        if _status(e) in (None, 408, 429) or (_status(e) or 0) >= 500:
+        if retryable_status(status_of(e)):
             raise  # transient, or not an answer: the caller's loop decides
         raise translate_boto_error(e) from e  # 403, 404, ...: FileNotFoundError and the like
     try:
@@ -269,15 +269,6 @@ def s3_error(url: str, response: Any, body: bytes) -> Exception:
         refused.__cause__ = error
         return refused
     return error
-
-
-def _status(error: BaseException) -> int | None:
-    """The HTTP status a botocore ``ClientError`` carries, if any."""
-    response = getattr(error, "response", None)
-    if isinstance(response, Mapping):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return status if isinstance(status, int) else None
-    return None
 
 
 # protocol -> a ranged GET that carries If-Match and checks the answered ETag and range

@@ -69,10 +69,16 @@ def is_transient(error: BaseException) -> bool:
         return False
     status = getattr(error, "status", None)  # aiohttp.ClientResponseError
     if isinstance(status, int) and not isinstance(error, WrongRangeError):
-        return status >= 500 or status in (408, 429)
+        return retryable_status(status)
     return isinstance(error, (OSError, TimeoutError)) or type(error).__module__.startswith(
         ("aiohttp", "botocore", "aiobotocore")
     )
+
+
+def retryable_status(status: int | None) -> bool:
+    """Whether a request answered ``status`` (None: not answered) may succeed if sent
+    again: no answer, 408, 429 or a 5xx."""
+    return status is None or status >= 500 or status in (408, 429)
 
 
 def _chain(error: BaseException) -> list[BaseException]:

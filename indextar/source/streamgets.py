@@ -27,7 +27,7 @@ from .fsspec_internals import (
     run_on_default_loop,
     run_on_loop,
 )
-from .retry import status_of
+from .retry import retryable_status, status_of
 from .s3direct import S3Direct, direct_client_for
 
 __all__ = ["Runner", "StreamAnswer", "StreamGet", "streaming_get"]
@@ -81,7 +81,7 @@ async def _s3_get(fs: Any, path: str, start: int, etag: str) -> StreamAnswer:
         status = status_of(e)
         if status == 416:
             return StreamAnswer(416, None, None, None, _no_body, lambda: None)
-        if status in (None, 408, 429) or status >= 500:
+        if retryable_status(status):
             raise
         from s3fs.errors import translate_boto_error
 
