@@ -174,6 +174,8 @@ def encoded_collate(
         worker whose blocks are all held makes a new one, so keeping batches is safe;
         ``False`` makes a new block for every batch. The other fields' tensors share
         the images' block: a label tensor kept after its batch keeps that block (the
-        GPU stage copies them out).
+        GPU stage copies them out). A ``collate_fn`` around this one that returns new
+        tensors in place of these should pass ``False``: a block whose batch is never
+        sent stays taken (a worker whose blocks all stay taken logs a warning).
     """
     return EncodedCollate(field, orient, reuse)

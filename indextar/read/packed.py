@@ -316,7 +316,7 @@ def collate_packs(
     new block's descriptor, mapping and pages. A ``collate_fn`` around this one that
     returns new tensors in place of these (a cast, a copy) should pass ``reuse=False``:
     a block whose batch is never sent stays taken, and once all are, the worker makes a
-    new block a batch, as with ``reuse=False``.
+    new block a batch, as with ``reuse=False`` (and logs a warning that says so).
     """
     import torch
 

@@ -21,6 +21,7 @@ DataLoader would, so a caller that keeps batches never stalls a worker.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IndextarError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,6 +62,10 @@ __all__ = [
 SLOTS = 8
 """Blocks a worker keeps: the DataLoader's batches in flight (``prefetch_factor``, 2 by
 default) and those the training process holds (on_gpu's queues) fit with room."""
+
+HELD_TOO_LONG = 4 * SLOTS
+"""Batches in a row that found every block held, after which a worker says so (once):
+each of them paid for new shared memory, the path the pool is there to avoid."""
 
 _MIN_BLOCK = 1 << 20
 _ALIGN = 64
@@ -224,13 +231,26 @@ class BlockPool:
         self._blocks: list[torch.Tensor | None] = [None] * slots
         self._sent = [False] * slots  # the training process has each block
         self._flags_sent = False
+        self._missed = 0  # takes in a row that found every block held
 
     def take(self, nbytes: int) -> PooledBlock | None:
         """A free block of at least ``nbytes``, marked in use; ``None`` when every block
         is held by the training process (the caller makes a one-off block)."""
         free = [k for k in range(len(self._blocks)) if not self._in_use[k]]
         if not free:
+            self._missed += 1
+            if self._missed == HELD_TOO_LONG:
+                log.warning(
+                    "DataLoader worker (pid %d): its %d reusable shared-memory blocks have "
+                    "been held for the last %d batches, so each batch is in new shared "
+                    "memory (as default_collate's are, and as slow). A batch's block is "
+                    "held while any of its tensors is; a collate_fn that wraps "
+                    "encoded_collate, collate_packs or pooled_collate and returns new "
+                    "tensors never gives it back: pass reuse=False there",
+                    self.pid, len(self._blocks), self._missed,
+                )  # fmt: skip
             return None
+        self._missed = 0
         fits = [k for k in free if (b := self._blocks[k]) is not None and b.numel() >= nbytes]
         if fits:
             slot = fits[0]

@@ -254,3 +254,63 @@ def test_a_loops_last_batch_lets_every_exited_workers_blocks_go(shard: Path) -> 
     with open("/proc/self/maps") as maps:
         assert not {line.split(maxsplit=5)[-1].strip() for line in maps} & blocks
     assert not set(shmblocks._attached) - before
+
+
+def test_a_worker_says_once_when_its_blocks_stay_held(caplog: pytest.LogCaptureFixture) -> None:
+    """Every block held for HELD_TOO_LONG takes in a row is logged once, naming the fix;
+    a block coming free starts the count again."""
+    pool = shmblocks.BlockPool(slots=2)
+    held = [pool.take(100), pool.take(100)]
+    with caplog.at_level("WARNING", logger="indextar.read.shmblocks"):
+        for _ in range(shmblocks.HELD_TOO_LONG - 1):
+            assert pool.take(10) is None
+        assert not caplog.records
+        for _ in range(5):
+            assert pool.take(10) is None
+        assert len(caplog.records) == 1
+        message = caplog.records[0].getMessage()
+        assert f"pid {os.getpid()}" in message and "2 reusable" in message
+        assert "reuse=False" in message and f"last {shmblocks.HELD_TOO_LONG} batches" in message
+        first = held[0]
+        assert first is not None
+        pool.give_back(first)
+        assert pool.take(10) is not None  # free again: the count starts again
+        for _ in range(shmblocks.HELD_TOO_LONG - 1):
+            assert pool.take(10) is None
+        assert len(caplog.records) == 1
+        assert pool.take(10) is None
+        assert len(caplog.records) == 2
+
+
+class _Copied:
+    """A collate_fn around encoded_collate that returns a copy of its batch's bytes: the
+    block is never sent, so it is never given back."""
+
+    def __init__(self) -> None:
+        self.inner = encoded_collate()
+
+    def __call__(self, samples: list[tuple[bytes, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.inner(samples)
+        return batch.data.clone(), batch.rest[0]
+
+
+def test_a_collate_fn_that_drops_the_block_is_named_by_the_worker(
+    shard: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Through a real spawn worker (its log on the stderr it shares): a wrapper that
+    replaces the block's tensors is named once the worker's blocks have all been taken;
+    the batches are still right."""
+    ds = IndexedTarDataset(str(shard), keys=("jpg", "cls"), decode=[])
+    batches = shmblocks.SLOTS + shmblocks.HELD_TOO_LONG
+    wrapped = DataLoader(
+        torch.utils.data.Subset(ds, range(batches)),
+        batch_size=1,
+        num_workers=1,
+        multiprocessing_context="spawn",
+        collate_fn=_Copied(),
+    )
+    for data, labels in wrapped:
+        assert bytes(data.numpy()) == ds[int(labels)][0]
+    err = capfd.readouterr().err
+    assert err.count("reusable shared-memory blocks have been held") == 1
+    assert "collate_fn that wraps encoded_collate" in err
