@@ -168,9 +168,9 @@ class MixtureOrder:
             wanted = np.arange(first, last + 1, dtype=np.int64)
             return WindowTable(wanted, self._before(wanted))
         nominal = ordered // WINDOW
-        runs = nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))]
+        firsts = nominal[np.concatenate(([0], np.flatnonzero(np.diff(nominal)) + 1))]
         # (A set, not np.unique: that imports numpy.ma on first use, 15 ms of start-up.)
-        near = (runs[:, None] + np.arange(-spread, spread + 2)).reshape(-1).tolist()
+        near = (firsts[:, None] + np.arange(-spread, spread + 2)).reshape(-1).tolist()
         wanted = np.array(sorted({k for k in near if 0 <= k <= self._windows}), dtype=np.int64)
         return WindowTable(wanted, self._before(wanted))
 
