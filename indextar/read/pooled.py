@@ -16,7 +16,8 @@ namedtuple, a custom mapping), or that are a bare tensor, are ``default_collate`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .shmblocks import Stacked, batch_buffer, fill, given_back_on_error, lay_out, pooled, rebuild
@@ -56,7 +57,7 @@ def pooled_collate(samples: Sequence[Any], *, reuse: bool = True) -> Any:
     template, parts, nbytes = lay_out(planned)
     if not parts:  # no tensor: the plan is default_collate's batch already
         return planned
-    block, taken = batch_buffer(nbytes, reuse)
+    block, taken = batch_buffer(nbytes)
     with given_back_on_error(taken):
         fill(block, parts)
         collated = rebuild(block, template)
@@ -68,20 +69,29 @@ def _planned(samples: Sequence[Any]) -> Any:
     stack of tensors (and of numpy arrays, which it turns into tensors); ``None``
     where a tensor is one ``default_collate`` treats otherwise (on another device,
     nested, sparse)."""
-    import torch
-    from torch.utils.data._utils.collate import collate, default_collate_fn_map
-
-    def stack_later(batch: list[torch.Tensor], **_: Any) -> Stacked:
-        if any(t.device.type != "cpu" or t.layout != torch.strided or t.is_nested for t in batch):
-            raise _Unplanned
-        return Stacked(list(batch))
+    from torch.utils.data._utils.collate import collate
 
     try:
-        return collate(
-            samples, collate_fn_map={**default_collate_fn_map, torch.Tensor: stack_later}
-        )
+        return collate(samples, collate_fn_map=_collate_fn_map())
     except _Unplanned:
         return None
+
+
+@functools.cache
+def _collate_fn_map() -> dict[type | tuple[type, ...], Callable[..., Any]]:
+    """``default_collate``'s map, with the tensors' stacking deferred (made once)."""
+    import torch
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    return {**default_collate_fn_map, torch.Tensor: _stack_later}
+
+
+def _stack_later(batch: list[torch.Tensor], **_: Any) -> Stacked:
+    import torch
+
+    if any(t.device.type != "cpu" or t.layout != torch.strided or t.is_nested for t in batch):
+        raise _Unplanned
+    return Stacked(list(batch))
 
 
 class _Unplanned(Exception):
