@@ -26,8 +26,7 @@ def cpu_seconds() -> float:
     """User and system CPU seconds of this process and of its children once reaped
     (DataLoader workers after their loader shuts them down, ``pipe:`` commands after
     they exit); children still running, such as servers, are not counted yet."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return sum(own_and_children_cpu())
 
 
 def own_and_children_cpu() -> tuple[float, float]:

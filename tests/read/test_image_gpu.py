@@ -100,7 +100,8 @@ def test_on_gpu_through_workers(tmp_path: Path, decoders: int) -> None:
     # a break part-way stops the threads and the workers
     for _ in staged:
         break
-    assert not [t for t in threading.enumerate() if t.name.startswith("indextar-on-gpu")]
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith(("indextar-on-gpu", "indextar-fetch"))]
 
 
 def test_psnr_over_a_batch_is_reported() -> None:

@@ -30,6 +30,7 @@ from indextar import (
     StaleIndexError,
 )
 from indextar.order.readahead import Hint, HintedBatch
+from indextar.source.throttle import INITIAL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from loopback_servers import FaultPlan, HttpServer, SeaweedServer  # noqa: E402
@@ -306,7 +307,7 @@ def test_a_store_that_says_slow_down_gets_fewer_requests_in_flight(
     order = list(ReadAheadBatches(ResumableSampler(ds, seed=7), BATCH))
     assert got == [expected[i] for batch in order for i in batch]
     assert busy and 0 < stats[-1].throttled <= len(busy)
-    assert min(s.in_flight_limit for s in stats) < 64  # cut at least once (from 64)
+    assert min(s.in_flight_limit for s in stats) < INITIAL  # cut at least once
     # a clean pass: no request is refused, and the limit only grows
     assert clean[-1].throttled == stats[-1].throttled
     assert clean[-1].in_flight_limit >= stats[-1].in_flight_limit
