@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,8 @@ import procstats  # noqa: E402
 IMAGES = 2048
 BATCH = 64
 results: dict[str, Any] = {}
+saved_to: Path | None = None  # main()'s probe.json, written after each step: the device
+# script stops a probe that runs long, and what was measured by then still comes back
 
 
 def log(msg: str) -> None:
@@ -48,15 +51,21 @@ def timed(name: str, fn: Any, images: int, reps: int = 3) -> None:
         wall = time.perf_counter() - t0
         rates.append(images / wall)
         cores.append((procstats.cpu_seconds() - cpu0) / wall)
-    rates_s = sorted(rates)
+    median = statistics.median(rates)
     results[name] = {
         "rates": [round(r) for r in rates],
-        "median": round(rates_s[len(rates_s) // 2]),
+        "median": round(median),
         "cores": [round(c, 2) for c in cores],
-        "ms_per_batch": round(1000 * BATCH / rates_s[len(rates_s) // 2], 2),
+        "ms_per_batch": round(1000 * BATCH / median, 2),
         **({"extra": extra} if isinstance(extra, dict) else {}),
     }
     log(f"{name}: {results[name]}")
+    save()
+
+
+def save() -> None:
+    if saved_to is not None:
+        saved_to.write_text(json.dumps(results, indent=1))
 
 
 def loader_beside(raw: Any, stop: threading.Event, per_s: float) -> None:
@@ -103,6 +112,8 @@ def main() -> None:
 
     from indextar import ImageStage, IndexedTarDataset, encoded_collate, on_gpu
 
+    global saved_to
+    saved_to = Path(os.environ.get("OUT", "/tmp"), "probe.json")
     folder = Path(tempfile.mkdtemp(prefix="probe-", dir="/tmp"))
     paths = make_corpus(folder, IMAGES, 16)
     raw = IndexedTarDataset(paths, keys=("jpg", "cls"), decode=[])
@@ -239,8 +250,7 @@ def main() -> None:
         timeout=120,
     ).stdout[-3000:]
     log(results["P10 blocking sync"])
-    out = os.environ.get("OUT", "/tmp")
-    Path(out, "probe.json").write_text(json.dumps(results, indent=1))
+    save()
 
 
 def blocking(folder: str) -> None:
