@@ -471,16 +471,9 @@ def main() -> None:
         from indextar.source import prefetch
         from indextar.source.throttle import InFlightLimit
 
-        class Fixed(InFlightLimit):
-            """The prefetcher's ``in_flight`` from the start (no slow start), never moved."""
-
-            def __init__(self, maximum: int) -> None:
-                super().__init__(maximum, initial=maximum)
-
-            def answered(self, *args: Any, **kwargs: Any) -> None:
-                pass
-
-        prefetch.InFlightLimit = Fixed  # type: ignore[misc]
+        # the prefetcher's in_flight from the start (no slow start), never moved: a
+        # limit whose minimum is its maximum (its refusals still counted)
+        prefetch.InFlightLimit = lambda most: InFlightLimit(most, minimum=most, initial=most)  # type: ignore[misc,assignment]
     # torch, imported by the first row that needs it, took 7-13 s of that row's first
     # sample at load 14: import it once before any row
     import torch.utils.data  # noqa: F401
