@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchlib import interleaved  # noqa: E402
 from procstats import own_and_children_cpu  # noqa: E402
 
 import indextar  # noqa: E402
@@ -48,7 +49,7 @@ def write_latents(folder: Path, count: int) -> list[str]:
             sink.write(
                 {"__key__": f"l{i:07d}", "npy": buffer.getvalue(), "cls": b"%d" % (i % 1000)}
             )
-    return [str(folder / f"latents-{n:06d}.tar") for n in range(len(sink.shards))]
+    return sink.shards
 
 
 def count_only(samples: list[Any]) -> int:
@@ -66,14 +67,15 @@ def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[st
         "pooled_collate": indextar.pooled_collate,
         "floor: the reads, a count handed over": count_only,
     }
-    best: dict[str, float] = {}
-    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as scratch:
         shards = write_latents(Path(scratch), count)
         ds = indextar.IndexedTarDataset(shards, keys=("npy", "cls"), decode=[])
-        for _ in range(rounds):
-            for name, collate in rows.items():
+
+        def case(collate: Callable[[list[Any]], Any]) -> Callable[[], tuple[float, ...]]:
+            def one() -> tuple[float, ...]:
+                """Samples a second, and CPU ms a batch of the training process and of
+                the workers."""
                 loader = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate)
                 start, (main, workers) = time.perf_counter(), own_and_children_cpu()
                 batches = 0
@@ -82,16 +84,15 @@ def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[st
                     del batch
                 del loader  # its workers are joined: their CPU is counted
                 rate = count / (time.perf_counter() - start)
-                best[name] = max(best.get(name, 0.0), rate)
                 own, children = own_and_children_cpu()
-                cpu[name].append(
-                    (
-                        (own - main) / batches * 1e3,
-                        (children - workers) / batches * 1e3,
-                    )
-                )
-            load.append(os.getloadavg()[0])
+                load.append(os.getloadavg()[0])
+                return rate, (own - main) / batches * 1e3, (children - workers) / batches * 1e3
+
+            return one
+
+        figures = interleaved({name: case(collate) for name, collate in rows.items()}, rounds)
         ds.close()
+    best = {name: max(rate for rate, _, _ in runs) for name, runs in figures.items()}
     report(
         f"{count:,} latents of {SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]} float16 (32 KB, as `.npy` "
         f"members) in indexed shards, DataLoader with 2 workers, batches of {BATCH} (8 MB), "
@@ -102,7 +103,7 @@ def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[st
     report("| collate | samples/s | × default_collate | CPU ms a batch: main | workers |")
     report("|---|---|---|---|---|")
     for name in rows:
-        main_ms, workers_ms = np.median(np.array(cpu[name]), axis=0)
+        main_ms, workers_ms = np.median(np.array(figures[name])[:, 1:], axis=0)
         ratio = best[name] / best["default_collate"]
         report(f"| {name} | {best[name]:,.0f} | {ratio:.2f}× | {main_ms:.2f} | {workers_ms:.2f} |")
     report("")

@@ -25,10 +25,10 @@ def best_of(run: Callable[[], T], repeats: int) -> tuple[float, T]:
     return min(seconds for seconds, _ in runs), runs[-1][1]
 
 
-def interleaved(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+def interleaved(cases: dict[str, Callable[[], T]], rounds: int) -> dict[str, list[T]]:
     """Each case's figure ``rounds`` times, round-robin, so that passing load hits every
     case alike: for each case's name, its figures in round order."""
-    figures: dict[str, list[float]] = {name: [] for name in cases}
+    figures: dict[str, list[T]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, case in cases.items():
             figures[name].append(case())
