@@ -168,9 +168,7 @@ class Store:
 
     def ssl_context(self) -> Any:
         """The TLS context that trusts the front's certificate (None without ``--tls``)."""
-        import ssl
-
-        return None if self.tls is None else ssl.create_default_context(cafile=str(self.tls.ca))
+        return None if self.tls is None else self.tls.ssl_context()
 
     def order(self) -> list[tuple[int, int]]:
         """Every sample once, as ``(shard, sample)``, in ``ResumableSampler``'s order."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -138,12 +139,7 @@ class NginxStore(ChildServer):
         return self
 
     def _ready(self) -> bool:
-        """Whether nginx answers (any status); refused until it listens (an OSError)."""
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2).close()
-        except urllib.error.HTTPError:
-            pass  # a 403 or 404 is an answer
-        return True
+        return _answers(f"http://127.0.0.1:{self.port}/")
 
     def upload(self, bucket: str, files: Iterable[Path], prefix: str = "") -> None:
         """Put each file in ``bucket`` under ``prefix`` and its own name (a hard link)."""
@@ -227,12 +223,19 @@ class NginxTlsFront(ChildServer):
         self._process = _run_nginx(nginx, config, self._ready, "nginx's TLS front")
         return self
 
-    def _ready(self) -> bool:
-        import ssl
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client's TLS context that trusts the front's certificate."""
+        return ssl.create_default_context(cafile=str(self.ca))
 
-        context = ssl.create_default_context(cafile=str(self.ca))
-        try:
-            urllib.request.urlopen(f"{self.endpoint}/", timeout=2, context=context).close()
-        except urllib.error.HTTPError:
-            pass  # an answer
-        return True
+    def _ready(self) -> bool:
+        return _answers(f"{self.endpoint}/", self.ssl_context())
+
+
+def _answers(url: str, context: ssl.SSLContext | None = None) -> bool:
+    """Whether the server at ``url`` answers (any status); refused until it listens (an
+    OSError)."""
+    try:
+        urllib.request.urlopen(url, timeout=2, context=context).close()
+    except urllib.error.HTTPError:
+        pass  # a 403 or 404 is an answer
+    return True
