@@ -18,7 +18,6 @@ import io
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import interleaved  # noqa: E402
-from procstats import own_and_children_cpu  # noqa: E402
+from procstats import rate_and_cpu  # noqa: E402
 
 import indextar  # noqa: E402
 
@@ -73,20 +72,21 @@ def run(report: Report = print, quick: bool = False, rounds: int = 3) -> dict[st
         ds = indextar.IndexedTarDataset(shards, keys=("npy", "cls"), decode=[])
 
         def case(collate: Callable[[list[Any]], Any]) -> Callable[[], tuple[float, ...]]:
-            def one() -> tuple[float, ...]:
-                """Samples a second, and CPU ms a batch of the training process and of
-                the workers."""
+            def read() -> tuple[float, int]:
                 loader = DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=collate)
-                start, (main, workers) = time.perf_counter(), own_and_children_cpu()
                 batches = 0
                 for batch in loader:
                     batches += 1
                     del batch
                 del loader  # its workers are joined: their CPU is counted
-                rate = count / (time.perf_counter() - start)
-                own, children = own_and_children_cpu()
+                return count, batches
+
+            def one() -> tuple[float, ...]:
+                """Samples a second, and CPU ms a batch of the training process and of
+                the workers."""
+                figures = rate_and_cpu(read)
                 load.append(os.getloadavg()[0])
-                return rate, (own - main) / batches * 1e3, (children - workers) / batches * 1e3
+                return figures
 
             return one
 

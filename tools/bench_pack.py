@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO))
 import indextar  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tools"))
-from procstats import own_and_children_cpu  # noqa: E402
+from benchlib import interleaved  # noqa: E402
+from procstats import rate_and_cpu  # noqa: E402
 
 MAX_LENGTH = 4096
 log = logging.getLogger("bench_pack")
@@ -396,24 +397,21 @@ def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> 
         ),
     }
     load = [os.getloadavg()[0]]
-    best: dict[str, float] = {}
-    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
-    for round_no in range(rounds):
-        for name, (batches, count, _) in rows.items():
-            start, (main, workers) = time.perf_counter(), own_and_children_cpu()
-            tokens = sum(count(b) for b in batches)  # the workers are joined at the end
-            rate = tokens / (time.perf_counter() - start)
-            best[name] = max(best.get(name, 0.0), rate)
-            own, children = own_and_children_cpu()
-            cpu[name].append(
-                (
-                    (own - main) / len(batches) * 1e3,
-                    (children - workers) / len(batches) * 1e3,
-                )
-            )
-            log.info("round %d, %s: %.0f tokens/s, CPU ms a batch %s", round_no, name, rate,
-                     cpu[name][-1])  # fmt: skip
-        load.append(os.getloadavg()[0])
+
+    def case(name: str) -> Callable[[], tuple[float, ...]]:
+        batches, count, _ = rows[name]
+
+        def one() -> tuple[float, ...]:
+            # the workers are joined at the end of the pass: their CPU is counted
+            figures = rate_and_cpu(lambda: (sum(count(b) for b in batches), len(batches)))
+            log.info("%s: %.0f tokens/s, CPU ms a batch %.2f, %.2f", name, *figures)
+            load.append(os.getloadavg()[0])
+            return figures
+
+        return one
+
+    figures = interleaved({name: case(name) for name in rows}, rounds)
+    best = {name: max(rate for rate, _, _ in runs) for name, runs in figures.items()}
     report(
         f"Reading {documents:,} documents ({int(lengths.sum()):,} tokens, {len(shards)} shards), "
         f"DataLoader with 2 workers, best of {rounds} interleaved rounds (load average "
@@ -424,7 +422,7 @@ def reading_table(folder: Path, documents: int, rounds: int, report: Report) -> 
     report("| reader | tokens/s | batches | CPU ms a batch: main | workers |")
     report("|---|---|---|---|---|")
     for name, (batches, _, what) in rows.items():
-        main_ms, workers_ms = np.median(np.array(cpu[name]), axis=0)
+        main_ms, workers_ms = np.median(np.array(figures[name])[:, 1:], axis=0)
         report(
             f"| {what} | {best[name]:,.0f} | {len(batches):,} | {main_ms:.2f} | {workers_ms:.2f} |"
         )

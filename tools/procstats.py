@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
@@ -11,6 +13,7 @@ __all__ = [
     "mapping_of",
     "own_and_children_cpu",
     "process_tree_cpu",
+    "rate_and_cpu",
     "rss_bytes",
     "thread_cpu_seconds",
 ]
@@ -87,3 +90,15 @@ def rss_bytes(pid: int | None = None) -> int:
     status = Path(f"/proc/{pid or 'self'}/status").read_text()
     kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
     return int(kib) * 1024
+
+
+def rate_and_cpu(read: Callable[[], tuple[float, int]]) -> tuple[float, float, float]:
+    """Run ``read`` (a pass of a loader: what it read, and in how many batches) and give
+    what it read a second, and the CPU ms a batch of this process and of its reaped
+    children (the pass's DataLoader workers, once it has shut them down)."""
+    start, (own, children) = time.perf_counter(), own_and_children_cpu()
+    amount, batches = read()
+    wall = time.perf_counter() - start
+    own_after, children_after = own_and_children_cpu()
+    per_batch = 1e3 / max(batches, 1)
+    return amount / wall, (own_after - own) * per_batch, (children_after - children) * per_batch

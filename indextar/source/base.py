@@ -29,9 +29,9 @@ from .extensions import mapread
 __all__ = [
     "ByteSource",
     "Span",
-    "checked_key",
     "SpanBytes",
     "SpanT",
+    "checked_key",
     "fork_generation",
     "corrupt_layout_error",
     "outside_error",
