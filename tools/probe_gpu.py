@@ -90,14 +90,19 @@ def loader_beside(raw: Any, stop: threading.Event, per_s: float) -> None:
     del it
 
 
-def beside_process(paths: list[str], stop_file: str, per_s: float) -> None:
-    import threading as th
+def blobs_of(b: Any, data: Any = None) -> list[Any]:
+    """An EncodedBatch's images, as views of ``data`` (default: its own bytes)."""
+    sizes = b.offsets.diff().tolist()
+    d = b.data if data is None else data
+    return list(d[int(b.offsets[0]) : int(b.offsets[-1])].split(sizes))
 
+
+def beside_process(paths: list[str], stop_file: str, per_s: float) -> None:
     from indextar import IndexedTarDataset
 
     raw = IndexedTarDataset(paths, keys=("jpg", "cls"), decode=[])
-    stop = th.Event()
-    t = th.Thread(target=loader_beside, args=(raw, stop, per_s), daemon=True)
+    stop = threading.Event()
+    t = threading.Thread(target=loader_beside, args=(raw, stop, per_s), daemon=True)
     t.start()
     while not os.path.exists(stop_file):
         time.sleep(0.05)
@@ -121,11 +126,6 @@ def main() -> None:
     batches = [encoded_collate()(samples[i : i + BATCH]) for i in range(0, IMAGES, BATCH)]
     rgb = tvio.ImageReadMode.RGB
     dev = torch.device("cuda", 0)
-
-    def blobs_of(b: Any, data: Any = None) -> list[Any]:
-        sizes = b.offsets.diff().tolist()
-        d = b.data if data is None else data
-        return list(d[int(b.offsets[0]) : int(b.offsets[-1])].split(sizes))
 
     for b in batches[:2]:
         tvio.decode_jpeg(blobs_of(b), mode=rgb, device=dev)
@@ -279,10 +279,7 @@ def blocking(folder: str) -> None:
     ]
     dev = torch.device("cuda", 0)
     rgb = tvio.ImageReadMode.RGB
-    pageable = [
-        list(b.data[int(b.offsets[0]) : int(b.offsets[-1])].split(b.offsets.diff().tolist()))
-        for b in batches
-    ]
+    pageable = [blobs_of(b) for b in batches]
     for x in pageable[:2]:
         tvio.decode_jpeg(x, mode=rgb, device=dev)
     timed(
